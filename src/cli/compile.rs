@@ -1,0 +1,183 @@
+//! `steward compile` and `steward export`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::compiler::{self, CompileOptions, CompileOutcome};
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// Project directory (holding project.yml and main.cf).
+    #[arg(long, short = 'p', default_value = ".", env = "STEWARD_PROJECT")]
+    pub project: PathBuf,
+    /// Entry file of the model, relative to the project.
+    #[arg(long, short = 'f', default_value = "main.cf")]
+    pub file: String,
+    /// Print diagnostics as JSON on stderr (for tools) instead of rendered text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also export the resources to this file (JSON, DESIGN.md §3).
+    #[arg(long, value_name = "FILE")]
+    pub export: Option<PathBuf>,
+    /// Recompile on every change to the project's files and print the result.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Project directory (holding project.yml and main.cf).
+    #[arg(long, short = 'p', default_value = ".", env = "STEWARD_PROJECT")]
+    pub project: PathBuf,
+    /// Entry file of the model, relative to the project.
+    #[arg(long, short = 'f', default_value = "main.cf")]
+    pub file: String,
+    /// Write the export to this file instead of uploading it to a server.
+    #[arg(short = 'j', long = "json-file", value_name = "FILE")]
+    pub json_file: Option<PathBuf>,
+    /// Print diagnostics as JSON on stderr.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run one compile, printing std::print output to stdout and diagnostics to stderr.
+fn compile_once(project: &Path, file: &str, export: bool, json: bool) -> CompileOutcome {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let opts = CompileOptions {
+        project_dir: project.to_path_buf(),
+        main_file: Some(file.to_string()),
+        export,
+    };
+    let outcome = compiler::compile(&opts, &mut |line| {
+        let _ = writeln!(out, "{line}");
+    });
+    let _ = out.flush();
+    drop(out);
+    report(&outcome, json);
+    outcome
+}
+
+fn report(outcome: &CompileOutcome, json: bool) {
+    if json {
+        let doc = serde_json::json!({
+            "success": outcome.is_ok(),
+            "diagnostics": outcome.errors().iter().map(|d| d.resolve(&outcome.sources)).collect::<Vec<_>>(),
+            "warnings": outcome.warnings.iter().map(|d| d.resolve(&outcome.sources)).collect::<Vec<_>>(),
+            "stats": {
+                "files": outcome.stats.files,
+                "instances": outcome.stats.instances,
+                "resources": outcome.stats.resources,
+            },
+        });
+        eprintln!("{doc}");
+        return;
+    }
+    super::render::emit_all(&outcome.sources, &outcome.warnings);
+    let errors = outcome.errors();
+    if !errors.is_empty() {
+        super::render::emit_all(&outcome.sources, errors);
+        if errors.len() > 1 {
+            eprintln!("error: compilation failed: reported {} errors", errors.len());
+        } else {
+            eprintln!("error: compilation failed");
+        }
+    }
+}
+
+fn write_export(outcome: &CompileOutcome, path: &Path) -> anyhow::Result<()> {
+    if let Ok(Some(export)) = &outcome.result {
+        let text = serde_json::to_string_pretty(export)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
+    if args.watch {
+        return watch(&args);
+    }
+    let outcome = compile_once(&args.project, &args.file, args.export.is_some(), args.json);
+    if let Some(path) = &args.export {
+        write_export(&outcome, path)?;
+    }
+    Ok(if outcome.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
+    let Some(path) = &args.json_file else {
+        anyhow::bail!("no export target: give -j FILE to write the export to a file");
+    };
+    let outcome = compile_once(&args.project, &args.file, true, args.json);
+    write_export(&outcome, path)?;
+    if outcome.is_ok() {
+        eprintln!(
+            "exported {} resources to {}",
+            outcome.stats.resources,
+            path.display()
+        );
+    }
+    Ok(if outcome.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Is this a change that can affect the compile?
+fn relevant(path: &Path) -> bool {
+    let ignored = path.components().any(|c| {
+        matches!(c.as_os_str().to_str(), Some(".git" | "target" | "data" | ".cfcache"))
+    });
+    if ignored {
+        return false;
+    }
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("cf" | "yml" | "yaml" | "j2" | "tmpl") | None
+    ) || path.components().any(|c| c.as_os_str() == "files" || c.as_os_str() == "templates")
+}
+
+fn watch(args: &CompileArgs) -> anyhow::Result<ExitCode> {
+    use notify::{RecursiveMode, Watcher};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if let Ok(ev) = res {
+            if ev.paths.iter().any(|p| relevant(p)) {
+                let _ = tx.send(());
+            }
+        }
+    })?;
+    watcher
+        .watch(&args.project, RecursiveMode::Recursive)
+        .with_context(|| format!("watching {}", args.project.display()))?;
+    eprintln!("watching {} (Ctrl-C to stop)", args.project.display());
+    loop {
+        let start = Instant::now();
+        let outcome = compile_once(&args.project, &args.file, args.export.is_some(), args.json);
+        if let Some(path) = &args.export {
+            if let Err(e) = write_export(&outcome, path) {
+                eprintln!("error: {e:#}");
+            }
+        }
+        if outcome.is_ok() {
+            eprintln!(
+                "compiled in {} ms: {} instances{}",
+                start.elapsed().as_millis(),
+                outcome.stats.instances,
+                if args.export.is_some() {
+                    format!(", {} resources", outcome.stats.resources)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        // wait for a change, then let a burst of saves settle
+        if rx.recv().is_err() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        while rx.recv_timeout(Duration::from_millis(150)).is_ok() {}
+        eprintln!("--- change detected, recompiling");
+    }
+}

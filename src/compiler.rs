@@ -1,0 +1,153 @@
+//! The Inmanta-language compiler: from a project directory to resources.
+//!
+//! Pipeline (LANGUAGE.md §1): load and parse `main.cf` and every imported module file
+//! ([`project`]), define the type system ([`define`]), lower code to IR ([`lower`]), evaluate
+//! with the dataflow scheduler ([`eval`]), then export resources ([`export`]). The compiler does
+//! no I/O except reading module files and printing `std::print` output through a callback; it
+//! knows nothing of the server. Diagnostics are data ([`diagnostics`]); the CLI renders them.
+
+pub mod ast;
+pub mod define;
+pub mod diagnostics;
+pub mod eval;
+pub mod export;
+pub mod ir;
+pub mod lexer;
+pub mod lower;
+pub mod parser;
+pub mod plugins;
+pub mod project;
+pub mod source;
+pub mod strings;
+pub mod types;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use diagnostics::Diagnostic;
+use source::SourceMap;
+
+use crate::model::ExportFile;
+
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    pub project_dir: PathBuf,
+    /// Entry file (default `main.cf`).
+    pub main_file: Option<String>,
+    /// Produce the export (resources) after a successful compile.
+    pub export: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CompileStats {
+    pub files: usize,
+    pub instances: usize,
+    pub resources: usize,
+}
+
+pub struct CompileOutcome {
+    pub sources: SourceMap,
+    pub warnings: Vec<Diagnostic>,
+    /// `Ok(Some(export))` when exporting, `Ok(None)` for a plain compile.
+    pub result: Result<Option<ExportFile>, Vec<Diagnostic>>,
+    pub stats: CompileStats,
+}
+
+impl CompileOutcome {
+    pub fn is_ok(&self) -> bool {
+        self.result.is_ok()
+    }
+
+    pub fn errors(&self) -> &[Diagnostic] {
+        match &self.result {
+            Ok(_) => &[],
+            Err(e) => e,
+        }
+    }
+}
+
+struct CompileHost<'a> {
+    project: &'a project::Project,
+    modules: &'a BTreeMap<String, project::ModuleInfo>,
+    print: &'a mut dyn FnMut(&str),
+}
+
+impl plugins::Host for CompileHost<'_> {
+    fn print(&mut self, text: &str) {
+        (self.print)(text)
+    }
+
+    fn module_file(&self, module: &str, dir: &str, path: &str) -> Result<(String, String), String> {
+        project::module_file(self.project, self.modules, module, dir, path)
+    }
+}
+
+/// Compile the project in `opts.project_dir`. `print` receives each `std::print` line as it
+/// is produced (prints happen even if the compile fails later, as in the reference).
+pub fn compile(opts: &CompileOptions, print: &mut dyn FnMut(&str)) -> CompileOutcome {
+    let mut sources = SourceMap::default();
+    let mut stats = CompileStats::default();
+    let project = match project::load_project(&opts.project_dir, opts.main_file.as_deref()) {
+        Ok(p) => p,
+        Err(d) => {
+            return CompileOutcome {
+                sources,
+                warnings: Vec::new(),
+                result: Err(vec![d]),
+                stats,
+            };
+        }
+    };
+    let loaded = match project::Loader::new(&project, &mut sources).load_all() {
+        Ok(l) => l,
+        Err(errors) => {
+            return CompileOutcome {
+                sources,
+                warnings: Vec::new(),
+                result: Err(errors),
+                stats,
+            };
+        }
+    };
+    stats.files = loaded.files.len();
+    let warnings = loaded.warnings;
+    let modules = loaded.modules;
+    let program = match define::define(loaded.files) {
+        Ok(p) => p,
+        Err(errors) => {
+            return CompileOutcome {
+                sources,
+                warnings,
+                result: Err(errors),
+                stats,
+            };
+        }
+    };
+    let result = {
+        let mut host = CompileHost {
+            project: &project,
+            modules: &modules,
+            print,
+        };
+        let mut rt = eval::Runtime::new(&program, &sources, &mut host);
+        let run = rt.check_defaults().map_err(|d| vec![d]).and_then(|_| rt.run());
+        stats.instances = rt.instances.len();
+        match run {
+            Err(e) => Err(e),
+            Ok(()) if opts.export => {
+                let r = export::export(&rt, &modules, &project.name).map(Some);
+                if let Ok(Some(e)) = &r {
+                    stats.resources = e.resources.len();
+                }
+                r
+            }
+            Ok(()) => Ok(None),
+        }
+    };
+    CompileOutcome {
+        sources,
+        warnings,
+        result,
+        stats,
+    }
+}

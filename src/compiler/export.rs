@@ -1,0 +1,335 @@
+//! Export: entity instances to resources (LANGUAGE.md §14, DESIGN.md §3).
+//!
+//! Modules declare their resource types in `module.yml`. Every instance of such a type, or of a
+//! subtype, becomes a resource of the declared type: id from the agent path and id attribute,
+//! attributes from the declared fields (an attribute of the same name, or a mapping),
+//! `requires` from the instance's `requires` relation restricted to resources. Unknown field
+//! values mark the resource undefined; an unknown agent or id skips it. Duplicate ids and
+//! dependency cycles are errors.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::diagnostics::Diagnostic;
+use super::eval::Runtime;
+use super::eval::state::RvState;
+use super::eval::value::{InstId, Value};
+use super::project::{ModuleInfo, ResourceDef};
+use super::types::EntityId;
+use crate::model::{EXPORT_FORMAT, ExportFile, ExportMetadata, Resource, ResourceId};
+
+enum Read {
+    Value(Value),
+    Unknown,
+    Missing(String),
+}
+
+/// The value at a dotted attribute path of an instance.
+fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
+    let mut cur = Value::Instance(inst);
+    for part in path.split('.') {
+        let Value::Instance(i) = cur else {
+            return Read::Missing(format!("{path}: {part} is not reached through an entity"));
+        };
+        let e = rt.inst_entity(i);
+        let Some(sym) = rt.p.syms.get(part) else {
+            return Read::Missing(format!("no attribute {part} on {}", rt.p.entity(e).full_name));
+        };
+        let Some(slot) = rt.p.entity(e).slot(sym) else {
+            return Read::Missing(format!("no attribute {part} on {}", rt.p.entity(e).full_name));
+        };
+        let rv = rt.attr_rv(i, slot);
+        cur = match &rt.rvs[rv.0 as usize].state {
+            RvState::Set(v) => v.clone(),
+            RvState::FrozenNull => Value::Null,
+            RvState::Unset => return Read::Unknown,
+        };
+        if cur.is_unknown() {
+            return Read::Unknown;
+        }
+    }
+    Read::Value(cur)
+}
+
+fn to_json(rt: &Runtime, v: &Value, ids: &HashMap<InstId, ResourceId>) -> Option<serde_json::Value> {
+    Some(match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Bool(b) => serde_json::Value::Bool(*b),
+        Value::Int(i) => serde_json::Value::from(*i),
+        Value::BigInt(b) => {
+            use num_traits::ToPrimitive;
+            serde_json::Value::from(b.to_f64().unwrap_or(f64::NAN))
+        }
+        Value::Float(f) => serde_json::Number::from_f64(*f).map(serde_json::Value::Number).unwrap_or(serde_json::Value::Null),
+        Value::Str(s) => serde_json::Value::String(s.to_string()),
+        Value::List(l) => {
+            let mut out = Vec::with_capacity(l.len());
+            for x in l.iter() {
+                out.push(to_json(rt, x, ids)?);
+            }
+            serde_json::Value::Array(out)
+        }
+        Value::Dict(d) => {
+            let mut m = serde_json::Map::new();
+            for (k, x) in d.iter() {
+                m.insert(k.to_string(), to_json(rt, x, ids)?);
+            }
+            serde_json::Value::Object(m)
+        }
+        Value::Instance(i) => match ids.get(i) {
+            Some(id) => serde_json::Value::String(id.0.clone()),
+            None => serde_json::Value::String(rt.inst_site_text(*i)),
+        },
+        Value::Unknown => return None,
+    })
+}
+
+/// `fs::File` content: sorted prefix blocks, the content, sorted suffix blocks.
+fn fs_content(rt: &Runtime, inst: InstId) -> Read {
+    let content = match read_path(rt, inst, "content") {
+        Read::Value(Value::Str(s)) => s.to_string(),
+        Read::Value(_) => String::new(),
+        other => return other,
+    };
+    let sep = match read_path(rt, inst, "content_separator") {
+        Read::Value(Value::Str(s)) => s.to_string(),
+        _ => "\n".into(),
+    };
+    let blocks = |rel: &str| -> Option<String> {
+        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else { return Some(String::new()) };
+        let mut parts: Vec<(String, String)> = Vec::new();
+        for i in items.iter() {
+            let Value::Instance(b) = i else { continue };
+            let value = match read_path(rt, *b, "value") {
+                Read::Value(Value::Str(s)) => s.to_string(),
+                _ => return None,
+            };
+            let key = match read_path(rt, *b, "sorting_key") {
+                Read::Value(Value::Str(s)) => s.to_string(),
+                _ => value.clone(),
+            };
+            parts.push((key, value));
+        }
+        parts.sort();
+        Some(parts.into_iter().map(|(_, v)| v).collect::<Vec<_>>().join(&sep))
+    };
+    let (Some(prefix), Some(suffix)) = (blocks("prefix_content"), blocks("suffix_content")) else {
+        return Read::Unknown;
+    };
+    let mut out = String::new();
+    if !prefix.is_empty() {
+        out.push_str(&prefix);
+        out.push_str(&sep);
+    }
+    out.push_str(&content);
+    if !suffix.is_empty() {
+        out.push_str(&sep);
+        out.push_str(&suffix);
+    }
+    Read::Value(Value::string(out))
+}
+
+fn value_text(rt: &Runtime, v: &Value) -> String {
+    match v {
+        Value::Str(s) => s.to_string(),
+        other => rt.value_str(other),
+    }
+}
+
+pub fn export(
+    rt: &Runtime,
+    modules: &BTreeMap<String, ModuleInfo>,
+    project: &str,
+) -> Result<ExportFile, Vec<Diagnostic>> {
+    let p = rt.p;
+    // resource type of every entity: its own declaration or the nearest ancestor's
+    let mut declared: HashMap<EntityId, (String, ResourceDef)> = HashMap::new();
+    for m in modules.values() {
+        for (type_name, def) in &m.yml.resources {
+            let (ns, name) = type_name.rsplit_once("::").unwrap_or(("", type_name));
+            if let Some(nsd) = p.namespaces.iter().find(|n| n.name == ns) {
+                if let Some(super::types::TypeRef::Entity(e)) = nsd.types.get(name) {
+                    declared.insert(*e, (type_name.clone(), def.clone()));
+                }
+            }
+        }
+    }
+    let resource_of = |e: EntityId| -> Option<&(String, ResourceDef)> {
+        declared.get(&e).or_else(|| p.entity(e).ancestors.iter().find_map(|a| declared.get(a)))
+    };
+    let mut errors = Vec::new();
+    let mut ids: HashMap<InstId, ResourceId> = HashMap::new();
+    let mut seen_ids: std::collections::HashSet<ResourceId> = std::collections::HashSet::new();
+    let mut order: Vec<(InstId, String, ResourceDef, String)> = Vec::new();
+    for i in 0..rt.instances.len() {
+        let inst = InstId(i as u32);
+        let Some((type_name, def)) = resource_of(rt.inst_entity(inst)) else { continue };
+        let span = p.ir.expr(rt.instances[i].site).span;
+        if let Some(flag) = &def.skip_unless {
+            if !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true))) {
+                continue;
+            }
+        }
+        let agent = match read_path(rt, inst, &def.agent) {
+            Read::Value(Value::Str(s)) => s.to_string(),
+            Read::Value(other) => {
+                errors.push(
+                    Diagnostic::error(
+                        "export",
+                        format!(
+                            "The agent of resource type {type_name} ({}) must be a string, got {}",
+                            def.agent,
+                            rt.value_repr(&other)
+                        ),
+                    )
+                    .at(span),
+                );
+                continue;
+            }
+            Read::Unknown => continue,
+            Read::Missing(m) => {
+                errors.push(Diagnostic::error("export", format!("resource type {type_name}: {m}")).at(span));
+                continue;
+            }
+        };
+        let idv = match read_path(rt, inst, &def.id) {
+            Read::Value(v) => value_text(rt, &v),
+            Read::Unknown => continue,
+            Read::Missing(m) => {
+                errors.push(Diagnostic::error("export", format!("resource type {type_name}: {m}")).at(span));
+                continue;
+            }
+        };
+        let id = ResourceId::new(type_name, &agent, &def.id, &idv);
+        if !seen_ids.insert(id.clone()) {
+            errors.push(
+                Diagnostic::error(
+                    "duplicate-resource",
+                    format!("Resource {id} exists more than once in the configuration model"),
+                )
+                .at(span),
+            );
+            continue;
+        }
+        ids.insert(inst, id.clone());
+        order.push((inst, type_name.clone(), def.clone(), agent));
+    }
+    let mut resources = Vec::with_capacity(order.len());
+    let mut undefined = Vec::new();
+    for (inst, type_name, def, agent) in &order {
+        let id = ids[inst].clone();
+        let span = p.ir.expr(rt.instances[inst.0 as usize].site).span;
+        let mut attributes = serde_json::Map::new();
+        let mut is_undefined = false;
+        for field in &def.fields {
+            let read = match def.map.get(field).map(String::as_str) {
+                Some("@fs_content") => fs_content(rt, *inst),
+                Some(path) => read_path(rt, *inst, path),
+                None => read_path(rt, *inst, field),
+            };
+            let json = match read {
+                Read::Value(v) => match to_json(rt, &v, &ids) {
+                    Some(j) => j,
+                    None => {
+                        is_undefined = true;
+                        serde_json::Value::Null
+                    }
+                },
+                Read::Unknown => {
+                    is_undefined = true;
+                    serde_json::Value::Null
+                }
+                Read::Missing(m) => {
+                    errors.push(Diagnostic::error("export", format!("resource type {type_name}: field {field}: {m}")).at(span));
+                    continue;
+                }
+            };
+            attributes.insert(field.clone(), json);
+        }
+        let mut requires: Vec<ResourceId> = match read_path(rt, *inst, "requires") {
+            Read::Value(Value::List(items)) => items
+                .iter()
+                .filter_map(|v| v.as_instance().and_then(|i| ids.get(&i).cloned()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        requires.sort();
+        requires.dedup();
+        if is_undefined {
+            undefined.push(id.clone());
+        }
+        resources.push(Resource {
+            id,
+            type_name: type_name.clone(),
+            agent: agent.clone(),
+            attributes,
+            requires,
+        });
+    }
+    if let Some(cycle) = find_cycle(&resources) {
+        errors.push(Diagnostic::error(
+            "dependency-cycle",
+            format!(
+                "Dependency cycle between resources: {}",
+                cycle.iter().map(|r| r.0.as_str()).collect::<Vec<_>>().join(" -> ")
+            ),
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    resources.sort_by(|a, b| a.id.cmp(&b.id));
+    undefined.sort();
+    Ok(ExportFile {
+        format: EXPORT_FORMAT,
+        resources,
+        undefined,
+        metadata: ExportMetadata {
+            project: project.to_string(),
+            compiler: format!("steward {}", env!("CARGO_PKG_VERSION")),
+            modules: modules.iter().map(|(k, m)| (k.clone(), m.version.clone())).collect(),
+        },
+    })
+}
+
+/// A dependency cycle (first found), as the list of ids around it.
+pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
+    let index: HashMap<&ResourceId, usize> = resources.iter().enumerate().map(|(i, r)| (&r.id, i)).collect();
+    // 0 = new, 1 = on stack, 2 = done
+    let mut state = vec![0u8; resources.len()];
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    let mut path: Vec<usize> = Vec::new();
+    for start in 0..resources.len() {
+        if state[start] != 0 {
+            continue;
+        }
+        stack.push((start, 0));
+        state[start] = 1;
+        path.push(start);
+        while let Some((node, next)) = stack.pop() {
+            let reqs = &resources[node].requires;
+            if next < reqs.len() {
+                stack.push((node, next + 1));
+                if let Some(&dep) = index.get(&reqs[next]) {
+                    match state[dep] {
+                        0 => {
+                            state[dep] = 1;
+                            path.push(dep);
+                            stack.push((dep, 0));
+                        }
+                        1 => {
+                            let pos = path.iter().position(|&n| n == dep).unwrap_or(0);
+                            let mut cycle: Vec<ResourceId> = path[pos..].iter().map(|&n| resources[n].id.clone()).collect();
+                            cycle.push(resources[dep].id.clone());
+                            return Some(cycle);
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                state[node] = 2;
+                path.pop();
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,411 @@
+//! Projects and modules: `project.yml`, the module path, built-in modules, and loading every
+//! file reachable from `main.cf` through imports (LANGUAGE.md §2).
+//!
+//! Modules are V1 directories on the module path (`<dir>/<name>/module.yml` +
+//! `model/_init.cf` + `model/<sub>.cf`), or built into the binary (std, fs, exec, mitogen).
+//! A module on the module path wins over a built-in one of the same name, except std.
+//! `module.yml` may declare the module's resource types (see [`ResourceDef`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::define::LoadedFile;
+use super::diagnostics::Diagnostic;
+use super::lexer;
+use super::parser;
+use super::source::{SourceMap, Span};
+
+/// A built-in module file: (module, path inside the module, content).
+static BUILTIN: &[(&str, &str, &str)] = &[
+    ("std", "module.yml", include_str!("builtin/std/module.yml")),
+    ("std", "model/_init.cf", include_str!("builtin/std/model/_init.cf")),
+    ("std", "model/testing.cf", include_str!("builtin/std/model/testing.cf")),
+    ("std", "templates/host_uri.j2", include_str!("builtin/std/templates/host_uri.j2")),
+    ("fs", "module.yml", include_str!("builtin/fs/module.yml")),
+    ("fs", "model/_init.cf", include_str!("builtin/fs/model/_init.cf")),
+    ("exec", "module.yml", include_str!("builtin/exec/module.yml")),
+    ("exec", "model/_init.cf", include_str!("builtin/exec/model/_init.cf")),
+    ("mitogen", "module.yml", include_str!("builtin/mitogen/module.yml")),
+    ("mitogen", "model/_init.cf", include_str!("builtin/mitogen/model/_init.cf")),
+];
+
+#[derive(Debug, Deserialize)]
+struct ProjectYml {
+    name: Option<String>,
+    #[serde(default)]
+    modulepath: Option<serde_yaml_ng::Value>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Project {
+    pub dir: PathBuf,
+    pub name: String,
+    pub module_paths: Vec<PathBuf>,
+    pub main_file: String,
+}
+
+pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diagnostic> {
+    let yml = dir.join("project.yml");
+    let text = std::fs::read_to_string(&yml).map_err(|e| {
+        Diagnostic::error(
+            "project",
+            format!(
+                "can not read {}: {e} (a project directory holds project.yml and main.cf)",
+                yml.display()
+            ),
+        )
+    })?;
+    let parsed: ProjectYml = serde_yaml_ng::from_str(&text)
+        .map_err(|e| Diagnostic::error("project", format!("invalid project.yml: {e}")))?;
+    let name = parsed.name.unwrap_or_else(|| {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "project".into())
+    });
+    let mut module_paths = Vec::new();
+    match parsed.modulepath {
+        Some(serde_yaml_ng::Value::String(s)) => module_paths.push(dir.join(s)),
+        Some(serde_yaml_ng::Value::Sequence(items)) => {
+            for i in items {
+                if let Some(s) = i.as_str() {
+                    module_paths.push(dir.join(s));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(Project {
+        dir: dir.to_path_buf(),
+        name,
+        module_paths,
+        main_file: main_file.unwrap_or("main.cf").to_string(),
+    })
+}
+
+/// A resource type declared by a module (`resources:` in module.yml).
+#[derive(Clone, Debug, Deserialize)]
+pub struct ResourceDef {
+    /// Dotted attribute path giving the agent name, e.g. `host.name`.
+    pub agent: String,
+    /// The identifying attribute.
+    pub id: String,
+    /// Exported attributes.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// field -> attribute path (or `@builtin` mapping).
+    #[serde(default)]
+    pub map: BTreeMap<String, String>,
+    /// Skip instances for which this boolean attribute is false.
+    #[serde(default)]
+    pub skip_unless: Option<String>,
+    /// Handler executable (path inside the module) for modules shipping their own handler.
+    #[serde(default)]
+    pub handler: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ModuleYml {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub version: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    pub resources: BTreeMap<String, ResourceDef>,
+}
+
+#[derive(Clone, Debug)]
+pub enum ModuleRoot {
+    Builtin,
+    Dir(PathBuf),
+}
+
+#[derive(Clone, Debug)]
+pub struct ModuleInfo {
+    pub name: String,
+    pub version: String,
+    pub root: ModuleRoot,
+    pub yml: ModuleYml,
+}
+
+impl ModuleInfo {
+    /// The text of a file of this module, with its display name and absolute path.
+    pub fn read(&self, rel: &str) -> Option<(String, String, String)> {
+        match &self.root {
+            ModuleRoot::Builtin => BUILTIN
+                .iter()
+                .find(|(m, p, _)| *m == self.name && *p == rel)
+                .map(|(m, p, c)| (c.to_string(), format!("<builtin>/{m}/{p}"), format!("<builtin>/{m}/{p}"))),
+            ModuleRoot::Dir(d) => {
+                let path = d.join(rel);
+                let text = std::fs::read_to_string(&path).ok()?;
+                Some((text, path.display().to_string(), path.display().to_string()))
+            }
+        }
+    }
+}
+
+/// Everything loaded for one compile.
+pub struct Loaded {
+    pub files: Vec<LoadedFile>,
+    pub modules: BTreeMap<String, ModuleInfo>,
+    pub warnings: Vec<Diagnostic>,
+}
+
+pub struct Loader<'a> {
+    pub project: &'a Project,
+    pub sources: &'a mut SourceMap,
+    modules: BTreeMap<String, ModuleInfo>,
+}
+
+fn version_text(v: &Option<serde_yaml_ng::Value>) -> String {
+    match v {
+        Some(serde_yaml_ng::Value::String(s)) => s.clone(),
+        Some(serde_yaml_ng::Value::Number(n)) => n.to_string(),
+        _ => "0.0.0".into(),
+    }
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(project: &'a Project, sources: &'a mut SourceMap) -> Loader<'a> {
+        Loader {
+            project,
+            sources,
+            modules: BTreeMap::new(),
+        }
+    }
+
+    /// Find a module by name: the module path first (not for std), then built-ins.
+    pub fn find_module(&mut self, name: &str) -> Result<ModuleInfo, String> {
+        if let Some(m) = self.modules.get(name) {
+            return Ok(m.clone());
+        }
+        if name.contains('-') {
+            return Err(format!("{name} is not a valid module name: hyphens are not allowed"));
+        }
+        let mut found = None;
+        if name != "std" {
+            for dir in &self.project.module_paths {
+                let root = dir.join(name);
+                if root.join("module.yml").is_file() || root.join("model").join("_init.cf").is_file() {
+                    let yml = std::fs::read_to_string(root.join("module.yml"))
+                        .ok()
+                        .map(|t| serde_yaml_ng::from_str::<ModuleYml>(&t))
+                        .transpose()
+                        .map_err(|e| format!("invalid module.yml of module {name}: {e}"))?
+                        .unwrap_or_default();
+                    found = Some(ModuleInfo {
+                        name: name.to_string(),
+                        version: version_text(&yml.version),
+                        root: ModuleRoot::Dir(root),
+                        yml,
+                    });
+                    break;
+                }
+            }
+        }
+        if found.is_none() {
+            if let Some((_, _, text)) = BUILTIN.iter().find(|(m, p, _)| *m == name && *p == "module.yml") {
+                let yml: ModuleYml = serde_yaml_ng::from_str(text).expect("built-in module.yml is valid");
+                found = Some(ModuleInfo {
+                    name: name.to_string(),
+                    version: version_text(&yml.version),
+                    root: ModuleRoot::Builtin,
+                    yml,
+                });
+            }
+        }
+        match found {
+            Some(m) => {
+                self.modules.insert(name.to_string(), m.clone());
+                Ok(m)
+            }
+            None => {
+                let paths: Vec<String> = self.project.module_paths.iter().map(|p| p.display().to_string()).collect();
+                Err(format!(
+                    "could not find module {name} in the module path [{}] or among the built-in modules (std, fs, exec, mitogen)",
+                    paths.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// The file defining namespace `ns` (`m`, `m::a`, …).
+    fn namespace_file(&mut self, ns: &str) -> Result<Option<(String, String)>, String> {
+        let mut parts = ns.split("::");
+        let module = parts.next().unwrap_or("");
+        let rest: Vec<&str> = parts.collect();
+        let m = self.find_module(module)?;
+        let candidates = if rest.is_empty() {
+            vec!["model/_init.cf".to_string()]
+        } else {
+            let p = rest.join("/");
+            vec![format!("model/{p}.cf"), format!("model/{p}/_init.cf")]
+        };
+        for c in candidates {
+            if let Some((text, display, _)) = m.read(&c) {
+                let display = match &m.root {
+                    ModuleRoot::Dir(_) => relative_display(&self.project.dir, &display),
+                    ModuleRoot::Builtin => display,
+                };
+                return Ok(Some((text, display)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Load main.cf and everything it imports. Syntax errors are collected per file.
+    pub fn load_all(mut self) -> Result<Loaded, Vec<Diagnostic>> {
+        let mut errors = Vec::new();
+        let mut warnings = Vec::new();
+        let mut files: Vec<LoadedFile> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        // (namespace, text, display) to parse, in load order
+        let mut queue: VecDeque<(String, String, String, Option<Span>)> = VecDeque::new();
+        let main_path = self.project.dir.join(&self.project.main_file);
+        let main_text = match std::fs::read_to_string(&main_path) {
+            Ok(t) => t,
+            Err(e) => {
+                return Err(vec![Diagnostic::error(
+                    "project",
+                    format!("can not read {}: {e}", main_path.display()),
+                )]);
+            }
+        };
+        // std first: its top-level statements (std::linux, …) exist before anyone uses them
+        match self.namespace_file("std") {
+            Ok(Some((text, display))) => queue.push_back(("std".into(), text, display, None)),
+            _ => unreachable!("std is built in"),
+        }
+        seen.insert("std".into());
+        queue.push_back(("__config__".into(), main_text, self.project.main_file.clone(), None));
+        seen.insert("__config__".into());
+        while let Some((ns, text, display, _)) = queue.pop_front() {
+            let file = self.sources.add(display, text);
+            let src = self.sources.file(file).text.clone();
+            let module = if ns == "__config__" {
+                "__config__".to_string()
+            } else {
+                ns.split("::").next().unwrap_or("").to_string()
+            };
+            let tokens = match lexer::tokenize(file, &src, &mut warnings) {
+                Ok(t) => t,
+                Err(d) => {
+                    errors.push(d);
+                    continue;
+                }
+            };
+            let ast = match parser::parse(&tokens) {
+                Ok(a) => a,
+                Err(d) => {
+                    errors.push(d);
+                    continue;
+                }
+            };
+            let mut imports = Vec::new();
+            let mut names: HashMap<String, Span> = HashMap::new();
+            for item in &ast.items {
+                let super::ast::TopItem::Import(imp) = item else { continue };
+                let target = imp.module.full();
+                let visible = imp.alias.as_ref().map(|a| a.text.clone()).unwrap_or_else(|| target.clone());
+                if let Some(prev) = names.get(&visible) {
+                    let _ = prev;
+                    errors.push(
+                        Diagnostic::error("duplicate", format!("Two import statements have the same name {visible}"))
+                            .at(imp.span),
+                    );
+                    continue;
+                }
+                names.insert(visible.clone(), imp.span);
+                // every prefix of the imported namespace is loaded
+                let parts: Vec<&str> = target.split("::").collect();
+                let mut ok = true;
+                for i in 1..=parts.len() {
+                    let prefix = parts[..i].join("::");
+                    if seen.contains(&prefix) {
+                        continue;
+                    }
+                    match self.namespace_file(&prefix) {
+                        Ok(Some((text, display))) => {
+                            seen.insert(prefix.clone());
+                            queue.push_back((prefix, text, display, Some(imp.span)));
+                        }
+                        Ok(None) => {
+                            errors.push(
+                                Diagnostic::error(
+                                    "import",
+                                    format!(
+                                        "Failed to load module {target}: could not find module {prefix} (no model file for it)"
+                                    ),
+                                )
+                                .at(imp.module.span),
+                            );
+                            ok = false;
+                            break;
+                        }
+                        Err(msg) => {
+                            errors.push(
+                                Diagnostic::error("import", format!("Failed to load module {target}: {msg}"))
+                                    .at(imp.module.span),
+                            );
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+                if ok {
+                    imports.push((visible, target, imp.span));
+                }
+            }
+            files.push(LoadedFile {
+                ns_name: ns,
+                module,
+                file,
+                ast,
+                imports,
+            });
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Loaded {
+            files,
+            modules: self.modules,
+            warnings,
+        })
+    }
+}
+
+fn relative_display(base: &Path, path: &str) -> String {
+    let p = Path::new(path);
+    match p.strip_prefix(base) {
+        Ok(r) => r.display().to_string(),
+        Err(_) => path.to_string(),
+    }
+}
+
+/// Read a file shipped with a module (`templates/`, `files/`), for plugins.
+pub fn module_file(
+    project: &Project,
+    modules: &BTreeMap<String, ModuleInfo>,
+    module: &str,
+    dir: &str,
+    path: &str,
+) -> Result<(String, String), String> {
+    if path.split('/').any(|p| p == "..") {
+        return Err(format!("{path}: paths may not leave the module"));
+    }
+    if module.is_empty() || module == "__config__" {
+        let full = project.dir.join(dir).join(path);
+        return std::fs::read_to_string(&full)
+            .map(|t| (t, full.display().to_string()))
+            .map_err(|_| format!("{path} isn't a valid file ({})", full.display()));
+    }
+    let Some(m) = modules.get(module) else {
+        return Err(format!("Module {module} does not exist for path {module}/{path}"));
+    };
+    match m.read(&format!("{dir}/{path}")) {
+        Some((text, _, abs)) => Ok((text, abs)),
+        None => Err(format!("{module}/{path} isn't a valid file")),
+    }
+}

@@ -1,0 +1,9 @@
+//! Steward: an intent-based orchestrator for the Inmanta modelling language.
+//!
+//! The crate is one package with a library (every part lives here) and a thin binary
+//! (`src/main.rs`). See `../shared/DESIGN.md` for the architecture; each module opens with a
+//! paragraph on its job and invariants.
+
+pub mod cli;
+pub mod compiler;
+pub mod model;

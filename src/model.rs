@@ -1,0 +1,148 @@
+//! Shared vocabulary of all parts (DESIGN.md §3): resource ids, resources, export files.
+//!
+//! A resource's *hash* is SHA-256 over the canonical JSON (keys sorted, no whitespace) of its
+//! id and attributes; `requires` is not part of it. Same id string ⇒ same resource across
+//! versions.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// `type[agent,attr=value]`
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ResourceId(pub String);
+
+impl ResourceId {
+    pub fn new(type_name: &str, agent: &str, attr: &str, value: &str) -> ResourceId {
+        ResourceId(format!("{type_name}[{agent},{attr}={value}]"))
+    }
+
+    /// Split into (type, agent, attribute, value).
+    pub fn parse(&self) -> Option<(&str, &str, &str, &str)> {
+        let s = self.0.as_str();
+        let open = s.find('[')?;
+        let body = s[open + 1..].strip_suffix(']')?;
+        let (agent, rest) = body.split_once(',')?;
+        let (attr, value) = rest.split_once('=')?;
+        Some((&s[..open], agent, attr, value))
+    }
+
+    pub fn type_name(&self) -> &str {
+        self.parse().map(|p| p.0).unwrap_or("")
+    }
+
+    pub fn agent(&self) -> &str {
+        self.parse().map(|p| p.1).unwrap_or("")
+    }
+}
+
+impl std::fmt::Display for ResourceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resource {
+    pub id: ResourceId,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub agent: String,
+    pub attributes: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pub requires: Vec<ResourceId>,
+}
+
+impl Resource {
+    /// SHA-256 (hex) of the canonical JSON of id + attributes.
+    pub fn hash(&self) -> String {
+        let mut canon = String::new();
+        canon.push_str("{\"attributes\":");
+        canonical_json(&serde_json::Value::Object(self.attributes.clone()), &mut canon);
+        canon.push_str(",\"id\":");
+        canonical_json(&serde_json::Value::String(self.id.0.clone()), &mut canon);
+        canon.push('}');
+        hex::encode(Sha256::digest(canon.as_bytes()))
+    }
+}
+
+/// JSON with object keys sorted and no insignificant whitespace.
+pub fn canonical_json(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::String((*k).clone()).to_string());
+                out.push(':');
+                canonical_json(&m[*k], out);
+            }
+            out.push('}');
+        }
+        serde_json::Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExportMetadata {
+    pub project: String,
+    pub compiler: String,
+    /// module name -> version
+    #[serde(default)]
+    pub modules: BTreeMap<String, String>,
+}
+
+/// What `steward compile --export FILE` writes and the server stores as a version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExportFile {
+    pub format: u32,
+    pub resources: Vec<Resource>,
+    /// Resources carrying unknown values: stored, never deployed.
+    #[serde(default)]
+    pub undefined: Vec<ResourceId>,
+    pub metadata: ExportMetadata,
+}
+
+pub const EXPORT_FORMAT: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_parts() {
+        let id = ResourceId::new("fs::File", "web1", "path", "/etc/motd");
+        assert_eq!(id.0, "fs::File[web1,path=/etc/motd]");
+        assert_eq!(id.parse(), Some(("fs::File", "web1", "path", "/etc/motd")));
+    }
+
+    #[test]
+    fn hash_ignores_key_order_and_requires() {
+        let mut a = serde_json::Map::new();
+        a.insert("b".into(), 1.into());
+        a.insert("a".into(), 2.into());
+        let mut b = serde_json::Map::new();
+        b.insert("a".into(), 2.into());
+        b.insert("b".into(), 1.into());
+        let id = ResourceId("t[a,x=1]".into());
+        let r1 = Resource { id: id.clone(), type_name: "t".into(), agent: "a".into(), attributes: a, requires: vec![] };
+        let r2 = Resource { id, type_name: "t".into(), agent: "a".into(), attributes: b, requires: vec![ResourceId("x".into())] };
+        assert_eq!(r1.hash(), r2.hash());
+    }
+}
