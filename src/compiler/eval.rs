@@ -19,7 +19,9 @@ pub mod pyfmt;
 pub mod state;
 pub mod value;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
+
+use foldhash::HashMap;
 
 use super::diagnostics::Diagnostic;
 use super::plugins::Host;
@@ -84,7 +86,7 @@ pub struct Runtime<'p> {
     pub index_maps: Vec<Vec<HashMap<IndexKey, InstId>>>,
     /// Lookups waiting for a key: (entity, index position, key) -> pseudo RV.
     pub pending_lookups: HashMap<(EntityId, usize, IndexKey), (RvId, ExprIdSpan)>,
-    pub applied_impls: HashSet<(u32, u32)>,
+    pub applied_impls: foldhash::HashSet<(u32, u32)>,
     /// Entities whose effective rules list an implementation twice.
     pub needs_impl_dedup: Vec<bool>,
     /// Number of tasks currently blocked (cheap check at the end).
@@ -99,7 +101,7 @@ impl<'p> Runtime<'p> {
         let index_maps = p
             .entities
             .iter()
-            .map(|e| e.indexes.iter().map(|_| HashMap::new()).collect())
+            .map(|e| e.indexes.iter().map(|_| HashMap::default()).collect())
             .collect();
         let needs_impl_dedup = p
             .entities
@@ -129,8 +131,8 @@ impl<'p> Runtime<'p> {
             parked: Vec::new(),
             ns_scopes: Vec::new(),
             index_maps,
-            pending_lookups: HashMap::new(),
-            applied_impls: HashSet::new(),
+            pending_lookups: HashMap::default(),
+            applied_impls: foldhash::HashSet::default(),
             needs_impl_dedup,
             blocked_tasks: 0,
         }

@@ -256,7 +256,7 @@ impl Runtime<'_> {
             value => {
                 let other = self.check_instance(&value, target).map_err(SetError::Plain)?;
                 let d = self.dl(rv);
-                if d.items.contains(&other) {
+                if d.contains(other) {
                     return Ok(());
                 }
                 if d.frozen {
@@ -276,7 +276,7 @@ impl Runtime<'_> {
                     }
                     return Err(SetError::Plain(self.modified_after_freeze(inst, slot, &value, site)));
                 }
-                self.dl_mut(rv).items.push(other);
+                self.dl_mut(rv).push(other);
                 self.notify_listeners(rv, other)?;
                 self.wake(rv, true);
                 if recur {

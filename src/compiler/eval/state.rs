@@ -92,6 +92,8 @@ pub enum Listener {
 #[derive(Default)]
 pub struct Delayed {
     pub items: Vec<InstId>,
+    /// Membership index for large relations (built past a few dozen elements).
+    pub item_set: Option<Box<foldhash::HashSet<InstId>>>,
     pub low: u32,
     pub high: Option<u32>,
     pub frozen: bool,
@@ -102,6 +104,28 @@ pub struct Delayed {
     pub listeners: Vec<Listener>,
     pub queued: bool,
     pub parked: bool,
+}
+
+impl Delayed {
+    pub fn contains(&self, i: InstId) -> bool {
+        match &self.item_set {
+            Some(set) => set.contains(&i),
+            None => self.items.contains(&i),
+        }
+    }
+
+    pub fn push(&mut self, i: InstId) {
+        self.items.push(i);
+        match &mut self.item_set {
+            Some(set) => {
+                set.insert(i);
+            }
+            None if self.items.len() >= 32 => {
+                self.item_set = Some(Box::new(self.items.iter().copied().collect()));
+            }
+            None => {}
+        }
+    }
 }
 
 pub struct Instance {
