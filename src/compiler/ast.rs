@@ -244,6 +244,9 @@ pub enum InterpPart {
 #[derive(Debug, Clone)]
 pub struct FField {
     pub path: Vec<Name>,
+    /// The reference stops registering fields at the first `{{`/`}}` escape: later fields
+    /// fail when the string is built ("Invalid key in f-string").
+    pub unregistered: bool,
     pub conversion: Option<char>,
     /// The format spec, itself possibly containing nested fields.
     pub spec: Vec<FPiece>,

@@ -435,7 +435,7 @@ impl Definer {
                                 Diagnostic::error(
                                     "inheritance",
                                     format!(
-                                        "Entity {} has the same parent {} twice",
+                                        "same parent defined twice: {} extends {} twice",
                                         self.p.entity(id).full_name,
                                         self.p.entity(pe).full_name
                                     ),
@@ -461,42 +461,27 @@ impl Definer {
             self.p.entities[id.0 as usize].parents = parents;
             self.files[ns.0 as usize] = Some(file);
         }
-        // ancestors, with cycle detection
+        // inheritance cycles, found as the reference's parents-first sort finds them: walking
+        // from each entity in definition order, the entity whose parent is on the walk stack
+        // is reported
+        let mut state: HashMap<EntityId, u8> = HashMap::new();
+        for &(id, _, _) in &defs {
+            if self.errors.is_empty() && !state.contains_key(&id) {
+                let mut stack = Vec::new();
+                self.find_cycle(id, &mut state, &mut stack);
+            }
+        }
+        if !self.errors.is_empty() {
+            return;
+        }
         for &(id, _, _) in &defs {
             let mut seen = Vec::new();
             let mut stack = self.p.entity(id).parents.clone();
-            let mut cycle = false;
             while let Some(x) = stack.pop() {
-                if x == id {
-                    cycle = true;
-                    break;
-                }
                 if !seen.contains(&x) {
                     seen.push(x);
                     stack.extend(self.p.entity(x).parents.iter().copied());
                 }
-            }
-            if cycle {
-                let names: Vec<String> = self
-                    .p
-                    .entity(id)
-                    .parents
-                    .iter()
-                    .map(|p| self.p.entity(*p).full_name.clone())
-                    .collect();
-                self.errors.push(
-                    Diagnostic::error(
-                        "inheritance",
-                        format!(
-                            "Entity can not be its own parent {},{}",
-                            self.p.entity(id).full_name,
-                            names.join(",")
-                        ),
-                    )
-                    .at(self.p.entity(id).span),
-                );
-                self.p.entities[id.0 as usize].parents.clear();
-                continue;
             }
             self.p.entities[id.0 as usize].ancestors = seen;
         }
@@ -537,6 +522,38 @@ impl Definer {
             }
             self.files[ns.0 as usize] = Some(file);
         }
+    }
+
+    fn find_cycle(&mut self, e: EntityId, state: &mut HashMap<EntityId, u8>, stack: &mut Vec<EntityId>) {
+        state.insert(e, 1);
+        stack.push(e);
+        for p in self.p.entity(e).parents.clone() {
+            if !self.errors.is_empty() {
+                return;
+            }
+            match state.get(&p).copied() {
+                Some(1) => {
+                    let pos = stack.iter().position(|x| *x == p).unwrap_or(0);
+                    let names: Vec<String> = stack[pos..]
+                        .iter()
+                        .rev()
+                        .map(|x| self.p.entity(*x).full_name.clone())
+                        .collect();
+                    self.errors.push(
+                        Diagnostic::error(
+                            "inheritance",
+                            format!("Entity can not be its own parent ({})", names.join(",")),
+                        )
+                        .at(self.p.entity(e).span),
+                    );
+                    return;
+                }
+                Some(_) => {}
+                None => self.find_cycle(p, state, stack),
+            }
+        }
+        stack.pop();
+        state.insert(e, 2);
     }
 
     fn add_attr(&mut self, owner: EntityId, name: &str, span: Span, kind: AttrKind) -> AttrId {
@@ -711,7 +728,7 @@ impl Definer {
                     format!(
                         "Attribute name {} is already defined in {}, unable to define relationship",
                         name.text,
-                        d.p.entity(owner).full_name
+                        d.p.entity(owner).name
                     )
                 };
                 d.errors.push(Diagnostic::error("duplicate", msg).at(name.span));

@@ -501,14 +501,17 @@ impl Lexer<'_, '_> {
         }
         for open in (3..=run).rev() {
             let body_start = start + open;
+            let _ = body_start;
             if let Some(rel) = self.src[body_start..].find("\"\"\"") {
                 let close_at = body_start + rel;
                 let mut close = 0;
                 while close < 5 && self.b.get(close_at + close) == Some(&b'"') {
                     close += 1;
                 }
-                let raw = &self.src[body_start..close_at];
-                self.pos = close_at + close;
+                // the reference takes match[3:-3]: with 4 or 5 quotes, the extra ones are content
+                let end = close_at + close;
+                let raw = &self.src[start + 3..end - 3];
+                self.pos = end;
                 let s = self.decode(raw, start);
                 return Some(self.tok(Tok::Mls(s), start));
             }
@@ -564,6 +567,16 @@ impl Lexer<'_, '_> {
     /// (as the reference does). Unlike the reference (which decodes UTF-8 bytes as latin-1),
     /// non-ASCII text is kept intact.
     fn decode(&mut self, raw: &str, token_start: usize) -> String {
+        // The reference decodes string literals with Python's `unicode_escape` codec, which
+        // reads the UTF-8 bytes of non-ASCII text as latin-1: "café" becomes "cafÃ©". Models
+        // written for it rely on that output, so we reproduce it (raw strings are untouched).
+        let widened: String;
+        let raw = if raw.is_ascii() {
+            raw
+        } else {
+            widened = raw.bytes().map(|b| b as char).collect();
+            &widened
+        };
         if !raw.contains('\\') {
             return raw.to_string();
         }

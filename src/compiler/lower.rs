@@ -202,12 +202,17 @@ impl Definer {
             env: vec!["self".to_string()],
             typedef: Some(name.to_string()),
         };
-        let before = self.errors.len();
+        // errors in a constraint surface when a value is validated against it
+        let saved = std::mem::take(&mut self.errors);
         let id = self.lower_expr(&mut cx, e, Hint::None);
-        if self.errors.len() > before {
-            return Err(self.errors.pop().expect("error present"));
+        let found = std::mem::replace(&mut self.errors, saved);
+        match found.into_iter().next() {
+            Some(d) => {
+                let span = e.span;
+                Ok(self.p.ir.add_expr(ExprKind::Error(Box::new(d)), span))
+            }
+            None => Ok(id),
         }
-        Ok(id)
     }
 
     fn lower_block(&mut self, cx: &mut Cx, stmts: &[ast::Stmt], loop_var: Option<&str>) -> BlockId {
@@ -395,7 +400,7 @@ impl Definer {
             let t = self.p.ns(*target);
             return Ok(match t.top_vars.get(&q.last().text) {
                 Some(&slot) => VarRef::NsVar { ns: *target, slot },
-                None => VarRef::NotFound(Rc::from(q.full().as_str())),
+                None => VarRef::NotFound(Rc::from(q.last().text.as_str())),
             });
         }
         let name = &q.parts[0].text;
@@ -406,7 +411,11 @@ impl Definer {
             if name == td {
                 return Ok(VarRef::Env(0));
             }
-            return Ok(VarRef::NotFound(Rc::from(name.as_str())));
+            return Err(Diagnostic::error(
+                "typedef",
+                format!("Unable to resolve `{name}`: a type constraint can not reference variables."),
+            )
+            .at(q.span));
         }
         for (depth, frame) in cx.frames.iter().rev().enumerate() {
             if let Some(&slot) = frame.get(name) {
@@ -463,7 +472,15 @@ impl Definer {
             .map(|p| match p {
                 ast::FPiece::Text(t) => FPiece::Text(Rc::from(t.as_str())),
                 ast::FPiece::Field(f) => {
-                    let value = if f.path.is_empty() || f.path[0].text.chars().all(|c| c.is_ascii_digit()) {
+                    let value = if f.unregistered && !f.path.is_empty() {
+                        let key = f.path.iter().map(|n| n.text.as_str()).collect::<Vec<_>>().join(".");
+                        self.p.ir.add_expr(
+                            ExprKind::Error(Box::new(
+                                Diagnostic::error("fstring", format!("Invalid key in f-string: ''{key}''")).at(span),
+                            )),
+                            span,
+                        )
+                    } else if f.path.is_empty() || f.path[0].text.chars().all(|c| c.is_ascii_digit()) {
                         self.p.ir.add_expr(
                             ExprKind::Error(Box::new(
                                 Diagnostic::error(
@@ -698,13 +715,28 @@ impl Definer {
                         _ => None,
                     })
                     .collect();
-                if positional.len() != 1 || args.len() != 1 {
-                    return self.error_expr(
-                        Diagnostic::error(
-                            "cast",
-                            format!("Failed to cast: {}() takes exactly one positional argument", prim.name()),
-                        )
-                        .at(span),
+                if positional.len() != args.len() {
+                    return self.p.ir.add_expr(
+                        ExprKind::Error(Box::new(
+                            Diagnostic::error("cast", "Only positional arguments allowed in type cast").at(span),
+                        )),
+                        span,
+                    );
+                }
+                if positional.len() != 1 {
+                    let shown: Vec<String> = positional.iter().map(|a| pretty(a)).collect();
+                    return self.p.ir.add_expr(
+                        ExprKind::Error(Box::new(
+                            Diagnostic::error(
+                                "cast",
+                                format!(
+                                    "Illegal arguments {}: type cast expects exactly 1 argument",
+                                    shown.join(",")
+                                ),
+                            )
+                            .at(span),
+                        )),
+                        span,
                     );
                 }
                 let arg = self.lower_expr(cx, positional[0], Hint::None);

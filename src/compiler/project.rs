@@ -280,7 +280,10 @@ impl<'a> Loader<'a> {
         seen.insert("std".into());
         queue.push_back(("__config__".into(), main_text, self.project.main_file.clone(), None));
         seen.insert("__config__".into());
-        while let Some((ns, text, display, _)) = queue.pop_front() {
+        while let Some((ns, mut text, display, _)) = queue.pop_front() {
+            // like the reference, parse with a newline appended: "end of file" errors then
+            // point at the line after the last one
+            text.push('\n');
             let file = self.sources.add(display, text);
             let src = self.sources.file(file).text.clone();
             let module = if ns == "__config__" {

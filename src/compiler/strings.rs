@@ -94,12 +94,14 @@ fn parse_format(s: &str, span: Span, depth: usize) -> Result<Vec<FPiece>, Diagno
     let mut pieces = Vec::new();
     let mut text = String::new();
     let mut i = 0;
+    let mut escaped = false;
     while i < chars.len() {
         let c = chars[i];
         if c == '{' {
             if chars.get(i + 1) == Some(&'{') {
                 text.push('{');
                 i += 2;
+                escaped = true;
                 continue;
             }
             // find the matching close brace
@@ -125,12 +127,15 @@ fn parse_format(s: &str, span: Span, depth: usize) -> Result<Vec<FPiece>, Diagno
             if !text.is_empty() {
                 pieces.push(FPiece::Text(std::mem::take(&mut text)));
             }
-            pieces.push(FPiece::Field(parse_field(&inner, span, depth)?));
+            let mut field = parse_field(&inner, span, depth)?;
+            field.unregistered = escaped && depth == 0;
+            pieces.push(FPiece::Field(field));
             i = j + 1;
         } else if c == '}' {
             if chars.get(i + 1) == Some(&'}') {
                 text.push('}');
                 i += 2;
+                escaped = true;
                 continue;
             }
             return Err(fstring_error("Single '}' encountered in format string", span));
@@ -191,6 +196,7 @@ fn parse_field(inner: &str, span: Span, depth: usize) -> Result<FField, Diagnost
     };
     Ok(FField {
         path,
+        unregistered: false,
         conversion,
         spec,
     })
@@ -203,7 +209,7 @@ mod tests {
     #[test]
     fn interp_parts() {
         match interpolation("a {{ x.y }} b {{z}}{{ bad", Span::default()) {
-            ExprKind::Interpolated(parts) => assert_eq!(parts.len(), 4),
+            ExprKind::Interpolated(parts) => assert_eq!(parts.len(), 5),
             other => panic!("{other:?}"),
         }
         assert!(matches!(interpolation("{{}}", Span::default()), ExprKind::Str(_)));

@@ -19,10 +19,10 @@ fn op_name(op: BinOp) -> &'static str {
     match op {
         BinOp::Add => "plus",
         BinOp::Sub => "minus",
-        BinOp::Mul => "multiply",
-        BinOp::Div => "divide",
+        BinOp::Mul => "multiplication",
+        BinOp::Div => "division",
         BinOp::Mod => "modulo",
-        BinOp::Pow => "power",
+        BinOp::Pow => "exponentiation",
         _ => "operator",
     }
 }
@@ -59,15 +59,6 @@ pub fn binary(rt: &Runtime, op: BinOp, a: &Value, b: &Value, span: Span) -> Eval
                 ),
                 span,
             ));
-        }
-        (BinOp::Add, Value::List(x), Value::List(y)) => {
-            let mut v = (**x).clone();
-            v.extend(y.iter().cloned());
-            return Ok(Value::list(v));
-        }
-        (BinOp::Mul, Value::Str(s), n) | (BinOp::Mul, n, Value::Str(s)) if is_int(n) => {
-            let k = n.as_bigint().and_then(|b| b.to_i64()).unwrap_or(0).max(0) as usize;
-            return Ok(Value::string(s.repeat(k)));
         }
         _ => {}
     }

@@ -502,7 +502,6 @@ fn key_sort(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
     let items = list(a, 0);
     let keys: Vec<String> = match &a.values[1] {
         Value::Str(k) => vec![k.to_string()],
-        Value::List(l) => l.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
         other => {
             return Err(fail(
                 a,
