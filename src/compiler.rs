@@ -69,7 +69,7 @@ impl CompileOutcome {
 struct CompileHost<'a> {
     project: &'a project::Project,
     modules: &'a BTreeMap<String, project::ModuleInfo>,
-    print: &'a mut dyn FnMut(&str),
+    print: &'a mut (dyn FnMut(&str) + Send),
 }
 
 impl plugins::Host for CompileHost<'_> {
@@ -82,9 +82,24 @@ impl plugins::Host for CompileHost<'_> {
     }
 }
 
+/// Stack of the compiler thread: deep (but bounded) models recurse deeply in the passes.
+const COMPILER_STACK: usize = 256 << 20;
+
 /// Compile the project in `opts.project_dir`. `print` receives each `std::print` line as it
 /// is produced (prints happen even if the compile fails later, as in the reference).
-pub fn compile(opts: &CompileOptions, print: &mut dyn FnMut(&str)) -> CompileOutcome {
+pub fn compile(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> CompileOutcome {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("compiler".into())
+            .stack_size(COMPILER_STACK)
+            .spawn_scoped(scope, || compile_here(opts, print))
+            .expect("spawn compiler thread")
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> CompileOutcome {
     let mut sources = SourceMap::default();
     let mut stats = CompileStats::default();
     let project = match project::load_project(&opts.project_dir, opts.main_file.as_deref()) {

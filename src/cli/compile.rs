@@ -47,8 +47,7 @@ pub struct ExportArgs {
 
 /// Run one compile, printing std::print output to stdout and diagnostics to stderr.
 fn compile_once(project: &Path, file: &str, export: bool, json: bool) -> CompileOutcome {
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
         main_file: Some(file.to_string()),

@@ -62,6 +62,7 @@ pub fn define(files: Vec<LoadedFile>) -> Result<Program, Vec<Diagnostic>> {
         return Err(d.errors);
     }
     d.define_typedefs();
+    d.check_typedef_cycles();
     d.define_entities();
     if !d.errors.is_empty() {
         return Err(d.errors);
@@ -405,6 +406,29 @@ impl Definer {
                 }
             }
             self.files[nsi] = Some(file);
+        }
+    }
+
+    /// A typedef whose base chain comes back to itself can not validate anything.
+    fn check_typedef_cycles(&mut self) {
+        for i in 0..self.p.typedefs.len() {
+            let mut seen = vec![i];
+            let mut cur = self.p.typedefs[i].base;
+            while let BaseType::Typedef(t) = cur {
+                if seen.contains(&(t.0 as usize)) {
+                    let td = &self.p.typedefs[i];
+                    self.errors.push(
+                        Diagnostic::error(
+                            "typedef",
+                            format!("typedef {} is defined in terms of itself", td.full_name),
+                        )
+                        .at(td.span),
+                    );
+                    return;
+                }
+                seen.push(t.0 as usize);
+                cur = self.p.typedefs[t.0 as usize].base;
+            }
         }
     }
 

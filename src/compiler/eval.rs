@@ -46,6 +46,9 @@ impl From<Diagnostic> for Stop {
 
 pub type Eval<T> = Result<T, Stop>;
 
+/// A runaway model (an implementation constructing instances without end) stops here.
+pub const MAX_INSTANCES: usize = 5_000_000;
+
 /// A part of an index key: values compare by their textual representation (LANGUAGE.md §10).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KeyPart {

@@ -34,14 +34,24 @@ use super::lexer::{IntLit, Kw, Tok, Token};
 use super::source::Span;
 
 pub fn parse(tokens: &[Token]) -> Result<File, Diagnostic> {
-    let mut p = Parser { toks: tokens, pos: 0 };
+    let mut p = Parser {
+        toks: tokens,
+        pos: 0,
+        depth: 0,
+    };
     p.file()
 }
 
 struct Parser<'a> {
     toks: &'a [Token],
     pos: usize,
+    /// Nesting of the tree being built: bounded so that no input can exhaust the stack of
+    /// the parser or of the passes that walk the tree after it.
+    depth: usize,
 }
+
+/// Deepest expression/statement nesting accepted.
+const MAX_DEPTH: usize = 500;
 
 type PResult<T> = Result<T, Diagnostic>;
 
@@ -616,7 +626,26 @@ impl<'a> Parser<'a> {
 
     // ---------------------------------------------------------------- statements
 
+    fn deeper(&mut self) -> PResult<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Diagnostic::error(
+                "syntax",
+                format!("Syntax error: the model is nested too deeply here (more than {MAX_DEPTH} levels)"),
+            )
+            .at(self.span()));
+        }
+        Ok(())
+    }
+
     fn stmt(&mut self) -> PResult<Stmt> {
+        self.deeper()?;
+        let r = self.stmt_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn stmt_inner(&mut self) -> PResult<Stmt> {
         match self.peek() {
             Tok::Kw(Kw::For) => {
                 let span = self.bump().span;
@@ -703,6 +732,14 @@ impl<'a> Parser<'a> {
     }
 
     fn expr_bp(&mut self, min_bp: u8) -> PResult<Expr> {
+        self.deeper()?;
+        let start_depth = self.depth;
+        let r = self.expr_bp_inner(min_bp);
+        self.depth = start_depth - 1;
+        r
+    }
+
+    fn expr_bp_inner(&mut self, min_bp: u8) -> PResult<Expr> {
         let mut lhs = if self.at_kw(Kw::Not) {
             let span = self.bump().span;
             let operand = self.expr_bp(BP_IN)?;
@@ -719,6 +756,7 @@ impl<'a> Parser<'a> {
                     if BP_COND < min_bp {
                         break;
                     }
+                    self.deeper()?;
                     self.bump();
                     let then = self.expr_bp(0)?;
                     self.expect(&Tok::Colon)?;
@@ -751,6 +789,7 @@ impl<'a> Parser<'a> {
             if bp < min_bp {
                 break;
             }
+            self.deeper()?;
             let span = self.bump().span;
             if op == BinOp::NotIn {
                 self.bump();
@@ -767,7 +806,11 @@ impl<'a> Parser<'a> {
     /// A primary expression followed by reference postfixes (`.x`, `[..]`, `(..)`, `is defined`).
     fn postfix(&mut self) -> PResult<Expr> {
         let mut e = self.primary()?;
+        let base_depth = self.depth;
         loop {
+            if matches!(self.peek(), Tok::Dot | Tok::LBracket | Tok::Kw(Kw::Is)) {
+                self.deeper()?;
+            }
             match self.peek() {
                 Tok::Dot if e.is_var_ref() => {
                     let dot = self.bump().span;
@@ -839,6 +882,7 @@ impl<'a> Parser<'a> {
                 _ => break,
             }
         }
+        self.depth = base_depth;
         Ok(e)
     }
 
@@ -1134,6 +1178,30 @@ mod tests {
         // like the reference, `f(1)[0]` is two statements: a call and a list
         assert!(parse_src("x = f(1)[0]").is_ok());
         assert!(parse_src("entity a:\nend").unwrap_err().message.contains("capital"));
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        // the compiler runs on a large stack (see compiler::compile); so does this test
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn(deep_nesting_cases)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    fn deep_nesting_cases() {
+        let deep = format!("x = {}1{}", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(parse_src(&deep).unwrap_err().message.contains("nested too deeply"));
+        let chain = format!("x = 1{}", " + 1".repeat(100_000));
+        assert!(parse_src(&chain).unwrap_err().message.contains("nested too deeply"));
+        let attrs = format!("x = a{}", ".b".repeat(100_000));
+        assert!(parse_src(&attrs).unwrap_err().message.contains("nested too deeply"));
+        let ifs = format!("{}{}", "if true:\n".repeat(5000), "end\n".repeat(5000));
+        assert!(parse_src(&ifs).unwrap_err().message.contains("nested too deeply"));
+        let ok = format!("x = {}", "1 + ".repeat(300) + "1");
+        assert!(parse_src(&ok).is_ok());
     }
 
     #[test]

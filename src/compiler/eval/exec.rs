@@ -499,6 +499,16 @@ impl Runtime<'_> {
             }
             (first, false)
         } else {
+            if self.instances.len() >= super::MAX_INSTANCES {
+                return Err(err(
+                    "too-large",
+                    format!(
+                        "the model creates more than {} instances: is an implementation constructing instances without end?",
+                        super::MAX_INSTANCES
+                    ),
+                    span,
+                ));
+            }
             let inst = self.new_instance(entity, site);
             for (slot, v) in &given {
                 self.set_attr(inst, *slot, v.clone(), site, true)?;

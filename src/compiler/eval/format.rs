@@ -52,7 +52,11 @@ fn parse_spec(s: &str) -> Result<Spec, String> {
         i += 1;
     }
     if i > start {
-        spec.width = Some(chars[start..i].iter().collect::<String>().parse().map_err(|_| "Too many decimal digits in format string")?);
+        let w: usize = chars[start..i].iter().collect::<String>().parse().map_err(|_| "Too many decimal digits in format string")?;
+        if w > 1 << 20 {
+            return Err("width too large".into());
+        }
+        spec.width = Some(w);
     }
     if i < chars.len() && matches!(chars[i], ',' | '_') {
         spec.grouping = Some(chars[i]);
@@ -67,7 +71,11 @@ fn parse_spec(s: &str) -> Result<Spec, String> {
         if i == start {
             return Err("Format specifier missing precision".into());
         }
-        spec.precision = Some(chars[start..i].iter().collect::<String>().parse().map_err(|_| "Too many decimal digits in format string")?);
+        let p: usize = chars[start..i].iter().collect::<String>().parse().map_err(|_| "Too many decimal digits in format string")?;
+        if p > 1 << 12 {
+            return Err("precision too large".into());
+        }
+        spec.precision = Some(p);
     }
     if i < chars.len() {
         spec.ty = Some(chars[i]);

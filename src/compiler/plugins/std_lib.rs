@@ -121,6 +121,9 @@ pub fn plugins() -> Vec<PluginDef> {
         }),
         plugin!("sequence", [req("i", "int"), opt("start", "int", Default::Int(0))], "list", |_, _, a| {
             let (n, start) = (int(a, 0), int(a, 1));
+            if n > 50_000_000 {
+                return Err(fail(a, "std::sequence", "MemoryError: sequence too long"));
+            }
             Ok(Value::list((start..start + n.max(0)).map(Value::Int).collect()))
         }),
         plugin!("at", [req("objects", "list"), req("index", "int")], "any", |_, _, a| {
