@@ -398,7 +398,8 @@ pub fn module_file(
     if path.split('/').any(|p| p == "..") {
         return Err(format!("{path}: paths may not leave the module"));
     }
-    if module.is_empty() || module == "__config__" {
+    // the project's own files: "/name" (as the reference) or "<project name>/name"
+    if module.is_empty() || module == "__config__" || (module == project.name && !modules.contains_key(module)) {
         let full = project.dir.join(dir).join(path);
         return std::fs::read_to_string(&full)
             .map(|t| (t, full.display().to_string()))

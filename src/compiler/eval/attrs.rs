@@ -395,19 +395,18 @@ impl Runtime<'_> {
                     Prim::Float => matches!(value, Value::Float(_)),
                     Prim::Number => value.is_number() || matches!(value, Value::Bool(_)),
                     Prim::Bool => matches!(value, Value::Bool(_)),
-                    Prim::List => match value {
-                        Value::List(items) => {
-                            if let Some(Value::Instance(i)) = items.iter().find(|v| matches!(v, Value::Instance(_))) {
-                                return Err(format!(
-                                    "Can not assign a value of type {} to a variable of type list",
-                                    self.p.entity(self.inst_entity(*i)).full_name
-                                ));
-                            }
-                            true
+                    // list and dict hold literals only: no instances, at any depth
+                    Prim::List | Prim::Dict => {
+                        let elements: Vec<&Value> = match (p, value) {
+                            (Prim::List, Value::List(items)) => items.iter().collect(),
+                            (Prim::Dict, Value::Dict(d)) => d.values().collect(),
+                            _ => return expected(self, value, p.name()),
+                        };
+                        if let Some(bad) = elements.into_iter().find(|v| !is_literal(v)) {
+                            return Err(format!("Invalid value '{}', expected Literal", self.value_str(bad)));
                         }
-                        _ => false,
-                    },
-                    Prim::Dict => matches!(value, Value::Dict(_)),
+                        true
+                    }
                 };
                 if ok { Ok(()) } else { expected(self, value, p.name()) }
             }
@@ -601,6 +600,16 @@ impl Runtime<'_> {
     /// A text for messages about a value (used by plugins as well).
     pub fn describe(&self, v: &Value) -> String {
         pyfmt::repr(v, self)
+    }
+}
+
+/// A value built from primitives only (what `list` and `dict` attributes may hold).
+fn is_literal(v: &Value) -> bool {
+    match v {
+        Value::Instance(_) => false,
+        Value::List(l) => l.iter().all(is_literal),
+        Value::Dict(d) => d.values().all(is_literal),
+        _ => true,
     }
 }
 

@@ -335,7 +335,8 @@ impl Runtime<'_> {
             None => true,
             Some(c) => match self.eval(cx, c)? {
                 Value::Bool(b) => b,
-                Value::Unknown => false,
+                // the reference tests the condition's truth: an unknown selects
+                Value::Unknown => true,
                 other => {
                     return Err(err(
                         "not-bool",
