@@ -178,7 +178,12 @@ fn generate(n: usize) -> (String, Vec<String>, usize) {
     m.push_str(STATIC_MODEL);
     m.push_str("\n\nreg = Registry(name=\"global\")\n\n");
     for d in 0..ndc {
-        writeln!(m, "Datacenter(name=\"dc{d:04}\", region=\"{}\", registry=reg)", regions[d % 3]).unwrap();
+        writeln!(
+            m,
+            "Datacenter(name=\"dc{d:04}\", region=\"{}\", registry=reg)",
+            regions[d % 3]
+        )
+        .unwrap();
     }
     m.push('\n');
     let (mut files, mut svcs, mut checks, mut rules) = (0, 0, 0, 0);
@@ -186,10 +191,18 @@ fn generate(n: usize) -> (String, Vec<String>, usize) {
     for i in 0..n {
         let dc = i / HOSTS_PER_DC;
         let pos = i % HOSTS_PER_DC;
-        let role = if pos == 0 { "db" } else { ["web", "web", "worker"][(pos - 1) % 3] };
+        let role = if pos == 0 {
+            "db"
+        } else {
+            ["web", "web", "worker"][(pos - 1) % 3]
+        };
         let name = format!("host{i:06}");
         let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
-        let db = if role == "web" { Some(format!("host{:06}", dc * HOSTS_PER_DC)) } else { None };
+        let db = if role == "web" {
+            Some(format!("host{:06}", dc * HOSTS_PER_DC))
+        } else {
+            None
+        };
         let monitored = i % 7 != 3;
         let cpus = 2 + (i % 4) * 2;
         let mut args = vec![
@@ -231,10 +244,16 @@ fn generate(n: usize) -> (String, Vec<String>, usize) {
     m.push_str("\nnhosts = std::count(reg.hosts)\nnfiles = std::count(reg.files)\nnchecks = std::count(reg.checks)\nnrules = std::count(reg.rules)\n");
     m.push_str("std::print(\"total hosts={{nhosts}} files={{nfiles}} checks={{nchecks}} rules={{nrules}}\")\n\n");
     m.push_str("for dc in reg.datacenters:\n    nh = std::count(dc.hosts)\n    label = std::upper(dc.name)\n    llen = std::length(label)\n    std::print(\"{{label}} {{dc.region}} hosts={{nh}} len={{llen}}\")\nend\n");
-    let mut expected = vec![format!("total hosts={n} files={files} checks={checks} rules={rules}")];
+    let mut expected = vec![format!(
+        "total hosts={n} files={files} checks={checks} rules={rules}"
+    )];
     for (d, hosts) in dc_hosts.iter().enumerate() {
         let label = format!("DC{d:04}");
-        expected.push(format!("{label} {} hosts={hosts} len={}", regions[d % 3], label.len()));
+        expected.push(format!(
+            "{label} {} hosts={hosts} len={}",
+            regions[d % 3],
+            label.len()
+        ));
     }
     expected.sort();
     (m, expected, 1 + ndc + n + svcs + files + checks + rules)
@@ -244,9 +263,11 @@ fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(f64::NAN)
@@ -258,7 +279,11 @@ fn main() {
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
     let dir = tempfile::tempdir().expect("temp dir");
     let (model, expected, instances) = generate(n);
-    std::fs::write(dir.path().join("project.yml"), "name: bench\nmodulepath: libs\n").unwrap();
+    std::fs::write(
+        dir.path().join("project.yml"),
+        "name: bench\nmodulepath: libs\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("main.cf"), model).unwrap();
     let mut times = Vec::new();
     for run in 0..runs {

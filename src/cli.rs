@@ -2,11 +2,17 @@
 //! (and only here): this is the edge where errors become messages and exit codes.
 
 mod compile;
+mod env;
+pub mod remote;
 pub mod render;
+mod resource;
+mod server;
+mod token;
+mod version;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -15,27 +21,95 @@ use clap::{Parser, Subcommand};
     about = "Intent-based orchestration for the Inmanta modelling language",
     long_about = "Steward compiles Inmanta-language models into resources and makes them happen.\n\n\
                   In a project directory (project.yml + main.cf):\n  \
-                  steward compile            compile, print std::print output, report errors\n  \
-                  steward export -j out.json compile and write the resources to a file"
+                  steward compile              compile, print std::print output, report errors\n  \
+                  steward export -j out.json   compile and write the resources to a file\n  \
+                  steward export [-d]          compile and upload to a server (-d: also release)\n\n\
+                  Against a server (--server, --env, --token, or STEWARD_* variables, or .steward.toml):\n  \
+                  steward server               run the server\n  \
+                  steward env|version|resource|token …"
 )]
 pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "STEWARD_LOG_FORMAT")]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Compile the project in the current directory (or --project).
     Compile(compile::CompileArgs),
-    /// Compile and export the resources (to a file with -j).
+    /// Compile and export the resources: to a file (-j) or to a server (-d also releases).
     Export(compile::ExportArgs),
+    /// Run the server (REST API over PostgreSQL).
+    Server(server::ServerArgs),
+    /// Environments: create, list, settings, delete.
+    Env(Remote<env::EnvCmd>),
+    /// Versions of an environment: list, show, diff, release, reject, rollback, delete.
+    Version(Remote<version::VersionCmd>),
+    /// Resources of an environment: list, show, logs.
+    Resource(Remote<resource::ResourceCmd>),
+    /// API tokens: create, list, revoke.
+    Token(Remote<token::TokenCmd>),
+}
+
+/// A command against a server: connection options and the subcommand.
+#[derive(clap::Args, Debug)]
+pub struct Remote<C: Subcommand> {
+    #[command(flatten)]
+    remote: remote::RemoteArgs,
+    #[command(subcommand)]
+    cmd: C,
+}
+
+fn init_tracing(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STEWARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn remote_command<F, C>(args: remote::RemoteArgs, cmd: C, run: F) -> anyhow::Result<ExitCode>
+where
+    F: AsyncFnOnce(remote::Remote, C) -> anyhow::Result<ExitCode>,
+{
+    let remote = remote::connect(&args, None)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(remote, cmd))
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let level = if matches!(cli.command, Command::Server(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    init_tracing(cli.log_format, level);
     let result = match cli.command {
         Command::Compile(args) => compile::run_compile(args),
         Command::Export(args) => compile::run_export(args),
+        Command::Server(args) => server::run(args),
+        Command::Env(r) => remote_command(r.remote, r.cmd, env::run),
+        Command::Version(r) => remote_command(r.remote, r.cmd, version::run),
+        Command::Resource(r) => remote_command(r.remote, r.cmd, resource::run),
+        Command::Token(r) => remote_command(r.remote, r.cmd, token::run),
     };
     match result {
         Ok(code) => code,

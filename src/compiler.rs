@@ -145,7 +145,10 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             print,
         };
         let mut rt = eval::Runtime::new(&program, &sources, &mut host);
-        let run = rt.check_defaults().map_err(|d| vec![d]).and_then(|_| rt.run());
+        let run = rt
+            .check_defaults()
+            .map_err(|d| vec![d])
+            .and_then(|_| rt.run());
         stats.instances = rt.instances.len();
         match run {
             Err(e) => Err(e),

@@ -5,5 +5,9 @@
 //! paragraph on its job and invariants.
 
 pub mod cli;
+pub mod client;
 pub mod compiler;
+pub mod embedded;
 pub mod model;
+pub mod server;
+pub mod store;

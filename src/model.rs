@@ -4,6 +4,9 @@
 //! id and attributes; `requires` is not part of it. Same id string ⇒ same resource across
 //! versions.
 
+pub mod diff;
+pub mod settings;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -60,7 +63,10 @@ impl Resource {
     pub fn hash(&self) -> String {
         let mut canon = String::new();
         canon.push_str("{\"attributes\":");
-        canonical_json(&serde_json::Value::Object(self.attributes.clone()), &mut canon);
+        canonical_json(
+            &serde_json::Value::Object(self.attributes.clone()),
+            &mut canon,
+        );
         canon.push_str(",\"id\":");
         canonical_json(&serde_json::Value::String(self.id.0.clone()), &mut canon);
         canon.push('}');
@@ -121,6 +127,53 @@ pub struct ExportFile {
 
 pub const EXPORT_FORMAT: u32 = 1;
 
+/// What a token may do (DESIGN.md §3): checked by the server on every request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// everything in its environment; a global admin manages projects, environments, tokens
+    Admin,
+    /// read, release and reject versions
+    Approver,
+    /// read, upload versions, trigger compiles
+    Compiler,
+    /// read, report deploy results and action logs (executors)
+    Agent,
+    /// read only
+    Viewer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Approver => "approver",
+            Role::Compiler => "compiler",
+            Role::Agent => "agent",
+            Role::Viewer => "viewer",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "admin" => Role::Admin,
+            "approver" => Role::Approver,
+            "compiler" => Role::Compiler,
+            "agent" => Role::Agent,
+            "viewer" => Role::Viewer,
+            _ => return None,
+        })
+    }
+
+    pub const ALL: [Role; 5] = [
+        Role::Admin,
+        Role::Approver,
+        Role::Compiler,
+        Role::Agent,
+        Role::Viewer,
+    ];
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,8 +194,20 @@ mod tests {
         b.insert("a".into(), 2.into());
         b.insert("b".into(), 1.into());
         let id = ResourceId("t[a,x=1]".into());
-        let r1 = Resource { id: id.clone(), type_name: "t".into(), agent: "a".into(), attributes: a, requires: vec![] };
-        let r2 = Resource { id, type_name: "t".into(), agent: "a".into(), attributes: b, requires: vec![ResourceId("x".into())] };
+        let r1 = Resource {
+            id: id.clone(),
+            type_name: "t".into(),
+            agent: "a".into(),
+            attributes: a,
+            requires: vec![],
+        };
+        let r2 = Resource {
+            id,
+            type_name: "t".into(),
+            agent: "a".into(),
+            attributes: b,
+            requires: vec![ResourceId("x".into())],
+        };
         assert_eq!(r1.hash(), r2.hash());
     }
 }

@@ -40,9 +40,14 @@ pub struct ExportArgs {
     /// Write the export to this file instead of uploading it to a server.
     #[arg(short = 'j', long = "json-file", value_name = "FILE")]
     pub json_file: Option<PathBuf>,
-    /// Print diagnostics as JSON on stderr.
-    #[arg(long)]
-    pub json: bool,
+    /// After uploading, release the version (when the environment did not release it already).
+    #[arg(short = 'd', long = "deploy")]
+    pub deploy: bool,
+    /// Comment recorded with the release (-d).
+    #[arg(long, short = 'm', default_value = "")]
+    pub comment: String,
+    #[command(flatten)]
+    pub remote: super::remote::RemoteArgs,
 }
 
 /// Run one compile, printing std::print output to stdout and diagnostics to stderr.
@@ -82,7 +87,10 @@ fn report(outcome: &CompileOutcome, json: bool) {
     if !errors.is_empty() {
         super::render::emit_all(&outcome.sources, errors);
         if errors.len() > 1 {
-            eprintln!("error: compilation failed: reported {} errors", errors.len());
+            eprintln!(
+                "error: compilation failed: reported {} errors",
+                errors.len()
+            );
         } else {
             eprintln!("error: compilation failed");
         }
@@ -105,29 +113,98 @@ pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.export {
         write_export(&outcome, path)?;
     }
-    Ok(if outcome.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if outcome.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let Some(path) = &args.json_file else {
-        anyhow::bail!("no export target: give -j FILE to write the export to a file");
-    };
-    let outcome = compile_once(&args.project, &args.file, true, args.json);
-    write_export(&outcome, path)?;
-    if outcome.is_ok() {
-        eprintln!(
-            "exported {} resources to {}",
-            outcome.stats.resources,
-            path.display()
-        );
+    let outcome = compile_once(&args.project, &args.file, true, args.remote.json);
+    if let Some(path) = &args.json_file {
+        write_export(&outcome, path)?;
+        if outcome.is_ok() {
+            eprintln!(
+                "exported {} resources to {}",
+                outcome.stats.resources,
+                path.display()
+            );
+        }
+        return Ok(if outcome.is_ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
     }
-    Ok(if outcome.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    let Ok(Some(export)) = &outcome.result else {
+        return Ok(ExitCode::from(1));
+    };
+    let remote = super::remote::connect(&args.remote, Some(&args.project))?;
+    let env = remote.env()?.to_string();
+    let provenance = git_provenance(&args.project);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let v = remote.client.upload(&env, export, provenance).await?;
+        let number = v["number"].as_i64().unwrap_or(0) as i32;
+        let diff = &v["diff_summary"];
+        eprintln!(
+            "uploaded version {number} to {env}: {} resources (+{} ~{} -{})",
+            v["resource_count"], diff["new"], diff["updated"], diff["deleted"]
+        );
+        if v["auto_released"] == true {
+            eprintln!("version {number} was released automatically");
+        } else if args.deploy {
+            let r = remote.client.release(&env, number, &args.comment).await?;
+            eprintln!(
+                "released version {} (content hash {})",
+                r.number, r.content_hash
+            );
+        } else {
+            eprintln!("version {number} waits for release: steward version release {number}");
+        }
+        if remote.json {
+            super::remote::print_json(&v);
+        }
+        Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
+    })
+}
+
+/// The project's git commit, when it is a git checkout: recorded as provenance.
+fn git_provenance(project: &Path) -> serde_json::Value {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(project)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let mut p = serde_json::json!({});
+    if let Some(commit) = git(&["rev-parse", "HEAD"]) {
+        p["commit"] = serde_json::json!(commit);
+        if let Some(branch) = git(&["rev-parse", "--abbrev-ref", "HEAD"]) {
+            p["branch"] = serde_json::json!(branch);
+        }
+        let dirty = git(&["status", "--porcelain"])
+            .map(|s| !s.is_empty())
+            .unwrap_or(false);
+        p["dirty"] = serde_json::json!(dirty);
+    }
+    p
 }
 
 /// Is this a change that can affect the compile?
 fn relevant(path: &Path) -> bool {
     let ignored = path.components().any(|c| {
-        matches!(c.as_os_str().to_str(), Some(".git" | "target" | "data" | ".cfcache"))
+        matches!(
+            c.as_os_str().to_str(),
+            Some(".git" | "target" | "data" | ".cfcache")
+        )
     });
     if ignored {
         return false;
@@ -135,7 +212,9 @@ fn relevant(path: &Path) -> bool {
     matches!(
         path.extension().and_then(|e| e.to_str()),
         Some("cf" | "yml" | "yaml" | "j2" | "tmpl") | None
-    ) || path.components().any(|c| c.as_os_str() == "files" || c.as_os_str() == "templates")
+    ) || path
+        .components()
+        .any(|c| c.as_os_str() == "files" || c.as_os_str() == "templates")
 }
 
 fn watch(args: &CompileArgs) -> anyhow::Result<ExitCode> {

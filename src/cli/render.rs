@@ -2,7 +2,9 @@
 
 use std::io::IsTerminal;
 
-use codespan_reporting::diagnostic::{Diagnostic as CsDiagnostic, Label as CsLabel, Severity as CsSeverity};
+use codespan_reporting::diagnostic::{
+    Diagnostic as CsDiagnostic, Label as CsLabel, Severity as CsSeverity,
+};
 use codespan_reporting::files::SimpleFiles;
 use codespan_reporting::term::{self, termcolor};
 
@@ -36,16 +38,22 @@ pub fn emit_all(sources: &SourceMap, diags: &[Diagnostic]) {
             let end = p.span.end.max(p.span.start + 1) as usize;
             let len = sources.file(p.span.file).text.len();
             labels.push(
-                CsLabel::primary(ids[p.span.file.0 as usize], p.span.start as usize..end.min(len.max(p.span.start as usize)))
-                    .with_message(&p.message),
+                CsLabel::primary(
+                    ids[p.span.file.0 as usize],
+                    p.span.start as usize..end.min(len.max(p.span.start as usize)),
+                )
+                .with_message(&p.message),
             );
         }
         for s in &d.secondary {
             let end = s.span.end.max(s.span.start + 1) as usize;
             let len = sources.file(s.span.file).text.len();
             labels.push(
-                CsLabel::secondary(ids[s.span.file.0 as usize], s.span.start as usize..end.min(len.max(s.span.start as usize)))
-                    .with_message(&s.message),
+                CsLabel::secondary(
+                    ids[s.span.file.0 as usize],
+                    s.span.start as usize..end.min(len.max(s.span.start as usize)),
+                )
+                .with_message(&s.message),
             );
         }
         cs = cs.with_labels(labels).with_notes(d.notes.clone());

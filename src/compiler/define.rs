@@ -213,7 +213,8 @@ impl Definer {
         for (i, pd) in plugins::all().iter().enumerate() {
             for ns in &mut self.p.namespaces {
                 if ns.name == pd.namespace {
-                    ns.types.insert(pd.name.to_string(), TypeRef::Plugin(PluginId(i as u32)));
+                    ns.types
+                        .insert(pd.name.to_string(), TypeRef::Plugin(PluginId(i as u32)));
                 }
             }
         }
@@ -264,7 +265,12 @@ impl Definer {
                             body: super::ir::BlockId(0),
                             span: im.name.span,
                         });
-                        self.define_type_name(ns, &im.name, TypeRef::Implementation(id), "implementation");
+                        self.define_type_name(
+                            ns,
+                            &im.name,
+                            TypeRef::Implementation(id),
+                            "implementation",
+                        );
                     }
                     _ => {}
                 }
@@ -274,7 +280,11 @@ impl Definer {
     }
 
     /// Resolve a type name as written in namespace `ns` (LANGUAGE.md §2.4).
-    pub(crate) fn resolve_type(&self, ns: NsId, q: &ast::QName) -> Result<ResolvedType, Diagnostic> {
+    pub(crate) fn resolve_type(
+        &self,
+        ns: NsId,
+        q: &ast::QName,
+    ) -> Result<ResolvedType, Diagnostic> {
         let full = q.full();
         let nsd = self.p.ns(ns);
         if let Some(prefix) = q.prefix() {
@@ -355,14 +365,19 @@ impl Definer {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().unwrap_or_default();
             for item in &file.items {
-                let ast::TopItem::Typedef(t) = item else { continue };
+                let ast::TopItem::Typedef(t) = item else {
+                    continue;
+                };
                 let id = TypedefId(next as u32);
                 next += 1;
                 match self.resolve_base_type(ns, &t.base) {
                     Ok(BaseType::Entity(_)) => self.errors.push(
                         Diagnostic::error(
                             "typedef",
-                            format!("can not use an entity as the base of typedef {}", t.name.text),
+                            format!(
+                                "can not use an entity as the base of typedef {}",
+                                t.name.text
+                            ),
                         )
                         .at(t.base.span),
                     ),
@@ -370,17 +385,20 @@ impl Definer {
                     Err(e) => self.errors.push(e),
                 }
                 match &t.constraint {
-                    ast::TypedefConstraint::Regex(src, span) => match regex::Regex::new(&format!("^(?:{src})")) {
-                        Ok(regex) => {
-                            self.p.typedefs[id.0 as usize].constraint = Constraint::Regex {
-                                source: src.clone(),
-                                regex,
+                    ast::TypedefConstraint::Regex(src, span) => {
+                        match regex::Regex::new(&format!("^(?:{src})")) {
+                            Ok(regex) => {
+                                self.p.typedefs[id.0 as usize].constraint = Constraint::Regex {
+                                    source: src.clone(),
+                                    regex,
+                                }
                             }
+                            Err(e) => self.errors.push(
+                                Diagnostic::error("syntax", format!("Regex error in /{src}/: {e}"))
+                                    .at(*span),
+                            ),
                         }
-                        Err(e) => self.errors.push(
-                            Diagnostic::error("syntax", format!("Regex error in /{src}/: {e}")).at(*span),
-                        ),
-                    },
+                    }
                     ast::TypedefConstraint::Expr(e) => {
                         if !mentions_self_or(e, &t.name.text) {
                             self.errors.push(
@@ -398,7 +416,8 @@ impl Definer {
                         let text = super::lower::pretty(e);
                         match self.lower_typedef_expr(ns, e, &t.name.text) {
                             Ok(expr) => {
-                                self.p.typedefs[id.0 as usize].constraint = Constraint::Expr { expr, text }
+                                self.p.typedefs[id.0 as usize].constraint =
+                                    Constraint::Expr { expr, text }
                             }
                             Err(err) => self.errors.push(err),
                         }
@@ -449,7 +468,9 @@ impl Definer {
         // parents
         for &(id, ns, idx) in &defs {
             let file = self.files[ns.0 as usize].take().expect("file present");
-            let ast::TopItem::Entity(e) = &file.items[idx] else { unreachable!() };
+            let ast::TopItem::Entity(e) = &file.items[idx] else {
+                unreachable!()
+            };
             let mut parents = Vec::new();
             for pq in &e.parents {
                 match self.resolve_type(ns, pq) {
@@ -472,7 +493,10 @@ impl Definer {
                     Ok(_) => self.errors.push(
                         Diagnostic::error(
                             "inheritance",
-                            format!("Entity can only inherit from other entities, {} is not an entity", pq.full()),
+                            format!(
+                                "Entity can only inherit from other entities, {} is not an entity",
+                                pq.full()
+                            ),
                         )
                         .at(pq.span),
                     ),
@@ -521,26 +545,39 @@ impl Definer {
         // root relations: std::Entity.requires [0:] -- std::Entity.provides [0:]
         if !self.p.namespaces.is_empty() {
             let span = Span::default();
-            let req = self.add_attr(root, "requires", span, AttrKind::Relation {
-                target: root,
-                low: 0,
-                high: None,
-                reverse: None,
-            });
-            let prov = self.add_attr(root, "provides", span, AttrKind::Relation {
-                target: root,
-                low: 0,
-                high: None,
-                reverse: Some(req),
-            });
-            if let AttrKind::Relation { reverse, .. } = &mut self.p.attributes[req.0 as usize].kind {
+            let req = self.add_attr(
+                root,
+                "requires",
+                span,
+                AttrKind::Relation {
+                    target: root,
+                    low: 0,
+                    high: None,
+                    reverse: None,
+                },
+            );
+            let prov = self.add_attr(
+                root,
+                "provides",
+                span,
+                AttrKind::Relation {
+                    target: root,
+                    low: 0,
+                    high: None,
+                    reverse: Some(req),
+                },
+            );
+            if let AttrKind::Relation { reverse, .. } = &mut self.p.attributes[req.0 as usize].kind
+            {
                 *reverse = Some(prov);
             }
         }
         // attributes
         for &(id, ns, idx) in &defs {
             let file = self.files[ns.0 as usize].take().expect("file present");
-            let ast::TopItem::Entity(e) = &file.items[idx] else { unreachable!() };
+            let ast::TopItem::Entity(e) = &file.items[idx] else {
+                unreachable!()
+            };
             for a in &e.attributes {
                 self.define_attribute(id, ns, a);
             }
@@ -548,7 +585,12 @@ impl Definer {
         }
     }
 
-    fn find_cycle(&mut self, e: EntityId, state: &mut HashMap<EntityId, u8>, stack: &mut Vec<EntityId>) {
+    fn find_cycle(
+        &mut self,
+        e: EntityId,
+        state: &mut HashMap<EntityId, u8>,
+        stack: &mut Vec<EntityId>,
+    ) {
         state.insert(e, 1);
         stack.push(e);
         for p in self.p.entity(e).parents.clone() {
@@ -591,7 +633,10 @@ impl Definer {
             span,
         });
         self.p.entities[owner.0 as usize].own_attrs.push(id);
-        self.attr_names.entry(owner).or_default().insert(name.to_string());
+        self.attr_names
+            .entry(owner)
+            .or_default()
+            .insert(name.to_string());
         id
     }
 
@@ -660,7 +705,11 @@ impl Definer {
                 Some(v) => DefaultDecl::Value(v),
                 None => {
                     self.errors.push(
-                        Diagnostic::error("syntax", "Syntax error: default values must be constants").at(e.span),
+                        Diagnostic::error(
+                            "syntax",
+                            "Syntax error: default values must be constants",
+                        )
+                        .at(e.span),
                     );
                     return;
                 }
@@ -699,12 +748,21 @@ impl Definer {
                 }
             }
         }
-        self.add_attr(owner, &a.name.text, a.name.span, AttrKind::Value { ty, default });
+        self.add_attr(
+            owner,
+            &a.name.text,
+            a.name.span,
+            AttrKind::Value { ty, default },
+        );
     }
 
     /// Does `entity` or an ancestor declare `name`? Returns the declaring entity.
     fn declared_in(&self, entity: EntityId, name: &str) -> Option<EntityId> {
-        if self.attr_names.get(&entity).is_some_and(|s| s.contains(name)) {
+        if self
+            .attr_names
+            .get(&entity)
+            .is_some_and(|s| s.contains(name))
+        {
             return Some(entity);
         }
         self.p
@@ -720,7 +778,9 @@ impl Definer {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().expect("file present");
             for item in &file.items {
-                let ast::TopItem::Relation(r) = item else { continue };
+                let ast::TopItem::Relation(r) = item else {
+                    continue;
+                };
                 self.define_relation(ns, r);
             }
             self.files[nsi] = Some(file);
@@ -736,7 +796,7 @@ impl Definer {
             Ok(e) => e,
             Err(e) => return self.errors.push(e),
         };
-        let mut check = |d: &mut Definer, ent: EntityId, name: &ast::Name| -> bool {
+        let check = |d: &mut Definer, ent: EntityId, name: &ast::Name| -> bool {
             if let Some(err) = hyphen_error(name) {
                 d.errors.push(err);
                 return false;
@@ -755,7 +815,8 @@ impl Definer {
                         d.p.entity(owner).name
                     )
                 };
-                d.errors.push(Diagnostic::error("duplicate", msg).at(name.span));
+                d.errors
+                    .push(Diagnostic::error("duplicate", msg).at(name.span));
                 return false;
             }
             true
@@ -764,16 +825,23 @@ impl Definer {
             return;
         }
         let m = r.left.multiplicity;
-        let left_attr = self.add_attr(left, &r.left.name.text, r.left.name.span, AttrKind::Relation {
-            target: right,
-            low: m.low,
-            high: m.high,
-            reverse: None,
-        });
+        let left_attr = self.add_attr(
+            left,
+            &r.left.name.text,
+            r.left.name.span,
+            AttrKind::Relation {
+                target: right,
+                low: m.low,
+                high: m.high,
+                reverse: None,
+            },
+        );
         if let Some((rname, rm)) = &r.right {
             let self_inverse = left == right && rname.text == r.left.name.text;
             if self_inverse {
-                if let AttrKind::Relation { reverse, .. } = &mut self.p.attributes[left_attr.0 as usize].kind {
+                if let AttrKind::Relation { reverse, .. } =
+                    &mut self.p.attributes[left_attr.0 as usize].kind
+                {
                     *reverse = Some(left_attr);
                 }
                 return;
@@ -781,13 +849,20 @@ impl Definer {
             if !check(self, right, rname) {
                 return;
             }
-            let right_attr = self.add_attr(right, &rname.text, rname.span, AttrKind::Relation {
-                target: left,
-                low: rm.low,
-                high: rm.high,
-                reverse: Some(left_attr),
-            });
-            if let AttrKind::Relation { reverse, .. } = &mut self.p.attributes[left_attr.0 as usize].kind {
+            let right_attr = self.add_attr(
+                right,
+                &rname.text,
+                rname.span,
+                AttrKind::Relation {
+                    target: left,
+                    low: rm.low,
+                    high: rm.high,
+                    reverse: Some(left_attr),
+                },
+            );
+            if let AttrKind::Relation { reverse, .. } =
+                &mut self.p.attributes[left_attr.0 as usize].kind
+            {
                 *reverse = Some(right_attr);
             }
         }
@@ -861,7 +936,9 @@ impl Definer {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().expect("file present");
             for item in &file.items {
-                let ast::TopItem::Index(ix) = item else { continue };
+                let ast::TopItem::Index(ix) = item else {
+                    continue;
+                };
                 let entity = match self.resolve_entity(ns, &ix.entity) {
                     Ok(e) => e,
                     Err(e) => {
@@ -873,22 +950,34 @@ impl Definer {
                 let mut attrs = Vec::new();
                 for n in &ix.attributes {
                     let Some(sym) = self.p.syms.get(&n.text) else {
-                        self.errors.push(not_in_index(&n.text, &self.p.entity(entity).full_name, n.span));
+                        self.errors.push(not_in_index(
+                            &n.text,
+                            &self.p.entity(entity).full_name,
+                            n.span,
+                        ));
                         ok = false;
                         continue;
                     };
                     let Some(slot) = self.p.entity(entity).slot(sym) else {
-                        self.errors.push(not_in_index(&n.text, &self.p.entity(entity).full_name, n.span));
+                        self.errors.push(not_in_index(
+                            &n.text,
+                            &self.p.entity(entity).full_name,
+                            n.span,
+                        ));
                         ok = false;
                         continue;
                     };
                     let at = self.p.slot_attr(entity, slot);
                     let bad = match &at.kind {
-                        AttrKind::Value { ty, .. } if ty.list => Some("Index can not contain list attributes"),
+                        AttrKind::Value { ty, .. } if ty.list => {
+                            Some("Index can not contain list attributes")
+                        }
                         AttrKind::Relation { high, .. } if *high != Some(1) => {
                             Some("Index can not contain list attributes")
                         }
-                        AttrKind::Relation { low: 0, .. } => Some("Index can not contain optional relations"),
+                        AttrKind::Relation { low: 0, .. } => {
+                            Some("Index can not contain optional relations")
+                        }
                         _ => None,
                     };
                     if let Some(msg) = bad {
@@ -946,7 +1035,9 @@ impl Definer {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().expect("file present");
             for item in &file.items {
-                let ast::TopItem::Implementation(im) = item else { continue };
+                let ast::TopItem::Implementation(im) = item else {
+                    continue;
+                };
                 let id = ImplId(next as u32);
                 next += 1;
                 match self.resolve_entity(ns, &im.entity) {
@@ -963,7 +1054,9 @@ impl Definer {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().expect("file present");
             for item in &file.items {
-                let ast::TopItem::Implement(r) = item else { continue };
+                let ast::TopItem::Implement(r) = item else {
+                    continue;
+                };
                 let entity = match self.resolve_entity(ns, &r.entity) {
                     Ok(e) => e,
                     Err(e) => {
@@ -1091,7 +1184,11 @@ pub(crate) fn const_value(e: &ast::Expr) -> Option<Value> {
                     ast::InterpPart::Ref(path) => {
                         s.push_str("{{");
                         s.push_str(
-                            &path.iter().map(|n| n.text.as_str()).collect::<Vec<_>>().join("."),
+                            &path
+                                .iter()
+                                .map(|n| n.text.as_str())
+                                .collect::<Vec<_>>()
+                                .join("."),
                         );
                         s.push_str("}}");
                     }

@@ -61,7 +61,11 @@ impl Diagnostic {
 
     /// Set the primary span only when none is set yet (inner errors know better).
     pub fn or_at(self, span: Span) -> Diagnostic {
-        if self.primary.is_some() { self } else { self.at(span) }
+        if self.primary.is_some() {
+            self
+        } else {
+            self.at(span)
+        }
     }
 
     pub fn with_label(mut self, span: Span, message: impl Into<String>) -> Diagnostic {

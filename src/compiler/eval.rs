@@ -166,7 +166,11 @@ impl<'p> Runtime<'p> {
         inst: Option<InstId>,
     ) -> ScopeId {
         let nvars = block.map(|b| self.p.ir.block(b).names.len()).unwrap_or(0);
-        let rv_base = if nvars > 0 { self.new_var_rvs(nvars) } else { 0 };
+        let rv_base = if nvars > 0 {
+            self.new_var_rvs(nvars)
+        } else {
+            0
+        };
         let inst = inst
             .map(|i| i.0)
             .or_else(|| parent.map(|p| self.scopes[p.0 as usize].inst))
@@ -257,7 +261,12 @@ impl<'p> Runtime<'p> {
 
     // ------------------------------------------------------------------ tasks
 
-    pub fn spawn(&mut self, kind: TaskKind, scope: ScopeId, extra: Option<Box<TaskExtra>>) -> TaskId {
+    pub fn spawn(
+        &mut self,
+        kind: TaskKind,
+        scope: ScopeId,
+        extra: Option<Box<TaskExtra>>,
+    ) -> TaskId {
         let task = Task {
             kind,
             scope,
@@ -455,7 +464,11 @@ impl<'p> Runtime<'p> {
             }
         }
         let errors = self.final_checks();
-        if errors.is_empty() { Ok(()) } else { Err(errors) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
     }
 
     /// One freeze decision; false when nothing is left to do.
@@ -528,7 +541,10 @@ impl<'p> Runtime<'p> {
 
     fn has_value(&self, rv: RvId) -> bool {
         // an optional RV with a value is frozen when set; lists only by freezing
-        matches!(self.rvs[rv.0 as usize].state, RvState::Set(_) | RvState::FrozenNull)
+        matches!(
+            self.rvs[rv.0 as usize].state,
+            RvState::Set(_) | RvState::FrozenNull
+        )
     }
 
     fn break_wait_cycle(&mut self) -> bool {
@@ -593,7 +609,11 @@ impl<'p> Runtime<'p> {
 impl pyfmt::InstanceText for Runtime<'_> {
     fn inst_repr(&self, id: InstId) -> String {
         let e = self.inst_entity(id);
-        format!("{} {:x}", self.p.entity(e).full_name, 0x7f00_0000_0000u64 + id.0 as u64 * 0x40)
+        format!(
+            "{} {:x}",
+            self.p.entity(e).full_name,
+            0x7f00_0000_0000u64 + id.0 as u64 * 0x40
+        )
     }
 
     fn inst_str(&self, id: InstId) -> String {

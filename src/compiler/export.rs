@@ -32,10 +32,16 @@ fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
         };
         let e = rt.inst_entity(i);
         let Some(sym) = rt.p.syms.get(part) else {
-            return Read::Missing(format!("no attribute {part} on {}", rt.p.entity(e).full_name));
+            return Read::Missing(format!(
+                "no attribute {part} on {}",
+                rt.p.entity(e).full_name
+            ));
         };
         let Some(slot) = rt.p.entity(e).slot(sym) else {
-            return Read::Missing(format!("no attribute {part} on {}", rt.p.entity(e).full_name));
+            return Read::Missing(format!(
+                "no attribute {part} on {}",
+                rt.p.entity(e).full_name
+            ));
         };
         let rv = rt.attr_rv(i, slot);
         cur = match &rt.rvs[rv.0 as usize].state {
@@ -50,7 +56,11 @@ fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
     Read::Value(cur)
 }
 
-fn to_json(rt: &Runtime, v: &Value, ids: &HashMap<InstId, ResourceId>) -> Option<serde_json::Value> {
+fn to_json(
+    rt: &Runtime,
+    v: &Value,
+    ids: &HashMap<InstId, ResourceId>,
+) -> Option<serde_json::Value> {
     Some(match v {
         Value::Null => serde_json::Value::Null,
         Value::Bool(b) => serde_json::Value::Bool(*b),
@@ -59,7 +69,9 @@ fn to_json(rt: &Runtime, v: &Value, ids: &HashMap<InstId, ResourceId>) -> Option
             use num_traits::ToPrimitive;
             serde_json::Value::from(b.to_f64().unwrap_or(f64::NAN))
         }
-        Value::Float(f) => serde_json::Number::from_f64(*f).map(serde_json::Value::Number).unwrap_or(serde_json::Value::Null),
+        Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(serde_json::Value::Number)
+            .unwrap_or(serde_json::Value::Null),
         Value::Str(s) => serde_json::Value::String(s.to_string()),
         Value::List(l) => {
             let mut out = Vec::with_capacity(l.len());
@@ -95,7 +107,9 @@ fn fs_content(rt: &Runtime, inst: InstId) -> Read {
         _ => "\n".into(),
     };
     let blocks = |rel: &str| -> Option<String> {
-        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else { return Some(String::new()) };
+        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else {
+            return Some(String::new());
+        };
         let mut parts: Vec<(String, String)> = Vec::new();
         for i in items.iter() {
             let Value::Instance(b) = i else { continue };
@@ -110,7 +124,13 @@ fn fs_content(rt: &Runtime, inst: InstId) -> Read {
             parts.push((key, value));
         }
         parts.sort();
-        Some(parts.into_iter().map(|(_, v)| v).collect::<Vec<_>>().join(&sep))
+        Some(
+            parts
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect::<Vec<_>>()
+                .join(&sep),
+        )
     };
     let (Some(prefix), Some(suffix)) = (blocks("prefix_content"), blocks("suffix_content")) else {
         return Read::Unknown;
@@ -154,7 +174,9 @@ pub fn export(
         }
     }
     let resource_of = |e: EntityId| -> Option<&(String, ResourceDef)> {
-        declared.get(&e).or_else(|| p.entity(e).ancestors.iter().find_map(|a| declared.get(a)))
+        declared
+            .get(&e)
+            .or_else(|| p.entity(e).ancestors.iter().find_map(|a| declared.get(a)))
     };
     let mut errors = Vec::new();
     let mut ids: HashMap<InstId, ResourceId> = HashMap::new();
@@ -162,7 +184,9 @@ pub fn export(
     let mut order: Vec<(InstId, String, ResourceDef, String)> = Vec::new();
     for i in 0..rt.instances.len() {
         let inst = InstId(i as u32);
-        let Some((type_name, def)) = resource_of(rt.inst_entity(inst)) else { continue };
+        let Some((type_name, def)) = resource_of(rt.inst_entity(inst)) else {
+            continue;
+        };
         let span = p.ir.expr(rt.instances[i].site).span;
         if let Some(flag) = &def.skip_unless {
             if !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true))) {
@@ -187,7 +211,9 @@ pub fn export(
             }
             Read::Unknown => continue,
             Read::Missing(m) => {
-                errors.push(Diagnostic::error("export", format!("resource type {type_name}: {m}")).at(span));
+                errors.push(
+                    Diagnostic::error("export", format!("resource type {type_name}: {m}")).at(span),
+                );
                 continue;
             }
         };
@@ -195,7 +221,9 @@ pub fn export(
             Read::Value(v) => value_text(rt, &v),
             Read::Unknown => continue,
             Read::Missing(m) => {
-                errors.push(Diagnostic::error("export", format!("resource type {type_name}: {m}")).at(span));
+                errors.push(
+                    Diagnostic::error("export", format!("resource type {type_name}: {m}")).at(span),
+                );
                 continue;
             }
         };
@@ -239,7 +267,13 @@ pub fn export(
                     serde_json::Value::Null
                 }
                 Read::Missing(m) => {
-                    errors.push(Diagnostic::error("export", format!("resource type {type_name}: field {field}: {m}")).at(span));
+                    errors.push(
+                        Diagnostic::error(
+                            "export",
+                            format!("resource type {type_name}: field {field}: {m}"),
+                        )
+                        .at(span),
+                    );
                     continue;
                 }
             };
@@ -270,7 +304,11 @@ pub fn export(
             "dependency-cycle",
             format!(
                 "Dependency cycle between resources: {}",
-                cycle.iter().map(|r| r.0.as_str()).collect::<Vec<_>>().join(" -> ")
+                cycle
+                    .iter()
+                    .map(|r| r.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
             ),
         ));
     }
@@ -286,14 +324,21 @@ pub fn export(
         metadata: ExportMetadata {
             project: project.to_string(),
             compiler: format!("steward {}", env!("CARGO_PKG_VERSION")),
-            modules: modules.iter().map(|(k, m)| (k.clone(), m.version.clone())).collect(),
+            modules: modules
+                .iter()
+                .map(|(k, m)| (k.clone(), m.version.clone()))
+                .collect(),
         },
     })
 }
 
 /// A dependency cycle (first found), as the list of ids around it.
 pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
-    let index: HashMap<&ResourceId, usize> = resources.iter().enumerate().map(|(i, r)| (&r.id, i)).collect();
+    let index: HashMap<&ResourceId, usize> = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (&r.id, i))
+        .collect();
     // 0 = new, 1 = on stack, 2 = done
     let mut state = vec![0u8; resources.len()];
     let mut stack: Vec<(usize, usize)> = Vec::new();
@@ -318,7 +363,10 @@ pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
                         }
                         1 => {
                             let pos = path.iter().position(|&n| n == dep).unwrap_or(0);
-                            let mut cycle: Vec<ResourceId> = path[pos..].iter().map(|&n| resources[n].id.clone()).collect();
+                            let mut cycle: Vec<ResourceId> = path[pos..]
+                                .iter()
+                                .map(|&n| resources[n].id.clone())
+                                .collect();
                             cycle.push(resources[dep].id.clone());
                             return Some(cycle);
                         }

@@ -723,6 +723,9 @@ mod tests {
     fn floats_and_ints() {
         assert_eq!(toks(".5")[0], Tok::Float(0.5));
         assert_eq!(toks("-1.25")[0], Tok::Float(-1.25));
-        assert!(matches!(toks("123456789012345678901234")[0], Tok::Int(IntLit::Big(_))));
+        assert!(matches!(
+            toks("123456789012345678901234")[0],
+            Tok::Int(IntLit::Big(_))
+        ));
     }
 }

@@ -87,7 +87,9 @@ fn stmt_promises(s: &ast::Stmt) -> Vec<(ast::Expr, ast::Name)> {
             _ => Vec::new(),
         },
         ast::Stmt::If {
-            branches, otherwise, ..
+            branches,
+            otherwise,
+            ..
         } => {
             let mut out = Vec::new();
             for (_, body, _) in branches {
@@ -151,7 +153,9 @@ impl Definer {
                     }
                     ast::TopItem::Implement(r) => {
                         // rules failing definition were not recorded; keep indexes aligned
-                        let Some(rule) = self.p.rules.get(rule_idx) else { continue };
+                        let Some(rule) = self.p.rules.get(rule_idx) else {
+                            continue;
+                        };
                         if rule.span != r.span {
                             continue;
                         }
@@ -193,7 +197,12 @@ impl Definer {
         }
     }
 
-    pub(crate) fn lower_typedef_expr(&mut self, ns: NsId, e: &ast::Expr, name: &str) -> Result<ExprId, Diagnostic> {
+    pub(crate) fn lower_typedef_expr(
+        &mut self,
+        ns: NsId,
+        e: &ast::Expr,
+        name: &str,
+    ) -> Result<ExprId, Diagnostic> {
         let mut cx = Cx {
             ns,
             frames: Vec::new(),
@@ -267,58 +276,60 @@ impl Definer {
                 value,
                 extend,
                 span,
-            } => match &target.kind {
-                ast::ExprKind::Var(q) if q.parts.len() == 1 => {
-                    if *extend {
+            } => {
+                match &target.kind {
+                    ast::ExprKind::Var(q) if q.parts.len() == 1 => {
+                        if *extend {
+                            self.errors.push(
+                                Diagnostic::error(
+                                    "plus-assign",
+                                    format!("Can not perform += on variable {}", q.parts[0].text),
+                                )
+                                .at(*span),
+                            );
+                            return None;
+                        }
+                        if let Some(e) = hyphen_error(&q.parts[0]) {
+                            self.errors.push(e);
+                            return None;
+                        }
+                        let slot = *cx
+                            .frames
+                            .last()
+                            .and_then(|f| f.get(&q.parts[0].text))
+                            .expect("declared variable");
+                        let value = self.lower_expr(cx, value, Hint::None);
+                        Stmt::AssignVar {
+                            slot,
+                            value,
+                            span: *span,
+                        }
+                    }
+                    ast::ExprKind::Var(q) => {
                         self.errors.push(
-                            Diagnostic::error(
-                                "plus-assign",
-                                format!("Can not perform += on variable {}", q.parts[0].text),
-                            )
-                            .at(*span),
-                        );
-                        return None;
-                    }
-                    if let Some(e) = hyphen_error(&q.parts[0]) {
-                        self.errors.push(e);
-                        return None;
-                    }
-                    let slot = *cx
-                        .frames
-                        .last()
-                        .and_then(|f| f.get(&q.parts[0].text))
-                        .expect("declared variable");
-                    let value = self.lower_expr(cx, value, Hint::None);
-                    Stmt::AssignVar {
-                        slot,
-                        value,
-                        span: *span,
-                    }
-                }
-                ast::ExprKind::Var(q) => {
-                    self.errors.push(
                         Diagnostic::error(
                             "assign",
                             format!("Can not assign to {}: variables of other namespaces are read-only", q.full()),
                         )
                         .at(*span),
                     );
-                    return None;
-                }
-                ast::ExprKind::Attr(base, name) => {
-                    let target = self.lower_expr(cx, base, Hint::None);
-                    let sym = self.p.syms.intern(&name.text);
-                    let value = self.lower_expr(cx, value, Hint::Lhs);
-                    Stmt::AssignAttr {
-                        target,
-                        sym,
-                        value,
-                        extend: *extend,
-                        span: *span,
+                        return None;
                     }
+                    ast::ExprKind::Attr(base, name) => {
+                        let target = self.lower_expr(cx, base, Hint::None);
+                        let sym = self.p.syms.intern(&name.text);
+                        let value = self.lower_expr(cx, value, Hint::Lhs);
+                        Stmt::AssignAttr {
+                            target,
+                            sym,
+                            value,
+                            extend: *extend,
+                            span: *span,
+                        }
+                    }
+                    _ => unreachable!("parser only produces var_ref targets"),
                 }
-                _ => unreachable!("parser only produces var_ref targets"),
-            },
+            }
             ast::Stmt::Expr(e) => Stmt::Eval(self.lower_expr(cx, e, Hint::None)),
             ast::Stmt::For {
                 var,
@@ -393,7 +404,9 @@ impl Definer {
             let Some(target) = nsd.visible.get(&prefix) else {
                 return Err(Diagnostic::error(
                     "unknown-namespace",
-                    format!("Namespace {prefix} not found.\nTry importing it with `import {prefix}`"),
+                    format!(
+                        "Namespace {prefix} not found.\nTry importing it with `import {prefix}`"
+                    ),
                 )
                 .at(q.span));
             };
@@ -413,7 +426,9 @@ impl Definer {
             }
             return Err(Diagnostic::error(
                 "typedef",
-                format!("Unable to resolve `{name}`: a type constraint can not reference variables."),
+                format!(
+                    "Unable to resolve `{name}`: a type constraint can not reference variables."
+                ),
             )
             .at(q.span));
         }
@@ -466,7 +481,12 @@ impl Definer {
         id
     }
 
-    fn lower_fpieces(&mut self, cx: &mut Cx, pieces: &[ast::FPiece], span: crate::compiler::source::Span) -> Vec<FPiece> {
+    fn lower_fpieces(
+        &mut self,
+        cx: &mut Cx,
+        pieces: &[ast::FPiece],
+        span: crate::compiler::source::Span,
+    ) -> Vec<FPiece> {
         pieces
             .iter()
             .map(|p| match p {
@@ -536,7 +556,9 @@ impl Definer {
                     sym: self.p.syms.intern(&name.text),
                 }
             }
-            A::Constructor { class, args } => return self.lower_constructor(cx, class, args, hint, span),
+            A::Constructor { class, args } => {
+                return self.lower_constructor(cx, class, args, hint, span);
+            }
             A::Call { func, args } => return self.lower_call(cx, func, args, span),
             A::IndexLookup { class, args } => {
                 let entity = match self.resolve_entity(cx.ns, class) {
@@ -568,14 +590,20 @@ impl Definer {
                 map: self.lower_expr(cx, m, Hint::None),
                 key: self.lower_expr(cx, k, Hint::None),
             },
-            A::List(items) => ExprKind::List(items.iter().map(|i| self.lower_expr(cx, i, hint)).collect()),
+            A::List(items) => {
+                ExprKind::List(items.iter().map(|i| self.lower_expr(cx, i, hint)).collect())
+            }
             A::Dict(pairs) => {
                 let mut seen = HashSet::new();
                 let mut out = Vec::new();
                 for (k, v) in pairs {
                     if !seen.insert(k.clone()) {
                         return self.error_expr(
-                            Diagnostic::error("duplicate-key", format!("duplicate key in dict {k}")).at(span),
+                            Diagnostic::error(
+                                "duplicate-key",
+                                format!("duplicate key in dict {k}"),
+                            )
+                            .at(span),
                         );
                     }
                     out.push((Rc::from(k.as_str()), self.lower_expr(cx, v, Hint::None)));
@@ -607,13 +635,29 @@ impl Definer {
     }
 
     /// `d[k] is defined` ≡ `k in d and d[k] != null and d[k] != []`.
-    fn lower_dict_is_defined(&mut self, cx: &mut Cx, m: &ast::Expr, k: &ast::Expr, span: crate::compiler::source::Span) -> ExprId {
+    fn lower_dict_is_defined(
+        &mut self,
+        cx: &mut Cx,
+        m: &ast::Expr,
+        k: &ast::Expr,
+        span: crate::compiler::source::Span,
+    ) -> ExprId {
         let key = self.lower_expr(cx, k, Hint::None);
         let map = self.lower_expr(cx, m, Hint::None);
         let lookup = self.p.ir.add_expr(ExprKind::MapLookup { map, key }, span);
         let null = self.p.ir.add_expr(ExprKind::Const(Value::Null), span);
-        let empty = self.p.ir.add_expr(ExprKind::Const(Value::empty_list()), span);
-        let has = self.p.ir.add_expr(ExprKind::Binary { op: BinOp::In, a: key, b: map }, span);
+        let empty = self
+            .p
+            .ir
+            .add_expr(ExprKind::Const(Value::empty_list()), span);
+        let has = self.p.ir.add_expr(
+            ExprKind::Binary {
+                op: BinOp::In,
+                a: key,
+                b: map,
+            },
+            span,
+        );
         let ne = |d: &mut Definer, b| {
             d.p.ir.add_expr(
                 ExprKind::Binary {
@@ -626,8 +670,22 @@ impl Definer {
         };
         let not_null = ne(self, null);
         let not_empty = ne(self, empty);
-        let first = self.p.ir.add_expr(ExprKind::Binary { op: BinOp::And, a: has, b: not_null }, span);
-        self.p.ir.add_expr(ExprKind::Binary { op: BinOp::And, a: first, b: not_empty }, span)
+        let first = self.p.ir.add_expr(
+            ExprKind::Binary {
+                op: BinOp::And,
+                a: has,
+                b: not_null,
+            },
+            span,
+        );
+        self.p.ir.add_expr(
+            ExprKind::Binary {
+                op: BinOp::And,
+                a: first,
+                b: not_empty,
+            },
+            span,
+        )
     }
 
     fn lower_comprehension(
@@ -651,7 +709,14 @@ impl Definer {
             let ge = self.lower_expr(cx, g, Hint::None);
             guard = Some(match guard {
                 None => ge,
-                Some(prev) => self.p.ir.add_expr(ExprKind::Binary { op: BinOp::And, a: prev, b: ge }, g.span),
+                Some(prev) => self.p.ir.add_expr(
+                    ExprKind::Binary {
+                        op: BinOp::And,
+                        a: prev,
+                        b: ge,
+                    },
+                    g.span,
+                ),
             });
         }
         cx.env.truncate(base);
@@ -669,12 +734,19 @@ impl Definer {
         inner
     }
 
-    fn lower_kwargs(&mut self, cx: &mut Cx, args: &[ast::Arg]) -> (Vec<(Sym, ExprId)>, Vec<ExprId>) {
+    fn lower_kwargs(
+        &mut self,
+        cx: &mut Cx,
+        args: &[ast::Arg],
+    ) -> (Vec<(Sym, ExprId)>, Vec<ExprId>) {
         let mut kw = Vec::new();
         let mut splats = Vec::new();
         for a in args {
             match a {
-                ast::Arg::Keyword(n, v) => kw.push((self.p.syms.intern(&n.text), self.lower_expr(cx, v, Hint::None))),
+                ast::Arg::Keyword(n, v) => kw.push((
+                    self.p.syms.intern(&n.text),
+                    self.lower_expr(cx, v, Hint::None),
+                )),
                 ast::Arg::Splat(v) => splats.push(self.lower_expr(cx, v, Hint::None)),
                 ast::Arg::Positional(v) => splats.push(self.lower_expr(cx, v, Hint::None)),
             }
@@ -682,7 +754,13 @@ impl Definer {
         (kw, splats)
     }
 
-    fn lower_call(&mut self, cx: &mut Cx, func: &ast::QName, args: &[ast::Arg], span: crate::compiler::source::Span) -> ExprId {
+    fn lower_call(
+        &mut self,
+        cx: &mut Cx,
+        func: &ast::QName,
+        args: &[ast::Arg],
+        span: crate::compiler::source::Span,
+    ) -> ExprId {
         let resolved = match self.resolve_type(cx.ns, func) {
             Ok(r) => r,
             Err(d) => return self.error_expr(d),
@@ -697,7 +775,9 @@ impl Definer {
                 };
                 for a in args {
                     match a {
-                        ast::Arg::Positional(v) => call.args.push(self.lower_expr(cx, v, Hint::None)),
+                        ast::Arg::Positional(v) => {
+                            call.args.push(self.lower_expr(cx, v, Hint::None))
+                        }
                         ast::Arg::Keyword(n, v) => {
                             let v = self.lower_expr(cx, v, Hint::None);
                             call.kwargs.push((Rc::from(n.text.as_str()), v))
@@ -718,7 +798,11 @@ impl Definer {
                 if positional.len() != args.len() {
                     return self.p.ir.add_expr(
                         ExprKind::Error(Box::new(
-                            Diagnostic::error("cast", "Only positional arguments allowed in type cast").at(span),
+                            Diagnostic::error(
+                                "cast",
+                                "Only positional arguments allowed in type cast",
+                            )
+                            .at(span),
                         )),
                         span,
                     );
@@ -756,7 +840,12 @@ impl Definer {
         }
     }
 
-    fn constructor_type(&mut self, cx: &Cx, class: &ast::QName, hint: Hint) -> Result<EntityId, Diagnostic> {
+    fn constructor_type(
+        &mut self,
+        cx: &Cx,
+        class: &ast::QName,
+        hint: Hint,
+    ) -> Result<EntityId, Diagnostic> {
         let normal = self.resolve_entity(cx.ns, class);
         match hint {
             Hint::Value(b) => Err(Diagnostic::error(
@@ -962,7 +1051,10 @@ pub fn pretty(e: &ast::Expr) -> String {
             format!("({} {} {})", pretty(a), o, pretty(b))
         }
         A::Not(a) => format!("not {}", pretty(a)),
-        A::List(items) => format!("[{}]", items.iter().map(pretty).collect::<Vec<_>>().join(",")),
+        A::List(items) => format!(
+            "[{}]",
+            items.iter().map(pretty).collect::<Vec<_>>().join(",")
+        ),
         A::Call { func, args } => format!(
             "{}({})",
             func.full(),

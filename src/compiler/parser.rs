@@ -78,10 +78,6 @@ impl<'a> Parser<'a> {
         self.toks[self.pos.min(self.toks.len() - 1)].span
     }
 
-    fn prev_span(&self) -> Span {
-        self.toks[self.pos.saturating_sub(1)].span
-    }
-
     fn bump(&mut self) -> &'a Token {
         let t = &self.toks[self.pos.min(self.toks.len() - 1)];
         if self.pos < self.toks.len() - 1 {
@@ -131,13 +127,23 @@ impl<'a> Parser<'a> {
                 // keywords that complete a construct on their own are not the culprit
                 if !matches!(
                     k,
-                    Kw::True | Kw::False | Kw::Null | Kw::End | Kw::Defined | Kw::Parents | Kw::Undef
+                    Kw::True
+                        | Kw::False
+                        | Kw::Null
+                        | Kw::End
+                        | Kw::Defined
+                        | Kw::Parents
+                        | Kw::Undef
                 ) {
                     return reserved(k, prev.span);
                 }
             }
         }
-        Diagnostic::error("syntax", format!("Syntax error at token {}", t.tok.describe())).at(t.span)
+        Diagnostic::error(
+            "syntax",
+            format!("Syntax error at token {}", t.tok.describe()),
+        )
+        .at(t.span)
     }
 
     fn expect(&mut self, tok: &Tok) -> PResult<Span> {
@@ -1143,8 +1149,13 @@ mod tests {
             ExprKind::Var(q) => q.full(),
             ExprKind::Binary(op, a, b) => format!("({} {:?} {})", shape(a), op, shape(b)),
             ExprKind::Not(a) => format!("(not {})", shape(a)),
-            ExprKind::Conditional(c, a, b) => format!("({} ? {} : {})", shape(c), shape(a), shape(b)),
-            ExprKind::List(items) => format!("[{}]", items.iter().map(shape).collect::<Vec<_>>().join(",")),
+            ExprKind::Conditional(c, a, b) => {
+                format!("({} ? {} : {})", shape(c), shape(a), shape(b))
+            }
+            ExprKind::List(items) => format!(
+                "[{}]",
+                items.iter().map(shape).collect::<Vec<_>>().join(",")
+            ),
             other => format!("{other:?}"),
         }
     }
@@ -1155,7 +1166,10 @@ mod tests {
         assert_eq!(shape(&expr_of("not a == b")), "((not a) Cmp(Eq) b)");
         assert_eq!(shape(&expr_of("not a in b")), "(not (a In b))");
         assert_eq!(shape(&expr_of("1 + 1 in l")), "(1 Add (1 In l))");
-        assert_eq!(shape(&expr_of("a ? b : c ? d : e")), "(a ? b : (c ? d : e))");
+        assert_eq!(
+            shape(&expr_of("a ? b : c ? d : e")),
+            "(a ? b : (c ? d : e))"
+        );
         assert_eq!(shape(&expr_of("a or b and c")), "(a Or (b And c))");
         assert_eq!(shape(&expr_of("1 - 2 - 3")), "((1 Sub 2) Sub 3)");
         assert_eq!(shape(&expr_of("a not in b")), "(a NotIn b)");
@@ -1170,14 +1184,23 @@ mod tests {
     #[test]
     fn errors() {
         let e = parse_src("x = (1 + 2\ny = 3").unwrap_err();
-        assert!(e.message.contains("Syntax error at token y"), "{}", e.message);
+        assert!(
+            e.message.contains("Syntax error at token y"),
+            "{}",
+            e.message
+        );
         let e = parse_src("for = 1").unwrap_err();
         assert!(e.message.contains("reserved keyword"), "{}", e.message);
         let e = parse_src("x = A").unwrap_err();
         assert!(e.message.contains("end of file"), "{}", e.message);
         // like the reference, `f(1)[0]` is two statements: a call and a list
         assert!(parse_src("x = f(1)[0]").is_ok());
-        assert!(parse_src("entity a:\nend").unwrap_err().message.contains("capital"));
+        assert!(
+            parse_src("entity a:\nend")
+                .unwrap_err()
+                .message
+                .contains("capital")
+        );
     }
 
     #[test]
@@ -1193,13 +1216,33 @@ mod tests {
 
     fn deep_nesting_cases() {
         let deep = format!("x = {}1{}", "(".repeat(100_000), ")".repeat(100_000));
-        assert!(parse_src(&deep).unwrap_err().message.contains("nested too deeply"));
+        assert!(
+            parse_src(&deep)
+                .unwrap_err()
+                .message
+                .contains("nested too deeply")
+        );
         let chain = format!("x = 1{}", " + 1".repeat(100_000));
-        assert!(parse_src(&chain).unwrap_err().message.contains("nested too deeply"));
+        assert!(
+            parse_src(&chain)
+                .unwrap_err()
+                .message
+                .contains("nested too deeply")
+        );
         let attrs = format!("x = a{}", ".b".repeat(100_000));
-        assert!(parse_src(&attrs).unwrap_err().message.contains("nested too deeply"));
+        assert!(
+            parse_src(&attrs)
+                .unwrap_err()
+                .message
+                .contains("nested too deeply")
+        );
         let ifs = format!("{}{}", "if true:\n".repeat(5000), "end\n".repeat(5000));
-        assert!(parse_src(&ifs).unwrap_err().message.contains("nested too deeply"));
+        assert!(
+            parse_src(&ifs)
+                .unwrap_err()
+                .message
+                .contains("nested too deeply")
+        );
         let ok = format!("x = {}", "1 + ".repeat(300) + "1");
         assert!(parse_src(&ok).is_ok());
     }

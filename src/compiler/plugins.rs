@@ -143,7 +143,10 @@ impl Runtime<'_> {
                 other => {
                     return Err(err(
                         "kwargs",
-                        format!("** can only be applied to a dict, got {}", self.value_str(&other)),
+                        format!(
+                            "** can only be applied to a dict, got {}",
+                            self.value_str(&other)
+                        ),
                         span,
                     ));
                 }
@@ -155,7 +158,10 @@ impl Runtime<'_> {
         if positional.len() > n {
             return Err(err(
                 "plugin-args",
-                format!("{full}() takes {n} positional arguments but {} were given", positional.len()),
+                format!(
+                    "{full}() takes {n} positional arguments but {} were given",
+                    positional.len()
+                ),
                 span,
             ));
         }
@@ -218,7 +224,10 @@ impl Runtime<'_> {
                 })
             })
             .collect();
-        if !def.allow_unknown && (values.iter().any(Value::contains_unknown) || extra.iter().any(|(_, v)| v.contains_unknown())) {
+        if !def.allow_unknown
+            && (values.iter().any(Value::contains_unknown)
+                || extra.iter().any(|(_, v)| v.contains_unknown()))
+        {
             return Ok(Value::Unknown);
         }
         for (p, v) in def.params.iter().zip(values.iter()) {
@@ -258,7 +267,10 @@ impl Runtime<'_> {
         if ty == "list" {
             return match v {
                 Value::List(_) => Ok(()),
-                other => Err(format!("Invalid value '{}', expected list", self.value_str(other))),
+                other => Err(format!(
+                    "Invalid value '{}', expected list",
+                    self.value_str(other)
+                )),
             };
         }
         let (base, list) = match ty.strip_suffix("[]") {
@@ -293,7 +305,9 @@ impl Runtime<'_> {
 
 /// Plugins resolve by namespace: is there one with this name?
 pub fn find(namespace: &str, name: &str) -> Option<usize> {
-    all().iter().position(|p| p.namespace == namespace && p.name == name)
+    all()
+        .iter()
+        .position(|p| p.namespace == namespace && p.name == name)
 }
 
 #[allow(dead_code)]

@@ -20,15 +20,47 @@ use super::source::{SourceMap, Span};
 /// A built-in module file: (module, path inside the module, content).
 static BUILTIN: &[(&str, &str, &str)] = &[
     ("std", "module.yml", include_str!("builtin/std/module.yml")),
-    ("std", "model/_init.cf", include_str!("builtin/std/model/_init.cf")),
-    ("std", "model/testing.cf", include_str!("builtin/std/model/testing.cf")),
-    ("std", "templates/host_uri.j2", include_str!("builtin/std/templates/host_uri.j2")),
+    (
+        "std",
+        "model/_init.cf",
+        include_str!("builtin/std/model/_init.cf"),
+    ),
+    (
+        "std",
+        "model/testing.cf",
+        include_str!("builtin/std/model/testing.cf"),
+    ),
+    (
+        "std",
+        "templates/host_uri.j2",
+        include_str!("builtin/std/templates/host_uri.j2"),
+    ),
     ("fs", "module.yml", include_str!("builtin/fs/module.yml")),
-    ("fs", "model/_init.cf", include_str!("builtin/fs/model/_init.cf")),
-    ("exec", "module.yml", include_str!("builtin/exec/module.yml")),
-    ("exec", "model/_init.cf", include_str!("builtin/exec/model/_init.cf")),
-    ("mitogen", "module.yml", include_str!("builtin/mitogen/module.yml")),
-    ("mitogen", "model/_init.cf", include_str!("builtin/mitogen/model/_init.cf")),
+    (
+        "fs",
+        "model/_init.cf",
+        include_str!("builtin/fs/model/_init.cf"),
+    ),
+    (
+        "exec",
+        "module.yml",
+        include_str!("builtin/exec/module.yml"),
+    ),
+    (
+        "exec",
+        "model/_init.cf",
+        include_str!("builtin/exec/model/_init.cf"),
+    ),
+    (
+        "mitogen",
+        "module.yml",
+        include_str!("builtin/mitogen/module.yml"),
+    ),
+    (
+        "mitogen",
+        "model/_init.cf",
+        include_str!("builtin/mitogen/model/_init.cf"),
+    ),
 ];
 
 #[derive(Debug, Deserialize)]
@@ -135,7 +167,13 @@ impl ModuleInfo {
             ModuleRoot::Builtin => BUILTIN
                 .iter()
                 .find(|(m, p, _)| *m == self.name && *p == rel)
-                .map(|(m, p, c)| (c.to_string(), format!("<builtin>/{m}/{p}"), format!("<builtin>/{m}/{p}"))),
+                .map(|(m, p, c)| {
+                    (
+                        c.to_string(),
+                        format!("<builtin>/{m}/{p}"),
+                        format!("<builtin>/{m}/{p}"),
+                    )
+                }),
             ModuleRoot::Dir(d) => {
                 let path = d.join(rel);
                 let text = std::fs::read_to_string(&path).ok()?;
@@ -181,13 +219,17 @@ impl<'a> Loader<'a> {
             return Ok(m.clone());
         }
         if name.contains('-') {
-            return Err(format!("{name} is not a valid module name: hyphens are not allowed"));
+            return Err(format!(
+                "{name} is not a valid module name: hyphens are not allowed"
+            ));
         }
         let mut found = None;
         if name != "std" {
             for dir in &self.project.module_paths {
                 let root = dir.join(name);
-                if root.join("module.yml").is_file() || root.join("model").join("_init.cf").is_file() {
+                if root.join("module.yml").is_file()
+                    || root.join("model").join("_init.cf").is_file()
+                {
                     let yml = std::fs::read_to_string(root.join("module.yml"))
                         .ok()
                         .map(|t| serde_yaml_ng::from_str::<ModuleYml>(&t))
@@ -205,8 +247,12 @@ impl<'a> Loader<'a> {
             }
         }
         if found.is_none() {
-            if let Some((_, _, text)) = BUILTIN.iter().find(|(m, p, _)| *m == name && *p == "module.yml") {
-                let yml: ModuleYml = serde_yaml_ng::from_str(text).expect("built-in module.yml is valid");
+            if let Some((_, _, text)) = BUILTIN
+                .iter()
+                .find(|(m, p, _)| *m == name && *p == "module.yml")
+            {
+                let yml: ModuleYml =
+                    serde_yaml_ng::from_str(text).expect("built-in module.yml is valid");
                 found = Some(ModuleInfo {
                     name: name.to_string(),
                     version: version_text(&yml.version),
@@ -221,7 +267,12 @@ impl<'a> Loader<'a> {
                 Ok(m)
             }
             None => {
-                let paths: Vec<String> = self.project.module_paths.iter().map(|p| p.display().to_string()).collect();
+                let paths: Vec<String> = self
+                    .project
+                    .module_paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
                 Err(format!(
                     "could not find module {name} in the module path [{}] or among the built-in modules (std, fs, exec, mitogen)",
                     paths.join(", ")
@@ -278,7 +329,12 @@ impl<'a> Loader<'a> {
             _ => unreachable!("std is built in"),
         }
         seen.insert("std".into());
-        queue.push_back(("__config__".into(), main_text, self.project.main_file.clone(), None));
+        queue.push_back((
+            "__config__".into(),
+            main_text,
+            self.project.main_file.clone(),
+            None,
+        ));
         seen.insert("__config__".into());
         while let Some((ns, mut text, display, _)) = queue.pop_front() {
             // like the reference, parse with a newline appended: "end of file" errors then
@@ -308,14 +364,23 @@ impl<'a> Loader<'a> {
             let mut imports = Vec::new();
             let mut names: HashMap<String, Span> = HashMap::new();
             for item in &ast.items {
-                let super::ast::TopItem::Import(imp) = item else { continue };
+                let super::ast::TopItem::Import(imp) = item else {
+                    continue;
+                };
                 let target = imp.module.full();
-                let visible = imp.alias.as_ref().map(|a| a.text.clone()).unwrap_or_else(|| target.clone());
+                let visible = imp
+                    .alias
+                    .as_ref()
+                    .map(|a| a.text.clone())
+                    .unwrap_or_else(|| target.clone());
                 if let Some(prev) = names.get(&visible) {
                     let _ = prev;
                     errors.push(
-                        Diagnostic::error("duplicate", format!("Two import statements have the same name {visible}"))
-                            .at(imp.span),
+                        Diagnostic::error(
+                            "duplicate",
+                            format!("Two import statements have the same name {visible}"),
+                        )
+                        .at(imp.span),
                     );
                     continue;
                 }
@@ -348,8 +413,11 @@ impl<'a> Loader<'a> {
                         }
                         Err(msg) => {
                             errors.push(
-                                Diagnostic::error("import", format!("Failed to load module {target}: {msg}"))
-                                    .at(imp.module.span),
+                                Diagnostic::error(
+                                    "import",
+                                    format!("Failed to load module {target}: {msg}"),
+                                )
+                                .at(imp.module.span),
                             );
                             ok = false;
                             break;
@@ -399,14 +467,19 @@ pub fn module_file(
         return Err(format!("{path}: paths may not leave the module"));
     }
     // the project's own files: "/name" (as the reference) or "<project name>/name"
-    if module.is_empty() || module == "__config__" || (module == project.name && !modules.contains_key(module)) {
+    if module.is_empty()
+        || module == "__config__"
+        || (module == project.name && !modules.contains_key(module))
+    {
         let full = project.dir.join(dir).join(path);
         return std::fs::read_to_string(&full)
             .map(|t| (t, full.display().to_string()))
             .map_err(|_| format!("{path} isn't a valid file ({})", full.display()));
     }
     let Some(m) = modules.get(module) else {
-        return Err(format!("Module {module} does not exist for path {module}/{path}"));
+        return Err(format!(
+            "Module {module} does not exist for path {module}/{path}"
+        ));
     };
     match m.read(&format!("{dir}/{path}")) {
         Some((text, _, abs)) => Ok((text, abs)),

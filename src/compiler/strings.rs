@@ -138,7 +138,10 @@ fn parse_format(s: &str, span: Span, depth: usize) -> Result<Vec<FPiece>, Diagno
                 escaped = true;
                 continue;
             }
-            return Err(fstring_error("Single '}' encountered in format string", span));
+            return Err(fstring_error(
+                "Single '}' encountered in format string",
+                span,
+            ));
         } else {
             text.push(c);
             i += 1;
@@ -170,13 +173,16 @@ fn parse_field(inner: &str, span: Span, depth: usize) -> Result<FField, Diagnost
     let mut conversion = None;
     if let Some(r) = rest.strip_prefix('!') {
         let mut it = r.chars();
-        let conv = it
-            .next()
-            .ok_or_else(|| fstring_error("end of string while looking for conversion specifier", span))?;
+        let conv = it.next().ok_or_else(|| {
+            fstring_error("end of string while looking for conversion specifier", span)
+        })?;
         conversion = Some(conv);
         rest = it.as_str();
         if !rest.is_empty() && !rest.starts_with(':') {
-            return Err(fstring_error("expected ':' after conversion specifier", span));
+            return Err(fstring_error(
+                "expected ':' after conversion specifier",
+                span,
+            ));
         }
     }
     let spec = match rest.strip_prefix(':') {
@@ -212,7 +218,10 @@ mod tests {
             ExprKind::Interpolated(parts) => assert_eq!(parts.len(), 5),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(interpolation("{{}}", Span::default()), ExprKind::Str(_)));
+        assert!(matches!(
+            interpolation("{{}}", Span::default()),
+            ExprKind::Str(_)
+        ));
         assert!(has_interpolation("{{{x}}}"));
     }
 

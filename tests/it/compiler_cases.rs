@@ -12,7 +12,10 @@ fn copy_dir(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let name = entry.file_name();
-        if matches!(name.to_str(), Some("expected.out" | "expected.err" | "tags")) {
+        if matches!(
+            name.to_str(),
+            Some("expected.out" | "expected.err" | "tags")
+        ) {
             continue;
         }
         let target = to.join(&name);
@@ -71,11 +74,16 @@ fn run_case(dir: &Path) -> Result<(), String> {
             return Err(format!("expected success, got errors:\n{text}"));
         }
         if normalise(&printed) != normalise(&want) {
-            return Err(format!("output differs\n--- want\n{}\n--- got\n{}", normalise(&want), normalise(&printed)));
+            return Err(format!(
+                "output differs\n--- want\n{}\n--- got\n{}",
+                normalise(&want),
+                normalise(&printed)
+            ));
         }
         return Ok(());
     }
-    let want = std::fs::read_to_string(dir.join("expected.err")).map_err(|_| "no expectation".to_string())?;
+    let want = std::fs::read_to_string(dir.join("expected.err"))
+        .map_err(|_| "no expectation".to_string())?;
     let mut lines = want.lines();
     let line: usize = lines
         .next()
@@ -84,7 +92,9 @@ fn run_case(dir: &Path) -> Result<(), String> {
         .ok_or("malformed expected.err")?;
     let keyword = lines.next().map(str::trim).unwrap_or("");
     if outcome.is_ok() {
-        return Err(format!("expected an error at line {line}, compile succeeded"));
+        return Err(format!(
+            "expected an error at line {line}, compile succeeded"
+        ));
     }
     let all = format!("{printed}{text}");
     let needle = format!("main.cf:{line}:");
@@ -125,7 +135,11 @@ fn run_all(root: &Path) {
     }
     assert!(count > 0, "no cases found under {}", root.display());
     if !failures.is_empty() {
-        panic!("{} of {count} cases failed:\n\n{}", failures.len(), failures.join("\n\n"));
+        panic!(
+            "{} of {count} cases failed:\n\n{}",
+            failures.len(),
+            failures.join("\n\n")
+        );
     }
 }
 

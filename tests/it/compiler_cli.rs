@@ -5,7 +5,11 @@ use std::process::Command;
 
 fn project(main: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("project.yml"), "name: t\nmodulepath: libs\n").unwrap();
+    std::fs::write(
+        dir.path().join("project.yml"),
+        "name: t\nmodulepath: libs\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("main.cf"), main).unwrap();
     dir
 }
@@ -61,14 +65,21 @@ fn export_writes_resources() {
          b = std::testing::NullResource(name=\"b\", requires=a)\n",
     );
     let out = steward(p.path(), &["export", "-j", "out.json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p.path().join("out.json")).unwrap()).unwrap();
     assert_eq!(doc["format"], 1);
     let res = doc["resources"].as_array().unwrap();
     assert_eq!(res.len(), 2);
     assert_eq!(res[0]["id"], "std::testing::NullResource[internal,name=a]");
-    assert_eq!(res[1]["requires"][0], "std::testing::NullResource[internal,name=a]");
+    assert_eq!(
+        res[1]["requires"][0],
+        "std::testing::NullResource[internal,name=a]"
+    );
     assert_eq!(res[1]["attributes"]["fail"], false);
 }
 

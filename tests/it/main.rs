@@ -1,4 +1,8 @@
 //! Integration tests: one binary, one module per part.
 
+mod api;
+mod api_auth;
+mod api_durability;
 mod compiler_cases;
 mod compiler_cli;
+mod support;

@@ -67,7 +67,14 @@ impl Runtime<'_> {
     }
 
     /// Assign `value` to attribute `slot` of `inst` (relations: add / set, both ends).
-    pub fn set_attr(&mut self, inst: InstId, slot: u16, value: Value, site: ExprId, recur: bool) -> Eval<()> {
+    pub fn set_attr(
+        &mut self,
+        inst: InstId,
+        slot: u16,
+        value: Value,
+        site: ExprId,
+        recur: bool,
+    ) -> Eval<()> {
         let span = self.site_span(site);
         match self.set_attr_inner(inst, slot, value, site, recur) {
             Ok(()) => Ok(()),
@@ -76,7 +83,14 @@ impl Runtime<'_> {
         }
     }
 
-    fn set_attr_inner(&mut self, inst: InstId, slot: u16, value: Value, site: ExprId, recur: bool) -> Result<(), SetError> {
+    fn set_attr_inner(
+        &mut self,
+        inst: InstId,
+        slot: u16,
+        value: Value,
+        site: ExprId,
+        recur: bool,
+    ) -> Result<(), SetError> {
         let p = self.p;
         let entity = self.inst_entity(inst);
         let attr = p.slot_attr(entity, slot);
@@ -86,7 +100,9 @@ impl Runtime<'_> {
                 self.validate(&value, ty).map_err(SetError::Plain)?;
                 self.set_single(rv, value, site)
             }
-            AttrKind::Relation { target, reverse, .. } => {
+            AttrKind::Relation {
+                target, reverse, ..
+            } => {
                 let target = *target;
                 let reverse = *reverse;
                 match self.rvs[rv.0 as usize].kind {
@@ -96,7 +112,9 @@ impl Runtime<'_> {
                         match (&r.state, &value) {
                             (RvState::FrozenNull, Value::Null) => return Ok(()),
                             (RvState::FrozenNull, _) => {
-                                return Err(SetError::Plain(self.modified_after_freeze(inst, slot, &value, site)));
+                                return Err(SetError::Plain(
+                                    self.modified_after_freeze(inst, slot, &value, site),
+                                ));
                             }
                             (RvState::Set(old), _) => {
                                 if py_eq(old, &value) {
@@ -116,7 +134,9 @@ impl Runtime<'_> {
                             self.freeze(rv);
                             return Ok(());
                         }
-                        let other = self.check_instance(&value, target).map_err(SetError::Plain)?;
+                        let other = self
+                            .check_instance(&value, target)
+                            .map_err(SetError::Plain)?;
                         let r = &mut self.rvs[rv.0 as usize];
                         r.state = RvState::Set(value);
                         r.set_by = site.0;
@@ -132,7 +152,9 @@ impl Runtime<'_> {
                         if value.is_unknown() {
                             return self.set_single(rv, value, site);
                         }
-                        let other = self.check_instance(&value, target).map_err(SetError::Plain)?;
+                        let other = self
+                            .check_instance(&value, target)
+                            .map_err(SetError::Plain)?;
                         let changed = matches!(self.rvs[rv.0 as usize].state, RvState::Unset);
                         self.set_single(rv, value, site)?;
                         if recur && changed {
@@ -147,7 +169,13 @@ impl Runtime<'_> {
         }
     }
 
-    fn set_reverse(&mut self, other: InstId, rev: crate::compiler::types::AttrId, inst: InstId, site: ExprId) -> Result<(), SetError> {
+    fn set_reverse(
+        &mut self,
+        other: InstId,
+        rev: crate::compiler::types::AttrId,
+        inst: InstId,
+        site: ExprId,
+    ) -> Result<(), SetError> {
         let sym = self.p.attr(rev).sym;
         let oe = self.inst_entity(other);
         let slot = self.p.entity(oe).slot(sym).expect("reverse end exists");
@@ -163,7 +191,9 @@ impl Runtime<'_> {
             if py_eq(old, &value) {
                 return Ok(());
             }
-            return Err(SetError::Plain(self.double_set(old, r.set_by, &value, site)));
+            return Err(SetError::Plain(
+                self.double_set(old, r.set_by, &value, site),
+            ));
         }
         let r = &mut self.rvs[rv.0 as usize];
         r.state = RvState::Set(value);
@@ -172,7 +202,13 @@ impl Runtime<'_> {
         Ok(())
     }
 
-    fn modified_after_freeze(&self, inst: InstId, slot: u16, value: &Value, site: ExprId) -> String {
+    fn modified_after_freeze(
+        &self,
+        inst: InstId,
+        slot: u16,
+        value: &Value,
+        site: ExprId,
+    ) -> String {
         let e = self.inst_entity(inst);
         let attr = self.p.slot_attr(e, slot);
         format!(
@@ -224,11 +260,8 @@ impl Runtime<'_> {
                     let e = self.inst_entity(inst);
                     let slot = self.rvs[rv.0 as usize].slot;
                     let attr = self.p.slot_attr(e, slot);
-                    let vals: Vec<String> = d
-                        .items
-                        .iter()
-                        .map(|i| self.inst_site_text(*i))
-                        .collect();
+                    let vals: Vec<String> =
+                        d.items.iter().map(|i| self.inst_site_text(*i)).collect();
                     return Err(SetError::Stop(err(
                         "null-relation",
                         format!(
@@ -254,7 +287,9 @@ impl Runtime<'_> {
             }
             Value::Unknown => Ok(()),
             value => {
-                let other = self.check_instance(&value, target).map_err(SetError::Plain)?;
+                let other = self
+                    .check_instance(&value, target)
+                    .map_err(SetError::Plain)?;
                 let d = self.dl(rv);
                 if d.contains(other) {
                     return Ok(());
@@ -274,7 +309,9 @@ impl Runtime<'_> {
                             self.site_span(site),
                         )));
                     }
-                    return Err(SetError::Plain(self.modified_after_freeze(inst, slot, &value, site)));
+                    return Err(SetError::Plain(
+                        self.modified_after_freeze(inst, slot, &value, site),
+                    ));
                 }
                 self.dl_mut(rv).push(other);
                 self.notify_listeners(rv, other)?;
@@ -310,7 +347,9 @@ impl Runtime<'_> {
                 self.emit_for_body(*body, *scope, Value::Instance(item));
                 Ok(())
             }
-            Listener::Forward { target, site } => self.add_to_relation(*target, Value::Instance(item), *site),
+            Listener::Forward { target, site } => {
+                self.add_to_relation(*target, Value::Instance(item), *site)
+            }
             Listener::Comprehension {
                 target,
                 comp,
@@ -357,7 +396,10 @@ impl Runtime<'_> {
             if ty.nullable {
                 return Ok(());
             }
-            return Err(format!("Invalid value 'null', expected {}", self.p.value_type_name(ty)));
+            return Err(format!(
+                "Invalid value 'null', expected {}",
+                self.p.value_type_name(ty)
+            ));
         }
         if ty.list {
             let Value::List(items) = value else {
@@ -385,7 +427,11 @@ impl Runtime<'_> {
             return Ok(());
         }
         let expected = |rt: &Runtime, v: &Value, name: &str| -> Result<(), String> {
-            Err(format!("Invalid value '{}', expected {}", rt.value_str(v), name))
+            Err(format!(
+                "Invalid value '{}', expected {}",
+                rt.value_str(v),
+                name
+            ))
         };
         match base {
             BaseType::Prim(p) => {
@@ -403,12 +449,19 @@ impl Runtime<'_> {
                             _ => return expected(self, value, p.name()),
                         };
                         if let Some(bad) = elements.into_iter().find(|v| !is_literal(v)) {
-                            return Err(format!("Invalid value '{}', expected Literal", self.value_str(bad)));
+                            return Err(format!(
+                                "Invalid value '{}', expected Literal",
+                                self.value_str(bad)
+                            ));
                         }
                         true
                     }
                 };
-                if ok { Ok(()) } else { expected(self, value, p.name()) }
+                if ok {
+                    Ok(())
+                } else {
+                    expected(self, value, p.name())
+                }
             }
             BaseType::Typedef(t) => {
                 let td = self.p.typedef(t);
@@ -472,7 +525,13 @@ impl Runtime<'_> {
 
     /// Assign into a multi-valued relation, gradually: list literals element by element,
     /// other relations by forwarding each element as it arrives, comprehensions per element.
-    pub fn assign_into(&mut self, cx: &mut Cx, target: RvId, expr: ExprId, site: ExprId) -> Eval<()> {
+    pub fn assign_into(
+        &mut self,
+        cx: &mut Cx,
+        target: RvId,
+        expr: ExprId,
+        site: ExprId,
+    ) -> Eval<()> {
         let p = self.p;
         let e = p.ir.expr(expr);
         match &e.kind {
@@ -523,17 +582,21 @@ impl Runtime<'_> {
                 }
             }
             crate::compiler::ir::ExprKind::Comprehension {
-                iter, env_slot, guard, ..
+                iter,
+                env_slot,
+                guard,
+                ..
             } => {
                 let _ = guard;
                 let src = match p.ir.expr(*iter).kind {
-                    crate::compiler::ir::ExprKind::Var(_) | crate::compiler::ir::ExprKind::Attr { .. } => {
-                        self.ref_rv(cx, *iter)?
-                    }
+                    crate::compiler::ir::ExprKind::Var(_)
+                    | crate::compiler::ir::ExprKind::Attr { .. } => self.ref_rv(cx, *iter)?,
                     _ => None,
                 };
                 // registered on an earlier run: the listener did the work
-                if src.is_some_and(|s| self.rvs[s.0 as usize].kind == RvKind::List) && self.memo_marker(cx) {
+                if src.is_some_and(|s| self.rvs[s.0 as usize].kind == RvKind::List)
+                    && self.memo_marker(cx)
+                {
                     let src = src.expect("checked");
                     return if self.is_frozen(src) {
                         Ok(())
@@ -542,7 +605,10 @@ impl Runtime<'_> {
                     };
                 }
                 match src {
-                    Some(src) if self.rvs[src.0 as usize].kind == RvKind::List && !self.is_frozen(src) => {
+                    Some(src)
+                        if self.rvs[src.0 as usize].kind == RvKind::List
+                            && !self.is_frozen(src) =>
+                    {
                         let mut env: Vec<Value> = cx.env.clone();
                         env.truncate(*env_slot as usize);
                         let listener = Listener::Comprehension {
@@ -586,7 +652,9 @@ impl Runtime<'_> {
         // the marker is recorded first: later side effects keep their memo positions
         self.memo_put_marker(cx);
         if !self.is_frozen(src) {
-            self.dl_mut(src).listeners.push(Listener::Forward { target, site });
+            self.dl_mut(src)
+                .listeners
+                .push(Listener::Forward { target, site });
         }
         for i in items {
             self.add_to_relation(target, Value::Instance(i), site)?;

@@ -31,11 +31,17 @@ impl Runtime<'_> {
             } => self.exec_ctor_attr(&mut cx, inst, slot, value, site),
             TaskKind::CtorDefault { inst, slot, site } => {
                 let e = self.inst_entity(inst);
-                let v = self.p.entity(e).defaults[slot as usize].clone().unwrap_or(Value::Null);
+                let v = self.p.entity(e).defaults[slot as usize]
+                    .clone()
+                    .unwrap_or(Value::Null);
                 self.set_attr(inst, slot, v, site, true)
             }
             TaskKind::Rule { inst, rule } => self.exec_rule(&mut cx, inst, rule),
-            TaskKind::Promise { owner, instance, sym } => self.exec_promise(&mut cx, owner, instance, sym),
+            TaskKind::Promise {
+                owner,
+                instance,
+                sym,
+            } => self.exec_promise(&mut cx, owner, instance, sym),
             TaskKind::CompElem {
                 target,
                 comp,
@@ -71,7 +77,11 @@ impl Runtime<'_> {
                 extend,
                 span,
             } => {
-                let (inst, slot, rv) = match self.tasks[cx.task.0 as usize].extra.as_ref().and_then(|e| e.target) {
+                let (inst, slot, rv) = match self.tasks[cx.task.0 as usize]
+                    .extra
+                    .as_ref()
+                    .and_then(|e| e.target)
+                {
                     Some(rv) => {
                         let r = &self.rvs[rv.0 as usize];
                         (InstId(r.owner), r.slot, rv)
@@ -82,7 +92,8 @@ impl Runtime<'_> {
                             Value::Instance(i) => i,
                             Value::Unknown => return Ok(()),
                             other => {
-                                let text = self.sources.snippet(p.ir.expr(*target).span).to_string();
+                                let text =
+                                    self.sources.snippet(p.ir.expr(*target).span).to_string();
                                 return Err(err(
                                     "not-entity",
                                     format!(
@@ -162,11 +173,22 @@ impl Runtime<'_> {
                 }
                 Ok(())
             }
-            Stmt::For { iterable, body, span, .. } => self.exec_for(cx, *iterable, *body, *span),
+            Stmt::For {
+                iterable,
+                body,
+                span,
+                ..
+            } => self.exec_for(cx, *iterable, *body, *span),
         }
     }
 
-    fn exec_for(&mut self, cx: &mut Cx, iterable: ExprId, body: BlockId, span: crate::compiler::source::Span) -> Eval<()> {
+    fn exec_for(
+        &mut self,
+        cx: &mut Cx,
+        iterable: ExprId,
+        body: BlockId,
+        span: crate::compiler::source::Span,
+    ) -> Eval<()> {
         let p = self.p;
         let ie = p.ir.expr(iterable);
         // iterating a relation is gradual: the body runs for each element as it arrives
@@ -182,7 +204,10 @@ impl Runtime<'_> {
                     }
                     if !self.is_frozen(rv) {
                         self.memo_put_marker(cx);
-                        let listener = Listener::ForBody { body, scope: cx.scope };
+                        let listener = Listener::ForBody {
+                            body,
+                            scope: cx.scope,
+                        };
                         let existing = self.dl(rv).items.clone();
                         self.dl_mut(rv).listeners.push(listener);
                         for i in existing {
@@ -250,7 +275,13 @@ impl Runtime<'_> {
         }
     }
 
-    fn exec_promise(&mut self, cx: &mut Cx, owner: TaskId, instance: ExprId, sym: crate::compiler::types::Sym) -> Eval<()> {
+    fn exec_promise(
+        &mut self,
+        cx: &mut Cx,
+        owner: TaskId,
+        instance: ExprId,
+        sym: crate::compiler::types::Sym,
+    ) -> Eval<()> {
         if owner.0 == NONE {
             return Ok(());
         }
@@ -260,7 +291,9 @@ impl Runtime<'_> {
             Err(Stop::Err(_)) => return Ok(()),
             Err(b) => return Err(b),
         };
-        let Value::Instance(inst) = v else { return Ok(()) };
+        let Value::Instance(inst) = v else {
+            return Ok(());
+        };
         let e = self.inst_entity(inst);
         if let Some(slot) = self.p.entity(e).slot(sym) {
             let rv = self.attr_rv(inst, slot);
@@ -274,7 +307,14 @@ impl Runtime<'_> {
         Ok(())
     }
 
-    fn exec_ctor_attr(&mut self, cx: &mut Cx, inst: InstId, slot: u16, value: ExprId, site: ExprId) -> Eval<()> {
+    fn exec_ctor_attr(
+        &mut self,
+        cx: &mut Cx,
+        inst: InstId,
+        slot: u16,
+        value: ExprId,
+        site: ExprId,
+    ) -> Eval<()> {
         let sym = {
             let e = self.inst_entity(inst);
             self.p.slot_attr(e, slot).sym
@@ -290,7 +330,14 @@ impl Runtime<'_> {
         r
     }
 
-    fn exec_comp_elem(&mut self, cx: &mut Cx, target: RvId, comp: ExprId, element: Value, site: ExprId) -> Eval<()> {
+    fn exec_comp_elem(
+        &mut self,
+        cx: &mut Cx,
+        target: RvId,
+        comp: ExprId,
+        element: Value,
+        site: ExprId,
+    ) -> Eval<()> {
         let p = self.p;
         let ExprKind::Comprehension {
             value,
@@ -354,7 +401,9 @@ impl Runtime<'_> {
         }
         let entity = self.inst_entity(inst);
         for &im in &r.implementations {
-            if self.needs_impl_dedup[entity.0 as usize] && !self.applied_impls.insert((inst.0, im.0)) {
+            if self.needs_impl_dedup[entity.0 as usize]
+                && !self.applied_impls.insert((inst.0, im.0))
+            {
                 continue;
             }
             self.instances[inst.0 as usize].impl_count += 1;
@@ -390,7 +439,9 @@ impl Runtime<'_> {
                                 span,
                             ));
                         };
-                        if c.args.iter().any(|a| a.slot == slot) || late.iter().any(|(s, _)| *s == slot) {
+                        if c.args.iter().any(|a| a.slot == slot)
+                            || late.iter().any(|(s, _)| *s == slot)
+                        {
                             return Err(err(
                                 "duplicate-keyword",
                                 format!(
@@ -407,7 +458,10 @@ impl Runtime<'_> {
                 other => {
                     return Err(err(
                         "kwargs",
-                        format!("** can only be applied to a dict, got {}", self.value_str(&other)),
+                        format!(
+                            "** can only be applied to a dict, got {}",
+                            self.value_str(&other)
+                        ),
                         span,
                     ));
                 }
@@ -418,7 +472,10 @@ impl Runtime<'_> {
             if let Some((lhs_inst, lhs_sym)) = cx.lhs {
                 let le = self.inst_entity(lhs_inst);
                 if let Some(ls) = p.entity(le).slot(lhs_sym) {
-                    if let AttrKind::Relation { reverse: Some(rev), .. } = &p.slot_attr(le, ls).kind {
+                    if let AttrKind::Relation {
+                        reverse: Some(rev), ..
+                    } = &p.slot_attr(le, ls).kind
+                    {
                         let rev = p.attr(*rev);
                         if let Some(slot) = ent.slot(rev.sym) {
                             if c.missing_index_slots.contains(&slot)
@@ -458,7 +515,12 @@ impl Runtime<'_> {
         if let Some(v) = self.memo_get(cx) {
             return Ok(v);
         }
-        if direct.iter().chain(late.iter()).any(|(_, v)| v.is_unknown()) && !ent.indexes.is_empty() {
+        if direct
+            .iter()
+            .chain(late.iter())
+            .any(|(_, v)| v.is_unknown())
+            && !ent.indexes.is_empty()
+        {
             // identity unknown: the instance can not exist in this compile
             self.memo_put(cx, Value::Unknown);
             return Ok(Value::Unknown);
@@ -572,7 +634,9 @@ impl Runtime<'_> {
         if rules.is_empty() {
             return;
         }
-        let needs_scope = rules.iter().any(|r| p.rules[r.0 as usize].condition.is_some());
+        let needs_scope = rules
+            .iter()
+            .any(|r| p.rules[r.0 as usize].condition.is_some());
         let scope = if needs_scope {
             self.new_scope(None, None, Some(inst))
         } else {
@@ -594,12 +658,20 @@ impl Runtime<'_> {
             }
             let span = match &t.kind {
                 TaskKind::Stmt(s) => stmt_span(self, *s),
-                TaskKind::CtorAttr { site, .. } | TaskKind::CtorDefault { site, .. } => self.p.ir.expr(*site).span,
+                TaskKind::CtorAttr { site, .. } | TaskKind::CtorDefault { site, .. } => {
+                    self.p.ir.expr(*site).span
+                }
                 TaskKind::Rule { rule, .. } => self.p.rules[rule.0 as usize].span,
                 TaskKind::CompElem { site, .. } => self.p.ir.expr(*site).span,
                 TaskKind::Promise { .. } => continue,
             };
-            return Some(Diagnostic::error("not-executed", "not all statements executed: a statement waits for a value that never came").at(span));
+            return Some(
+                Diagnostic::error(
+                    "not-executed",
+                    "not all statements executed: a statement waits for a value that never came",
+                )
+                .at(span),
+            );
         }
         None
     }

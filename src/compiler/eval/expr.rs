@@ -66,7 +66,10 @@ impl Runtime<'_> {
         if cx.task.0 == NONE {
             return;
         }
-        self.tasks[cx.task.0 as usize].extra().memo.push(Memo::Value(v));
+        self.tasks[cx.task.0 as usize]
+            .extra()
+            .memo
+            .push(Memo::Value(v));
         cx.memo_pos += 1;
     }
 
@@ -90,7 +93,10 @@ impl Runtime<'_> {
         if cx.task.0 == NONE {
             return;
         }
-        self.tasks[cx.task.0 as usize].extra().memo.push(Memo::Marker);
+        self.tasks[cx.task.0 as usize]
+            .extra()
+            .memo
+            .push(Memo::Marker);
         cx.memo_pos += 1;
     }
 
@@ -161,12 +167,20 @@ impl Runtime<'_> {
                 self.read_attr(&Value::Instance(inst), *sym, span, "self")
             }
             VarRef::Env(i) => Ok(cx.env.get(*i as usize).cloned().unwrap_or(Value::Null)),
-            VarRef::NotFound(name) => Err(err("not-found", format!("variable {name} not found"), span)),
+            VarRef::NotFound(name) => {
+                Err(err("not-found", format!("variable {name} not found"), span))
+            }
         }
     }
 
     /// The RV behind an attribute of an instance value.
-    pub fn attr_rv_of(&self, base: &Value, sym: Sym, span: Span, base_text: &str) -> Eval<Option<RvId>> {
+    pub fn attr_rv_of(
+        &self,
+        base: &Value,
+        sym: Sym,
+        span: Span,
+        base_text: &str,
+    ) -> Eval<Option<RvId>> {
         let inst = match base {
             Value::Instance(i) => *i,
             Value::Unknown => return Ok(None),
@@ -210,7 +224,9 @@ impl Runtime<'_> {
         let e = self.p.ir.expr(id);
         match &e.kind {
             ExprKind::Var(VarRef::SelfRef) => "self".into(),
-            ExprKind::Attr { base, sym } => format!("{}.{}", self.expr_text(*base), self.p.syms.name(*sym)),
+            ExprKind::Attr { base, sym } => {
+                format!("{}.{}", self.expr_text(*base), self.p.syms.name(*sym))
+            }
             _ => self.sources.snippet(e.span).to_string(),
         }
     }
@@ -351,7 +367,11 @@ impl Runtime<'_> {
                     ));
                 };
                 let Value::Str(ks) = &k else {
-                    return Err(err("dict", format!("dict keys must be string, got {}", self.value_repr(&k)), span));
+                    return Err(err(
+                        "dict",
+                        format!("dict keys must be string, got {}", self.value_repr(&k)),
+                        span,
+                    ));
                 };
                 match d.get(ks) {
                     Some(v) => Ok(v.clone()),
@@ -360,7 +380,10 @@ impl Runtime<'_> {
                         format!(
                             "key {} not found in dict, options are [{}]",
                             ks,
-                            d.keys().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
+                            d.keys()
+                                .map(|k| k.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                         span,
                     )),
@@ -433,7 +456,10 @@ impl Runtime<'_> {
                 Value::Unknown => Ok(Value::Unknown),
                 other => Err(err(
                     "not-bool",
-                    format!("Invalid value `{}`: `not` expects a boolean", self.value_str(&other)),
+                    format!(
+                        "Invalid value `{}`: `not` expects a boolean",
+                        self.value_str(&other)
+                    ),
                     span,
                 )),
             },
@@ -500,7 +526,13 @@ impl Runtime<'_> {
         }
     }
 
-    fn fstring(&mut self, cx: &mut Cx, pieces: &[FPiece], out: &mut String, span: Span) -> Eval<bool> {
+    fn fstring(
+        &mut self,
+        cx: &mut Cx,
+        pieces: &[FPiece],
+        out: &mut String,
+        span: Span,
+    ) -> Eval<bool> {
         for piece in pieces {
             match piece {
                 FPiece::Text(t) => out.push_str(t),
@@ -674,7 +706,13 @@ impl Runtime<'_> {
         }
     }
 
-    fn splat_args(&mut self, cx: &mut Cx, splats: &[ExprId], out: &mut Vec<(Sym, Value)>, span: Span) -> Eval<()> {
+    fn splat_args(
+        &mut self,
+        cx: &mut Cx,
+        splats: &[ExprId],
+        out: &mut Vec<(Sym, Value)>,
+        span: Span,
+    ) -> Eval<()> {
         for s in splats {
             match self.eval(cx, *s)? {
                 Value::Dict(d) => {
@@ -694,7 +732,10 @@ impl Runtime<'_> {
                 other => {
                     return Err(err(
                         "kwargs",
-                        format!("** can only be applied to a dict, got {}", self.value_str(&other)),
+                        format!(
+                            "** can only be applied to a dict, got {}",
+                            self.value_str(&other)
+                        ),
                         span,
                     ));
                 }
@@ -740,14 +781,23 @@ impl Runtime<'_> {
             .join(", ")
     }
 
-    pub fn index_lookup(&mut self, entity: EntityId, values: Vec<(Sym, Value)>, span: Span) -> Eval<Value> {
+    pub fn index_lookup(
+        &mut self,
+        entity: EntityId,
+        values: Vec<(Sym, Value)>,
+        span: Span,
+    ) -> Eval<Value> {
         let p = self.p;
         let ent = p.entity(entity);
         let mut names: Vec<&str> = Vec::new();
         for (s, _) in &values {
             let n = p.syms.name(*s);
             if names.contains(&n) {
-                return Err(err("index", format!("Attribute {n} provided twice in index lookup"), span));
+                return Err(err(
+                    "index",
+                    format!("Attribute {n} provided twice in index lookup"),
+                    span,
+                ));
             }
             names.push(n);
         }
@@ -757,7 +807,11 @@ impl Runtime<'_> {
         let mut sorted: Vec<&str> = names.clone();
         sorted.sort();
         let found = ent.indexes.iter().enumerate().find(|(_, (id, _))| {
-            let mut a: Vec<&str> = p.indexes[id.0 as usize].attrs.iter().map(|s| s.as_str()).collect();
+            let mut a: Vec<&str> = p.indexes[id.0 as usize]
+                .attrs
+                .iter()
+                .map(|s| s.as_str())
+                .collect();
             a.sort();
             a == sorted
         });
@@ -769,7 +823,10 @@ impl Runtime<'_> {
                 .join(", ");
             return Err(err(
                 "index",
-                format!("No index defined on {} for this lookup: [{params}]", ent.full_name),
+                format!(
+                    "No index defined on {} for this lookup: [{params}]",
+                    ent.full_name
+                ),
                 span,
             ));
         };
@@ -781,7 +838,9 @@ impl Runtime<'_> {
                 .find(|(s, _)| p.syms.name(*s) == a)
                 .expect("index attribute present");
             // lookups convert ints to floats for float-typed attributes
-            let slot = ent.slot(p.syms.get(a).expect("interned")).expect("index slot");
+            let slot = ent
+                .slot(p.syms.get(a).expect("interned"))
+                .expect("index slot");
             let v = match (&p.slot_attr(entity, slot).kind, v) {
                 (
                     AttrKind::Value {
@@ -811,7 +870,12 @@ impl Runtime<'_> {
     }
 
     /// Register a new instance in the indexes of its type and all ancestors.
-    pub fn register_in_indexes(&mut self, inst: InstId, values: &[(u16, Value)], span: Span) -> Eval<()> {
+    pub fn register_in_indexes(
+        &mut self,
+        inst: InstId,
+        values: &[(u16, Value)],
+        span: Span,
+    ) -> Eval<()> {
         let p = self.p;
         let entity = self.inst_entity(inst);
         let ent = p.entity(entity);
@@ -822,7 +886,9 @@ impl Runtime<'_> {
                 let attrs = &p.indexes[idx.0 as usize].attrs;
                 let mut key = Vec::with_capacity(attrs.len());
                 for a in attrs {
-                    let slot = ent.slot(p.syms.get(a).expect("interned")).expect("inherited slot");
+                    let slot = ent
+                        .slot(p.syms.get(a).expect("interned"))
+                        .expect("inherited slot");
                     match values.iter().find(|(s, _)| *s == slot) {
                         Some((_, v)) => key.push(Self::key_part(v)),
                         None => {
@@ -837,7 +903,11 @@ impl Runtime<'_> {
                 if let Some(existing) = self.index_maps[t.0 as usize][pos].get(&key) {
                     if *existing != inst {
                         let text = self.key_text(t, attrs, &key);
-                        return Err(err("index", format!("Duplicate key in index. {text}"), span));
+                        return Err(err(
+                            "index",
+                            format!("Duplicate key in index. {text}"),
+                            span,
+                        ));
                     }
                     continue;
                 }

@@ -32,7 +32,10 @@ impl Runtime<'_> {
             errors.push(
                 Diagnostic::error(
                     "index-miss",
-                    format!("No match in index on type {} with key {}", ent.full_name, text),
+                    format!(
+                        "No match in index on type {} with key {}",
+                        ent.full_name, text
+                    ),
                 )
                 .at(span),
             );
@@ -87,7 +90,8 @@ impl Runtime<'_> {
                     }
                     RvKind::List => {
                         let d = self.dl(rv);
-                        let (low, n, frozen, providers) = (d.low, d.items.len() as u32, d.frozen, d.providers);
+                        let (low, n, frozen, providers) =
+                            (d.low, d.items.len() as u32, d.frozen, d.providers);
                         if !frozen && n >= low && providers == 0 {
                             self.freeze(rv);
                         } else if n < low || !frozen {
@@ -122,7 +126,12 @@ impl Runtime<'_> {
     }
 }
 
-fn not_set(rt: &Runtime, inst: InstId, attr: &crate::compiler::types::Attribute, span: crate::compiler::source::Span) -> Diagnostic {
+fn not_set(
+    rt: &Runtime,
+    inst: InstId,
+    attr: &crate::compiler::types::Attribute,
+    span: crate::compiler::source::Span,
+) -> Diagnostic {
     Diagnostic::error(
         "not-set",
         format!(

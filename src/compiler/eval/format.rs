@@ -52,7 +52,11 @@ fn parse_spec(s: &str) -> Result<Spec, String> {
         i += 1;
     }
     if i > start {
-        let w: usize = chars[start..i].iter().collect::<String>().parse().map_err(|_| "Too many decimal digits in format string")?;
+        let w: usize = chars[start..i]
+            .iter()
+            .collect::<String>()
+            .parse()
+            .map_err(|_| "Too many decimal digits in format string")?;
         if w > 1 << 20 {
             return Err("width too large".into());
         }
@@ -71,7 +75,11 @@ fn parse_spec(s: &str) -> Result<Spec, String> {
         if i == start {
             return Err("Format specifier missing precision".into());
         }
-        let p: usize = chars[start..i].iter().collect::<String>().parse().map_err(|_| "Too many decimal digits in format string")?;
+        let p: usize = chars[start..i]
+            .iter()
+            .collect::<String>()
+            .parse()
+            .map_err(|_| "Too many decimal digits in format string")?;
         if p > 1 << 12 {
             return Err("precision too large".into());
         }
@@ -88,7 +96,11 @@ fn parse_spec(s: &str) -> Result<Spec, String> {
 }
 
 /// `format(value, spec)` as Python does it.
-pub fn format_value(v: &Value, spec_text: &str, names: &dyn InstanceText) -> Result<String, String> {
+pub fn format_value(
+    v: &Value,
+    spec_text: &str,
+    names: &dyn InstanceText,
+) -> Result<String, String> {
     if spec_text.is_empty() {
         return Ok(pyfmt::to_str(v, names));
     }
@@ -121,7 +133,10 @@ fn pad(body: String, sign: &str, spec: &Spec, default_align: char) -> String {
     let (fill, align) = if spec.zero && spec.align.is_none() {
         ('0', '=')
     } else {
-        (spec.fill.unwrap_or(' '), spec.align.unwrap_or(default_align))
+        (
+            spec.fill.unwrap_or(' '),
+            spec.align.unwrap_or(default_align),
+        )
     };
     let n = width - len;
     let f = |k: usize| fill.to_string().repeat(k);
@@ -136,7 +151,9 @@ fn pad(body: String, sign: &str, spec: &Spec, default_align: char) -> String {
 fn format_str(s: &str, spec: &Spec) -> Result<String, String> {
     if let Some(t) = spec.ty {
         if t != 's' {
-            return Err(format!("Unknown format code '{t}' for object of type 'str'"));
+            return Err(format!(
+                "Unknown format code '{t}' for object of type 'str'"
+            ));
         }
     }
     if spec.sign.is_some() {
@@ -185,13 +202,28 @@ fn format_int(b: &BigInt, spec: &Spec) -> Result<String, String> {
         Some('x') => (abs.to_str_radix(16), "0x"),
         Some('X') => (abs.to_str_radix(16).to_uppercase(), "0X"),
         Some('c') => {
-            let c = b.to_u32().and_then(char::from_u32).ok_or("%c arg not in range(0x110000)")?;
+            let c = b
+                .to_u32()
+                .and_then(char::from_u32)
+                .ok_or("%c arg not in range(0x110000)")?;
             return Ok(pad(c.to_string(), "", spec, '<'));
         }
-        Some(t) => return Err(format!("Unknown format code '{t}' for object of type 'int'")),
+        Some(t) => {
+            return Err(format!(
+                "Unknown format code '{t}' for object of type 'int'"
+            ));
+        }
     };
     let digits = match spec.grouping {
-        Some(sep) => group(&digits, sep, if matches!(spec.ty, Some('b' | 'o' | 'x' | 'X')) { 4 } else { 3 }),
+        Some(sep) => group(
+            &digits,
+            sep,
+            if matches!(spec.ty, Some('b' | 'o' | 'x' | 'X')) {
+                4
+            } else {
+                3
+            },
+        ),
         None => digits,
     };
     let sign = format!(
@@ -207,27 +239,47 @@ fn format_float(f: f64, spec: &Spec) -> Result<String, String> {
     let a = f.abs();
     let body = if !a.is_finite() {
         let s = if a.is_nan() { "nan" } else { "inf" };
-        if matches!(spec.ty, Some('E' | 'F' | 'G')) { s.to_uppercase() } else { s.to_string() }
+        if matches!(spec.ty, Some('E' | 'F' | 'G')) {
+            s.to_uppercase()
+        } else {
+            s.to_string()
+        }
     } else {
         match spec.ty {
             Some('f') | Some('F') => format!("{:.*}", spec.precision.unwrap_or(6), a),
             Some('e') | Some('E') => {
                 let s = sci(a, spec.precision.unwrap_or(6));
-                if spec.ty == Some('E') { s.to_uppercase() } else { s }
+                if spec.ty == Some('E') {
+                    s.to_uppercase()
+                } else {
+                    s
+                }
             }
             Some('%') => format!("{:.*}%", spec.precision.unwrap_or(6), a * 100.0),
             Some('g') | Some('G') | Some('n') => {
                 let s = general(a, spec.precision.unwrap_or(6), spec.alternate);
-                if spec.ty == Some('G') { s.to_uppercase() } else { s }
+                if spec.ty == Some('G') {
+                    s.to_uppercase()
+                } else {
+                    s
+                }
             }
             None => match spec.precision {
                 None => pyfmt::float_repr(a),
                 Some(p) => {
                     let s = general(a, p.max(1), spec.alternate);
-                    if s.contains(['.', 'e', 'n', 'i']) { s } else { format!("{s}.0") }
+                    if s.contains(['.', 'e', 'n', 'i']) {
+                        s
+                    } else {
+                        format!("{s}.0")
+                    }
                 }
             },
-            Some(t) => return Err(format!("Unknown format code '{t}' for object of type 'float'")),
+            Some(t) => {
+                return Err(format!(
+                    "Unknown format code '{t}' for object of type 'float'"
+                ));
+            }
         }
     };
     let body = match spec.grouping {
@@ -240,7 +292,15 @@ fn format_float(f: f64, spec: &Spec) -> Result<String, String> {
         }
         None => body,
     };
-    Ok(pad(body, sign_text(negative && f != 0.0 || f.is_sign_negative() && f == 0.0, spec), spec, '>'))
+    Ok(pad(
+        body,
+        sign_text(
+            negative && f != 0.0 || f.is_sign_negative() && f == 0.0,
+            spec,
+        ),
+        spec,
+        '>',
+    ))
 }
 
 /// `%.{p}e` with Python's two-digit exponent.
@@ -255,11 +315,17 @@ fn sci(a: f64, p: usize) -> String {
 fn general(a: f64, p: usize, keep_zeros: bool) -> String {
     let p = p.max(1);
     if a == 0.0 {
-        return if keep_zeros { format!("{:.*}", p - 1, 0.0) } else { "0".into() };
+        return if keep_zeros {
+            format!("{:.*}", p - 1, 0.0)
+        } else {
+            "0".into()
+        };
     }
     let exp = {
         let s = format!("{:.*e}", p - 1, a);
-        s.split_once('e').and_then(|(_, e)| e.parse::<i32>().ok()).unwrap_or(0)
+        s.split_once('e')
+            .and_then(|(_, e)| e.parse::<i32>().ok())
+            .unwrap_or(0)
     };
     let s = if exp < -4 || exp >= p as i32 {
         sci(a, p - 1)

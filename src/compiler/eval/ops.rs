@@ -62,7 +62,9 @@ pub fn binary(rt: &Runtime, op: BinOp, a: &Value, b: &Value, span: Span) -> Eval
         }
         _ => {}
     }
-    if !(a.is_number() || matches!(a, Value::Bool(_))) || !(b.is_number() || matches!(b, Value::Bool(_))) {
+    if !(a.is_number() || matches!(a, Value::Bool(_)))
+        || !(b.is_number() || matches!(b, Value::Bool(_)))
+    {
         return Err(err(
             "operand",
             format!(
@@ -94,11 +96,19 @@ pub fn binary(rt: &Runtime, op: BinOp, a: &Value, b: &Value, span: Span) -> Eval
                 return Err(err("division", "float modulo", span));
             }
             let m = x % y;
-            if m != 0.0 && (m < 0.0) != (y < 0.0) { m + y } else { m }
+            if m != 0.0 && (m < 0.0) != (y < 0.0) {
+                m + y
+            } else {
+                m
+            }
         }
         BinOp::Pow => {
             if x == 0.0 && y < 0.0 {
-                return Err(err("division", "0.0 cannot be raised to a negative power", span));
+                return Err(err(
+                    "division",
+                    "0.0 cannot be raised to a negative power",
+                    span,
+                ));
             }
             x.powf(y)
         }
@@ -125,12 +135,20 @@ fn int_op(op: BinOp, a: &Value, b: &Value, span: Span) -> Eval<Value> {
                     return Err(err("division", "integer division or modulo by zero", span));
                 }
                 let m = x.wrapping_rem(y);
-                Some(if m != 0 && (m < 0) != (y < 0) { m + y } else { m })
+                Some(if m != 0 && (m < 0) != (y < 0) {
+                    m + y
+                } else {
+                    m
+                })
             }
             BinOp::Pow => {
                 if y < 0 {
                     if x == 0 {
-                        return Err(err("division", "0.0 cannot be raised to a negative power", span));
+                        return Err(err(
+                            "division",
+                            "0.0 cannot be raised to a negative power",
+                            span,
+                        ));
                     }
                     return Ok(Value::Float((x as f64).powf(y as f64)));
                 }
@@ -152,18 +170,26 @@ fn int_op(op: BinOp, a: &Value, b: &Value, span: Span) -> Eval<Value> {
             if y.is_zero() {
                 return Err(err("division", "division by zero", span));
             }
-            return Ok(Value::Float(x.to_f64().unwrap_or(f64::NAN) / y.to_f64().unwrap_or(f64::NAN)));
+            return Ok(Value::Float(
+                x.to_f64().unwrap_or(f64::NAN) / y.to_f64().unwrap_or(f64::NAN),
+            ));
         }
         BinOp::Mod => {
             if y.is_zero() {
                 return Err(err("division", "integer division or modulo by zero", span));
             }
             let m = &x % &y;
-            if !m.is_zero() && (m.is_negative() != y.is_negative()) { m + y } else { m }
+            if !m.is_zero() && (m.is_negative() != y.is_negative()) {
+                m + y
+            } else {
+                m
+            }
         }
         BinOp::Pow => {
             if y.is_negative() {
-                return Ok(Value::Float(x.to_f64().unwrap_or(0.0).powf(y.to_f64().unwrap_or(0.0))));
+                return Ok(Value::Float(
+                    x.to_f64().unwrap_or(0.0).powf(y.to_f64().unwrap_or(0.0)),
+                ));
             }
             let e = y.to_u32().unwrap_or(u32::MAX);
             if e > 1_000_000 {
@@ -227,7 +253,11 @@ fn compare(rt: &Runtime, op: CmpOp, a: &Value, b: &Value, span: Span) -> Eval<Va
 fn cast_error(rt: &Runtime, v: &Value, prim: Prim, span: Span) -> super::Stop {
     err(
         "cast",
-        format!("Failed to cast '{}' to {}", pyfmt::to_str(v, rt), prim.name()),
+        format!(
+            "Failed to cast '{}' to {}",
+            pyfmt::to_str(v, rt),
+            prim.name()
+        ),
         span,
     )
 }
@@ -246,7 +276,9 @@ pub fn cast(rt: &Runtime, prim: Prim, v: Value, span: Span) -> Eval<Value> {
                     return Err(cast_error(rt, &v, prim, span));
                 }
                 use num_traits::FromPrimitive;
-                Ok(Value::from_bigint(BigInt::from_f64(f.trunc()).unwrap_or_default()))
+                Ok(Value::from_bigint(
+                    BigInt::from_f64(f.trunc()).unwrap_or_default(),
+                ))
             }
             Value::Str(s) => {
                 let t = s.trim().replace('_', "");
@@ -258,7 +290,9 @@ pub fn cast(rt: &Runtime, prim: Prim, v: Value, span: Span) -> Eval<Value> {
         },
         Prim::Float | Prim::Number => match &v {
             Value::Float(_) => Ok(v),
-            Value::Int(_) | Value::BigInt(_) | Value::Bool(_) => Ok(Value::Float(v.as_f64().unwrap_or(0.0))),
+            Value::Int(_) | Value::BigInt(_) | Value::Bool(_) => {
+                Ok(Value::Float(v.as_f64().unwrap_or(0.0)))
+            }
             Value::Str(s) => {
                 let t = s.trim().to_ascii_lowercase();
                 let parsed = match t.as_str() {
@@ -267,7 +301,9 @@ pub fn cast(rt: &Runtime, prim: Prim, v: Value, span: Span) -> Eval<Value> {
                     "nan" => Some(f64::NAN),
                     _ => t.replace('_', "").parse::<f64>().ok(),
                 };
-                parsed.map(Value::Float).ok_or_else(|| cast_error(rt, &v, prim, span))
+                parsed
+                    .map(Value::Float)
+                    .ok_or_else(|| cast_error(rt, &v, prim, span))
             }
             _ => Err(cast_error(rt, &v, prim, span)),
         },
@@ -290,8 +326,12 @@ pub fn cast(rt: &Runtime, prim: Prim, v: Value, span: Span) -> Eval<Value> {
         })),
         Prim::List => match &v {
             Value::List(_) => Ok(v),
-            Value::Str(s) => Ok(Value::list(s.chars().map(|c| Value::string(c.to_string())).collect())),
-            Value::Dict(d) => Ok(Value::list(d.keys().map(|k| Value::Str(k.clone())).collect())),
+            Value::Str(s) => Ok(Value::list(
+                s.chars().map(|c| Value::string(c.to_string())).collect(),
+            )),
+            Value::Dict(d) => Ok(Value::list(
+                d.keys().map(|k| Value::Str(k.clone())).collect(),
+            )),
             _ => Err(cast_error(rt, &v, prim, span)),
         },
         Prim::Dict => match &v {

@@ -24,7 +24,11 @@ pub fn float_repr(f: f64) -> String {
         return if f > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if f == 0.0 {
-        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if f.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // Rust's `{:e}` gives the shortest round-trip digits: "1.2345e-5"
     let sci = format!("{:e}", f);
@@ -40,7 +44,11 @@ pub fn float_repr(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{s}")
     } else {
@@ -56,7 +64,11 @@ pub fn float_repr(f: f64) -> String {
 
 /// Python `repr(str)`.
 pub fn str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -205,7 +217,10 @@ mod tests {
             Value::Float(1.5),
             Value::str("it's"),
         ]);
-        assert_eq!(print_text(&v, &NoInst), "@[1, 'a', True, null, 1.5, \"it's\"]");
+        assert_eq!(
+            print_text(&v, &NoInst),
+            "@[1, 'a', True, null, 1.5, \"it's\"]"
+        );
         assert_eq!(print_text(&Value::Null, &NoInst), "None");
         assert_eq!(interp_str(&Value::Float(2.0), &NoInst), "2");
         assert_eq!(str_repr("a\tb"), "'a\\tb'");

@@ -160,11 +160,19 @@ pub enum TaskKind {
         site: ExprId,
     },
     /// A constructor's deferred default value.
-    CtorDefault { inst: InstId, slot: u16, site: ExprId },
+    CtorDefault {
+        inst: InstId,
+        slot: u16,
+        site: ExprId,
+    },
     /// Evaluate an implement rule for an instance.
     Rule { inst: InstId, rule: RuleId },
     /// Acquire an eager promise for the statement `owner`.
-    Promise { owner: TaskId, instance: ExprId, sym: Sym },
+    Promise {
+        owner: TaskId,
+        instance: ExprId,
+        sym: Sym,
+    },
     /// One element of a gradual comprehension into a relation.
     CompElem {
         target: RvId,

@@ -136,7 +136,9 @@ pub fn py_eq(a: &Value, b: &Value) -> bool {
         (Unknown, Unknown) => false,
         (Str(x), Str(y)) => x == y,
         (Instance(x), Instance(y)) => x == y,
-        (List(x), List(y)) => x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| py_eq(p, q)),
+        (List(x), List(y)) => {
+            x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| py_eq(p, q))
+        }
         (Dict(x), Dict(y)) => {
             x.len() == y.len()
                 && x.iter()
@@ -151,7 +153,10 @@ pub fn py_eq(a: &Value, b: &Value) -> bool {
 }
 
 fn is_numeric(v: &Value) -> bool {
-    matches!(v, Value::Bool(_) | Value::Int(_) | Value::BigInt(_) | Value::Float(_))
+    matches!(
+        v,
+        Value::Bool(_) | Value::Int(_) | Value::BigInt(_) | Value::Float(_)
+    )
 }
 
 fn num_eq(a: &Value, b: &Value) -> bool {

@@ -15,7 +15,11 @@ pub fn dumps(v: &Value, out: &mut String) -> Result<(), String> {
         Value::Float(f) => out.push_str(&if f.is_nan() {
             "NaN".to_string()
         } else if f.is_infinite() {
-            if *f > 0.0 { "Infinity".into() } else { "-Infinity".into() }
+            if *f > 0.0 {
+                "Infinity".into()
+            } else {
+                "-Infinity".into()
+            }
         } else {
             pyfmt::float_repr(*f)
         }),
@@ -42,8 +46,12 @@ pub fn dumps(v: &Value, out: &mut String) -> Result<(), String> {
             }
             out.push('}');
         }
-        Value::Instance(_) => return Err("TypeError: Object of type Instance is not JSON serializable".into()),
-        Value::Unknown => return Err("TypeError: Object of type Unknown is not JSON serializable".into()),
+        Value::Instance(_) => {
+            return Err("TypeError: Object of type Instance is not JSON serializable".into());
+        }
+        Value::Unknown => {
+            return Err("TypeError: Object of type Unknown is not JSON serializable".into());
+        }
     }
     Ok(())
 }

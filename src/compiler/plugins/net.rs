@@ -107,24 +107,36 @@ pub fn parse_network(s: &str) -> Option<Iface> {
 }
 
 fn valid_uuid(s: &str) -> bool {
-    let t = s.trim_start_matches("urn:uuid:").trim_matches(|c| c == '{' || c == '}');
+    let t = s
+        .trim_start_matches("urn:uuid:")
+        .trim_matches(|c| c == '{' || c == '}');
     let hex: String = t.chars().filter(|c| *c != '-').collect();
     hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 fn valid_email(s: &str) -> bool {
-    let Some((local, domain)) = s.rsplit_once('@') else { return false };
+    let Some((local, domain)) = s.rsplit_once('@') else {
+        return false;
+    };
     !local.is_empty()
         && !local.contains(char::is_whitespace)
         && domain.contains('.')
         && domain.split('.').all(|l| {
-            !l.is_empty() && l.chars().all(|c| c.is_alphanumeric() || c == '-') && !l.starts_with('-')
+            !l.is_empty()
+                && l.chars().all(|c| c.is_alphanumeric() || c == '-')
+                && !l.starts_with('-')
         })
 }
 
 fn valid_url(s: &str, http_only: bool) -> bool {
-    let Some((scheme, rest)) = s.split_once("://") else { return false };
-    if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return false;
+    };
+    if scheme.is_empty()
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    {
         return false;
     }
     if http_only && !matches!(scheme.to_ascii_lowercase().as_str(), "http" | "https") {
@@ -144,9 +156,26 @@ fn valid_date(s: &str) -> bool {
     if p.len() != 3 || !digits(p[0], 4) || !digits(p[1], 2) || !digits(p[2], 2) {
         return false;
     }
-    let (y, m, d): (i32, u32, u32) = (p[0].parse().unwrap_or(0), p[1].parse().unwrap_or(0), p[2].parse().unwrap_or(0));
+    let (y, m, d): (i32, u32, u32) = (
+        p[0].parse().unwrap_or(0),
+        p[1].parse().unwrap_or(0),
+        p[2].parse().unwrap_or(0),
+    );
     let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
     (1..=12).contains(&m) && d >= 1 && d <= days[(m - 1) as usize]
 }
 
@@ -155,7 +184,12 @@ fn valid_time(s: &str) -> bool {
     let s = match s.find(['+', '-']) {
         Some(i) => {
             let tz = &s[i + 1..];
-            if !(digits(tz, 4) || (tz.len() == 5 && digits(&tz[..2], 2) && &tz[2..3] == ":" && digits(&tz[3..], 2))) {
+            if !(digits(tz, 4)
+                || (tz.len() == 5
+                    && digits(&tz[..2], 2)
+                    && &tz[2..3] == ":"
+                    && digits(&tz[3..], 2)))
+            {
                 return false;
             }
             &s[..i]
@@ -203,7 +237,8 @@ pub fn validate_type(ty: &str, v: &Value, params: &Value) -> bool {
         let ge = num_param(params, "ge").is_none_or(|b| x >= b);
         let lt = num_param(params, "lt").is_none_or(|b| x < b);
         let le = num_param(params, "le").is_none_or(|b| x <= b);
-        let mo = num_param(params, "multiple_of").is_none_or(|m| m != 0.0 && (x / m).fract() == 0.0);
+        let mo =
+            num_param(params, "multiple_of").is_none_or(|m| m != 0.0 && (x / m).fract() == 0.0);
         gt && ge && lt && le && mo
     };
     match ty {
@@ -214,38 +249,51 @@ pub fn validate_type(ty: &str, v: &Value, params: &Value) -> bool {
         "ipaddress.IPv6Address" => text.is_some_and(|t| t.parse::<Ipv6Addr>().is_ok()),
         "ipaddress.IPv4Interface" => text.and_then(parse_iface).is_some_and(|i| i.addr.is_ipv4()),
         "ipaddress.IPv6Interface" => text.and_then(parse_iface).is_some_and(|i| i.addr.is_ipv6()),
-        "ipaddress.IPv4Network" => text.and_then(parse_network).is_some_and(|i| i.addr.is_ipv4()),
-        "ipaddress.IPv6Network" => text.and_then(parse_network).is_some_and(|i| i.addr.is_ipv6()),
+        "ipaddress.IPv4Network" => text
+            .and_then(parse_network)
+            .is_some_and(|i| i.addr.is_ipv4()),
+        "ipaddress.IPv6Network" => text
+            .and_then(parse_network)
+            .is_some_and(|i| i.addr.is_ipv6()),
         "pydantic.IPvAnyAddress" => text.and_then(parse_addr).is_some(),
         "pydantic.IPvAnyInterface" => text.and_then(parse_iface).is_some(),
         "pydantic.IPvAnyNetwork" => text.and_then(parse_network).is_some(),
         "uuid.UUID" => text.is_some_and(valid_uuid),
         "pydantic.EmailStr" => text.is_some_and(valid_email),
-        "pydantic.NameEmail" => text.is_some_and(|t| {
-            match (t.find('<'), t.rfind('>')) {
-                (Some(a), Some(b)) if a < b => valid_email(t[a + 1..b].trim()),
-                _ => valid_email(t),
-            }
+        "pydantic.NameEmail" => text.is_some_and(|t| match (t.find('<'), t.rfind('>')) {
+            (Some(a), Some(b)) if a < b => valid_email(t[a + 1..b].trim()),
+            _ => valid_email(t),
         }),
         "pydantic.AnyUrl" => text.is_some_and(|t| valid_url(t, false)),
         "pydantic.AnyHttpUrl" | "pydantic.HttpUrl" => text.is_some_and(|t| valid_url(t, true)),
-        "pydantic.PositiveInt" => matches!(v, Value::Int(_) | Value::BigInt(_)) && v.as_f64().is_some_and(|x| x > 0.0),
-        "pydantic.NegativeInt" => matches!(v, Value::Int(_) | Value::BigInt(_)) && v.as_f64().is_some_and(|x| x < 0.0),
+        "pydantic.PositiveInt" => {
+            matches!(v, Value::Int(_) | Value::BigInt(_)) && v.as_f64().is_some_and(|x| x > 0.0)
+        }
+        "pydantic.NegativeInt" => {
+            matches!(v, Value::Int(_) | Value::BigInt(_)) && v.as_f64().is_some_and(|x| x < 0.0)
+        }
         "pydantic.PositiveFloat" => v.as_f64().is_some_and(|x| x > 0.0),
         "pydantic.NegativeFloat" => v.as_f64().is_some_and(|x| x < 0.0),
         "pydantic.StrictStr" | "str" => text.is_some(),
         "pydantic.StrictInt" | "int" => matches!(v, Value::Int(_) | Value::BigInt(_)),
         "pydantic.StrictBool" | "bool" => matches!(v, Value::Bool(_)),
-        "pydantic.conint" => matches!(v, Value::Int(_) | Value::BigInt(_)) && v.as_f64().is_some_and(num_ok),
+        "pydantic.conint" => {
+            matches!(v, Value::Int(_) | Value::BigInt(_)) && v.as_f64().is_some_and(num_ok)
+        }
         "pydantic.confloat" | "pydantic.condecimal" => v.as_f64().is_some_and(num_ok),
         "pydantic.constr" => {
             let Some(t) = text else { return false };
             let n = t.chars().count() as f64;
-            if num_param(params, "min_length").is_some_and(|m| n < m) || num_param(params, "max_length").is_some_and(|m| n > m) {
+            if num_param(params, "min_length").is_some_and(|m| n < m)
+                || num_param(params, "max_length").is_some_and(|m| n > m)
+            {
                 return false;
             }
             let pattern = match params {
-                Value::Dict(d) => d.get("regex").or_else(|| d.get("pattern")).and_then(|r| r.as_str().map(str::to_string)),
+                Value::Dict(d) => d
+                    .get("regex")
+                    .or_else(|| d.get("pattern"))
+                    .and_then(|r| r.as_str().map(str::to_string)),
                 _ => None,
             };
             match pattern {
@@ -262,11 +310,21 @@ pub fn plugins() -> Vec<PluginDef> {
         PluginDef {
             namespace: "std",
             name: "validate_type",
-            params: vec![req("fq_type_name", "string"), req("value", "any"), opt("validation_parameters", "dict", Default::Null)],
+            params: vec![
+                req("fq_type_name", "string"),
+                req("value", "any"),
+                opt("validation_parameters", "dict", Default::Null),
+            ],
             var_kwargs: false,
             allow_unknown: false,
             returns: "bool",
-            func: |_, _, a| Ok(Value::Bool(validate_type(s(a, 0), &a.values[1], &a.values[2]))),
+            func: |_, _, a| {
+                Ok(Value::Bool(validate_type(
+                    s(a, 0),
+                    &a.values[1],
+                    &a.values[2],
+                )))
+            },
         },
         PluginDef {
             namespace: "std",
@@ -278,7 +336,13 @@ pub fn plugins() -> Vec<PluginDef> {
             func: |_, _, a| {
                 let n = match &a.values[0] {
                     Value::Int(i) if (0..=32).contains(i) => *i as u32,
-                    _ => return Err(fail(a, "std::prefixlength_to_netmask", "ValueError: invalid prefix length")),
+                    _ => {
+                        return Err(fail(
+                            a,
+                            "std::prefixlength_to_netmask",
+                            "ValueError: invalid prefix length",
+                        ));
+                    }
                 };
                 let i = Iface {
                     addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -307,8 +371,14 @@ pub fn plugins() -> Vec<PluginDef> {
             allow_unknown: false,
             returns: "std::ipv_any_address",
             func: |_, _, a| match parse_iface(s(a, 0)) {
-                Some(i) => Ok(Value::string(u128_ip(i.network(), i.addr.is_ipv4()).to_string())),
-                None => Err(fail(a, "std::network_address", "ValueError: not an interface")),
+                Some(i) => Ok(Value::string(
+                    u128_ip(i.network(), i.addr.is_ipv4()).to_string(),
+                )),
+                None => Err(fail(
+                    a,
+                    "std::network_address",
+                    "ValueError: not an interface",
+                )),
             },
         },
         PluginDef {
@@ -319,14 +389,20 @@ pub fn plugins() -> Vec<PluginDef> {
             allow_unknown: false,
             returns: "std::ipv_any_address",
             func: |_, _, a| match parse_iface(s(a, 0)) {
-                Some(i) => Ok(Value::string(u128_ip(i.mask(), i.addr.is_ipv4()).to_string())),
+                Some(i) => Ok(Value::string(
+                    u128_ip(i.mask(), i.addr.is_ipv4()).to_string(),
+                )),
                 None => Err(fail(a, "std::netmask", "ValueError: not an interface")),
             },
         },
         PluginDef {
             namespace: "std",
             name: "ipindex",
-            params: vec![req("addr", "std::ipv_any_network"), req("position", "int"), opt("keep_prefix", "bool", Default::Bool(false))],
+            params: vec![
+                req("addr", "std::ipv_any_network"),
+                req("position", "int"),
+                opt("keep_prefix", "bool", Default::Bool(false)),
+            ],
             var_kwargs: false,
             allow_unknown: false,
             returns: "string",
@@ -334,7 +410,11 @@ pub fn plugins() -> Vec<PluginDef> {
                 let Some(net) = parse_network(s(a, 0)) else {
                     return Err(fail(a, "std::ipindex", "ValueError: not a network"));
                 };
-                let size: u128 = if net.bits() - net.prefix >= 128 { u128::MAX } else { 1u128 << (net.bits() - net.prefix) };
+                let size: u128 = if net.bits() - net.prefix >= 128 {
+                    u128::MAX
+                } else {
+                    1u128 << (net.bits() - net.prefix)
+                };
                 let pos = match &a.values[1] {
                     Value::Int(i) => *i as i128,
                     _ => 0,
@@ -366,12 +446,22 @@ pub fn plugins() -> Vec<PluginDef> {
                     Value::Int(i) => *i as i128,
                     _ => 0,
                 };
-                let max: i128 = if addr.is_ipv4() { u32::MAX as i128 } else { i128::MAX };
+                let max: i128 = if addr.is_ipv4() {
+                    u32::MAX as i128
+                } else {
+                    i128::MAX
+                };
                 let v = ip_u128(addr) as i128 + n;
                 if v < 0 || v > max {
-                    return Err(fail(a, "std::add_to_ip", "AddressValueError: result out of range"));
+                    return Err(fail(
+                        a,
+                        "std::add_to_ip",
+                        "AddressValueError: result out of range",
+                    ));
                 }
-                Ok(Value::string(u128_ip(v as u128, addr.is_ipv4()).to_string()))
+                Ok(Value::string(
+                    u128_ip(v as u128, addr.is_ipv4()).to_string(),
+                ))
             },
         },
         PluginDef {
@@ -383,7 +473,11 @@ pub fn plugins() -> Vec<PluginDef> {
             returns: "std::ipv_any_address",
             func: |_, _, a| match parse_iface(s(a, 0)) {
                 Some(i) => Ok(Value::string(i.addr.to_string())),
-                None => Err(fail(a, "std::ip_address_from_interface", "ValueError: not an interface")),
+                None => Err(fail(
+                    a,
+                    "std::ip_address_from_interface",
+                    "ValueError: not an interface",
+                )),
             },
         },
     ]
@@ -398,9 +492,25 @@ mod tests {
         assert!(parse_network("10.0.0.0/8").is_some());
         assert!(parse_network("10.0.0.1/8").is_none());
         assert!(parse_iface("10.0.0.1/255.255.255.0").is_some_and(|i| i.prefix == 24));
-        assert!(validate_type("ipaddress.IPv4Address", &Value::str("1.2.3.4"), &Value::Null));
-        assert!(!validate_type("ipaddress.IPv4Address", &Value::str("1.2.3"), &Value::Null));
-        assert!(validate_type("datetime.date", &Value::str("2024-02-29"), &Value::Null));
-        assert!(!validate_type("datetime.date", &Value::str("2023-02-29"), &Value::Null));
+        assert!(validate_type(
+            "ipaddress.IPv4Address",
+            &Value::str("1.2.3.4"),
+            &Value::Null
+        ));
+        assert!(!validate_type(
+            "ipaddress.IPv4Address",
+            &Value::str("1.2.3"),
+            &Value::Null
+        ));
+        assert!(validate_type(
+            "datetime.date",
+            &Value::str("2024-02-29"),
+            &Value::Null
+        ));
+        assert!(!validate_type(
+            "datetime.date",
+            &Value::str("2023-02-29"),
+            &Value::Null
+        ));
     }
 }

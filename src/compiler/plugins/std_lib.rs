@@ -51,46 +51,86 @@ pub fn plugins() -> Vec<PluginDef> {
         }),
         plugin!(
             "assert",
-            [req("expression", "bool"), opt("message", "string", Default::Str(""))],
+            [
+                req("expression", "bool"),
+                opt("message", "string", Default::Str(""))
+            ],
             "null",
             |_, _, a| {
                 if !matches!(a.values[0], Value::Bool(true)) {
                     let msg = s(a, 1).to_string();
-                    return Err(fail(a, "std::assert", format!("AssertionError: Assertion error: {msg}")));
+                    return Err(fail(
+                        a,
+                        "std::assert",
+                        format!("AssertionError: Assertion error: {msg}"),
+                    ));
                 }
                 Ok(Value::Null)
             }
         ),
         plugin!(
             "replace",
-            [req("string", "string"), req("old", "string"), req("new", "string")],
+            [
+                req("string", "string"),
+                req("old", "string"),
+                req("new", "string")
+            ],
             "string",
             |_, _, a| Ok(Value::string(s(a, 0).replace(s(a, 1), s(a, 2))))
         ),
-        plugin!("upper", [req("string", "string")], "string", |_, _, a| Ok(Value::string(s(a, 0).to_uppercase()))),
-        plugin!("lower", [req("string", "string")], "string", |_, _, a| Ok(Value::string(s(a, 0).to_lowercase()))),
-        plugin!("capitalize", [req("string", "string")], "string", |_, _, a| {
-            let mut c = s(a, 0).chars();
-            let out = match c.next() {
-                Some(f) => f.to_uppercase().collect::<String>() + &c.as_str().to_lowercase(),
-                None => String::new(),
-            };
-            Ok(Value::string(out))
-        }),
-        plugin!("limit", [req("string", "string"), req("length", "int")], "string", |_, _, a| {
-            let n = int(a, 1);
-            let chars: Vec<char> = s(a, 0).chars().collect();
-            let end = if n < 0 { (chars.len() as i64 + n).max(0) as usize } else { (n as usize).min(chars.len()) };
-            Ok(Value::string(chars[..end].iter().collect()))
-        }),
-        plugin!("length", [req("value", "string")], "int", |_, _, a| Ok(Value::Int(s(a, 0).chars().count() as i64))),
-        plugin!("split", [req("string_list", "string"), req("delim", "string")], "list", |_, _, a| {
-            if s(a, 1).is_empty() {
-                return Err(fail(a, "std::split", "ValueError: empty separator"));
+        plugin!("upper", [req("string", "string")], "string", |_, _, a| Ok(
+            Value::string(s(a, 0).to_uppercase())
+        )),
+        plugin!("lower", [req("string", "string")], "string", |_, _, a| Ok(
+            Value::string(s(a, 0).to_lowercase())
+        )),
+        plugin!(
+            "capitalize",
+            [req("string", "string")],
+            "string",
+            |_, _, a| {
+                let mut c = s(a, 0).chars();
+                let out = match c.next() {
+                    Some(f) => f.to_uppercase().collect::<String>() + &c.as_str().to_lowercase(),
+                    None => String::new(),
+                };
+                Ok(Value::string(out))
             }
-            Ok(Value::list(s(a, 0).split(s(a, 1)).map(Value::str).collect()))
-        }),
-        plugin!("count", [req("item_list", "list")], "int", |_, _, a| Ok(Value::Int(list(a, 0).len() as i64))),
+        ),
+        plugin!(
+            "limit",
+            [req("string", "string"), req("length", "int")],
+            "string",
+            |_, _, a| {
+                let n = int(a, 1);
+                let chars: Vec<char> = s(a, 0).chars().collect();
+                let end = if n < 0 {
+                    (chars.len() as i64 + n).max(0) as usize
+                } else {
+                    (n as usize).min(chars.len())
+                };
+                Ok(Value::string(chars[..end].iter().collect()))
+            }
+        ),
+        plugin!("length", [req("value", "string")], "int", |_, _, a| Ok(
+            Value::Int(s(a, 0).chars().count() as i64)
+        )),
+        plugin!(
+            "split",
+            [req("string_list", "string"), req("delim", "string")],
+            "list",
+            |_, _, a| {
+                if s(a, 1).is_empty() {
+                    return Err(fail(a, "std::split", "ValueError: empty separator"));
+                }
+                Ok(Value::list(
+                    s(a, 0).split(s(a, 1)).map(Value::str).collect(),
+                ))
+            }
+        ),
+        plugin!("count", [req("item_list", "list")], "int", |_, _, a| Ok(
+            Value::Int(list(a, 0).len() as i64)
+        )),
         plugin!("unique", [req("item_list", "list")], "bool", |_, _, a| {
             let l = list(a, 0);
             for i in 0..l.len() {
@@ -112,59 +152,122 @@ pub fn plugins() -> Vec<PluginDef> {
                         return Err(fail(
                             a,
                             "std::flatten",
-                            format!("TypeError: '{}' object is not iterable", other.py_type_name()),
+                            format!(
+                                "TypeError: '{}' object is not iterable",
+                                other.py_type_name()
+                            ),
                         ));
                     }
                 }
             }
             Ok(Value::list(out))
         }),
-        plugin!("sequence", [req("i", "int"), opt("start", "int", Default::Int(0))], "list", |_, _, a| {
-            let (n, start) = (int(a, 0), int(a, 1));
-            if n > 50_000_000 {
-                return Err(fail(a, "std::sequence", "MemoryError: sequence too long"));
-            }
-            Ok(Value::list((start..start + n.max(0)).map(Value::Int).collect()))
-        }),
-        plugin!("at", [req("objects", "list"), req("index", "int")], "any", |_, _, a| {
-            let l = list(a, 0);
-            let i = int(a, 1);
-            let idx = if i < 0 { l.len() as i64 + i } else { i };
-            if idx < 0 || idx as usize >= l.len() {
-                return Err(fail(a, "std::at", "IndexError: list index out of range"));
-            }
-            Ok(l[idx as usize].clone())
-        }),
-        plugin!("inlineif", [req("conditional", "bool"), req("a", "any"), req("b", "any")], "any", |_, _, a| {
-            Ok(if matches!(a.values[0], Value::Bool(true)) { a.values[1].clone() } else { a.values[2].clone() })
-        }),
-        plugin!("isset", [req("value", "any")], "bool", |_, _, a| Ok(Value::Bool(!a.values[0].is_null()))),
-        plugin!("is_instance", [req("obj", "any"), req("cls", "string")], "bool", is_instance),
-        plugin!("key_sort", [req("items", "list"), req("key", "any")], "list", key_sort),
-        plugin!("select", [req("objects", "list"), req("attr", "string")], "list", |rt, _, a| {
-            let mut out = Vec::new();
-            for o in list(a, 0) {
-                out.push(read_named_attr(rt, &o, s(a, 1), a)?);
-            }
-            Ok(Value::list(out))
-        }),
-        plugin!("attr", [req("obj", "any"), req("attr", "string")], "any", |rt, _, a| {
-            let o = a.values[0].clone();
-            read_named_attr(rt, &o, s(a, 1), a)
-        }),
-        plugin!("item", [req("objects", "list"), req("index", "int")], "list", |_, _, a| {
-            let mut out = Vec::new();
-            for o in list(a, 0) {
-                match o {
-                    Value::List(l) => match l.get(int(a, 1) as usize) {
-                        Some(v) => out.push(v.clone()),
-                        None => return Err(fail(a, "std::item", "IndexError: list index out of range")),
-                    },
-                    _ => return Err(fail(a, "std::item", "TypeError: object is not subscriptable")),
+        plugin!(
+            "sequence",
+            [req("i", "int"), opt("start", "int", Default::Int(0))],
+            "list",
+            |_, _, a| {
+                let (n, start) = (int(a, 0), int(a, 1));
+                if n > 50_000_000 {
+                    return Err(fail(a, "std::sequence", "MemoryError: sequence too long"));
                 }
+                Ok(Value::list(
+                    (start..start + n.max(0)).map(Value::Int).collect(),
+                ))
             }
-            Ok(Value::list(out))
-        }),
+        ),
+        plugin!(
+            "at",
+            [req("objects", "list"), req("index", "int")],
+            "any",
+            |_, _, a| {
+                let l = list(a, 0);
+                let i = int(a, 1);
+                let idx = if i < 0 { l.len() as i64 + i } else { i };
+                if idx < 0 || idx as usize >= l.len() {
+                    return Err(fail(a, "std::at", "IndexError: list index out of range"));
+                }
+                Ok(l[idx as usize].clone())
+            }
+        ),
+        plugin!(
+            "inlineif",
+            [req("conditional", "bool"), req("a", "any"), req("b", "any")],
+            "any",
+            |_, _, a| {
+                Ok(if matches!(a.values[0], Value::Bool(true)) {
+                    a.values[1].clone()
+                } else {
+                    a.values[2].clone()
+                })
+            }
+        ),
+        plugin!("isset", [req("value", "any")], "bool", |_, _, a| Ok(
+            Value::Bool(!a.values[0].is_null())
+        )),
+        plugin!(
+            "is_instance",
+            [req("obj", "any"), req("cls", "string")],
+            "bool",
+            is_instance
+        ),
+        plugin!(
+            "key_sort",
+            [req("items", "list"), req("key", "any")],
+            "list",
+            key_sort
+        ),
+        plugin!(
+            "select",
+            [req("objects", "list"), req("attr", "string")],
+            "list",
+            |rt, _, a| {
+                let mut out = Vec::new();
+                for o in list(a, 0) {
+                    out.push(read_named_attr(rt, &o, s(a, 1), a)?);
+                }
+                Ok(Value::list(out))
+            }
+        ),
+        plugin!(
+            "attr",
+            [req("obj", "any"), req("attr", "string")],
+            "any",
+            |rt, _, a| {
+                let o = a.values[0].clone();
+                read_named_attr(rt, &o, s(a, 1), a)
+            }
+        ),
+        plugin!(
+            "item",
+            [req("objects", "list"), req("index", "int")],
+            "list",
+            |_, _, a| {
+                let mut out = Vec::new();
+                for o in list(a, 0) {
+                    match o {
+                        Value::List(l) => match l.get(int(a, 1) as usize) {
+                            Some(v) => out.push(v.clone()),
+                            None => {
+                                return Err(fail(
+                                    a,
+                                    "std::item",
+                                    "IndexError: list index out of range",
+                                ));
+                            }
+                        },
+                        _ => {
+                            return Err(fail(
+                                a,
+                                "std::item",
+                                "TypeError: object is not subscriptable",
+                            ));
+                        }
+                    }
+                }
+                Ok(Value::list(out))
+            }
+        ),
         plugin!("type", [req("obj", "any")], "any", |rt, _, a| {
             Ok(Value::string(match &a.values[0] {
                 Value::Instance(i) => rt.p.entity(rt.inst_entity(*i)).full_name.clone(),
@@ -174,17 +277,30 @@ pub fn plugins() -> Vec<PluginDef> {
         plugin!("objid", [req("value", "any")], "string", |rt, _, a| {
             Ok(Value::string(rt.value_repr(&a.values[0])))
         }),
-        plugin!("timestamp", [opt("dummy", "any", Default::Null)], "int", |_, _, _| {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            Ok(Value::Int(t))
-        }),
-        plugin!("familyof", [req("member", "std::OS"), req("family", "string")], "bool", familyof),
+        plugin!(
+            "timestamp",
+            [opt("dummy", "any", Default::Null)],
+            "int",
+            |_, _, _| {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() as i64)
+                    .unwrap_or(0);
+                Ok(Value::Int(t))
+            }
+        ),
+        plugin!(
+            "familyof",
+            [req("member", "std::OS"), req("family", "string")],
+            "bool",
+            familyof
+        ),
         plugin!(
             "get_env",
-            [req("name", "string"), opt("default_value", "string", Default::Null)],
+            [
+                req("name", "string"),
+                opt("default_value", "string", Default::Null)
+            ],
             "string",
             |rt, _, a| {
                 Ok(match rt.host.env_var(s(a, 0)) {
@@ -196,7 +312,10 @@ pub fn plugins() -> Vec<PluginDef> {
         ),
         plugin!(
             "get_env_int",
-            [req("name", "string"), opt("default_value", "int", Default::Null)],
+            [
+                req("name", "string"),
+                opt("default_value", "int", Default::Null)
+            ],
             "int",
             |rt, _, a| {
                 Ok(match rt.host.env_var(s(a, 0)) {
@@ -206,7 +325,9 @@ pub fn plugins() -> Vec<PluginDef> {
                             return Err(fail(
                                 a,
                                 "std::get_env_int",
-                                format!("ValueError: invalid literal for int() with base 10: '{v}'"),
+                                format!(
+                                    "ValueError: invalid literal for int() with base 10: '{v}'"
+                                ),
                             ));
                         }
                     },
@@ -218,64 +339,166 @@ pub fn plugins() -> Vec<PluginDef> {
         plugin!("hostname", [req("fqdn", "string")], "string", |_, _, a| {
             Ok(Value::str(s(a, 0).split('.').next().unwrap_or("")))
         }),
-        plugin!("is_base64_encoded", [req("s", "string")], "bool", |_, _, a| Ok(Value::Bool(is_base64(s(a, 0))))),
-        plugin!("invert", [req("value", "bool")], "bool", |_, _, a| Ok(Value::Bool(!matches!(a.values[0], Value::Bool(true))))),
-        plugin!("equals", [req("arg1", "any"), req("arg2", "any"), opt("desc", "string", Default::Null)], "null", |rt, _, a| {
-            if !py_eq(&a.values[0], &a.values[1]) {
-                let msg = if a.values[2].is_null() {
-                    format!("{} != {}", rt.value_str(&a.values[0]), rt.value_str(&a.values[1]))
-                } else {
-                    s(a, 2).to_string()
-                };
-                return Err(fail(a, "std::equals", format!("AssertionError: {msg}")));
+        plugin!(
+            "is_base64_encoded",
+            [req("s", "string")],
+            "bool",
+            |_, _, a| Ok(Value::Bool(is_base64(s(a, 0))))
+        ),
+        plugin!("invert", [req("value", "bool")], "bool", |_, _, a| Ok(
+            Value::Bool(!matches!(a.values[0], Value::Bool(true)))
+        )),
+        plugin!(
+            "equals",
+            [
+                req("arg1", "any"),
+                req("arg2", "any"),
+                opt("desc", "string", Default::Null)
+            ],
+            "null",
+            |rt, _, a| {
+                if !py_eq(&a.values[0], &a.values[1]) {
+                    let msg = if a.values[2].is_null() {
+                        format!(
+                            "{} != {}",
+                            rt.value_str(&a.values[0]),
+                            rt.value_str(&a.values[1])
+                        )
+                    } else {
+                        s(a, 2).to_string()
+                    };
+                    return Err(fail(a, "std::equals", format!("AssertionError: {msg}")));
+                }
+                Ok(Value::Null)
             }
-            Ok(Value::Null)
-        }),
-        plugin!("filter", [req("values", "list"), req("not_item", "std::Entity")], "list", |_, _, a| {
-            Ok(Value::list(list(a, 0).into_iter().filter(|x| !py_eq(x, &a.values[1])).collect()))
-        }),
-        plugin!("dict_get", [req("dct", "dict"), req("key", "string")], "string", |_, _, a| match &a.values[0] {
-            Value::Dict(d) => match d.get(s(a, 1)) {
-                Some(v) => Ok(v.clone()),
-                None => Err(fail(a, "std::dict_get", format!("KeyError: '{}'", s(a, 1)))),
-            },
-            _ => Ok(Value::Null),
-        }),
-        plugin!("contains", [req("dct", "dict"), req("key", "string")], "bool", |_, _, a| match &a.values[0] {
-            Value::Dict(d) => Ok(Value::Bool(d.contains_key(s(a, 1)))),
-            _ => Ok(Value::Bool(false)),
-        }),
-        plugin!("getfact", [req("resource", "any"), req("fact_name", "string"), opt("default_value", "any", Default::Null)], "any", |_, _, a| {
-            // facts come from a running environment; during a compile they are unknown
-            if a.values[2].is_null() { Ok(Value::Unknown) } else { Ok(a.values[2].clone()) }
-        }),
-        plugin!("environment", [], "string", |rt, _, _| Ok(env_or_unknown(rt, "STEWARD_ENVIRONMENT"))),
-        plugin!("environment_name", [], "string", |rt, _, _| Ok(env_or_unknown(rt, "STEWARD_ENVIRONMENT_NAME"))),
-        plugin!("environment_server", [], "string", |rt, _, _| Ok(env_or_unknown(rt, "STEWARD_SERVER"))),
-        plugin!("server_ca", [], "string", |rt, _, _| Ok(Value::string(rt.host.env_var("STEWARD_SERVER_CA").unwrap_or_default()))),
-        plugin!("server_ssl", [], "bool", |rt, _, _| Ok(Value::Bool(rt.host.env_var("STEWARD_SERVER").is_some_and(|s| s.starts_with("https"))))),
+        ),
+        plugin!(
+            "filter",
+            [req("values", "list"), req("not_item", "std::Entity")],
+            "list",
+            |_, _, a| {
+                Ok(Value::list(
+                    list(a, 0)
+                        .into_iter()
+                        .filter(|x| !py_eq(x, &a.values[1]))
+                        .collect(),
+                ))
+            }
+        ),
+        plugin!(
+            "dict_get",
+            [req("dct", "dict"), req("key", "string")],
+            "string",
+            |_, _, a| match &a.values[0] {
+                Value::Dict(d) => match d.get(s(a, 1)) {
+                    Some(v) => Ok(v.clone()),
+                    None => Err(fail(a, "std::dict_get", format!("KeyError: '{}'", s(a, 1)))),
+                },
+                _ => Ok(Value::Null),
+            }
+        ),
+        plugin!(
+            "contains",
+            [req("dct", "dict"), req("key", "string")],
+            "bool",
+            |_, _, a| match &a.values[0] {
+                Value::Dict(d) => Ok(Value::Bool(d.contains_key(s(a, 1)))),
+                _ => Ok(Value::Bool(false)),
+            }
+        ),
+        plugin!(
+            "getfact",
+            [
+                req("resource", "any"),
+                req("fact_name", "string"),
+                opt("default_value", "any", Default::Null)
+            ],
+            "any",
+            |_, _, a| {
+                // facts come from a running environment; during a compile they are unknown
+                if a.values[2].is_null() {
+                    Ok(Value::Unknown)
+                } else {
+                    Ok(a.values[2].clone())
+                }
+            }
+        ),
+        plugin!("environment", [], "string", |rt, _, _| Ok(env_or_unknown(
+            rt,
+            "STEWARD_ENVIRONMENT"
+        ))),
+        plugin!("environment_name", [], "string", |rt, _, _| Ok(
+            env_or_unknown(rt, "STEWARD_ENVIRONMENT_NAME")
+        )),
+        plugin!("environment_server", [], "string", |rt, _, _| Ok(
+            env_or_unknown(rt, "STEWARD_SERVER")
+        )),
+        plugin!("server_ca", [], "string", |rt, _, _| Ok(Value::string(
+            rt.host.env_var("STEWARD_SERVER_CA").unwrap_or_default()
+        ))),
+        plugin!("server_ssl", [], "bool", |rt, _, _| Ok(Value::Bool(
+            rt.host
+                .env_var("STEWARD_SERVER")
+                .is_some_and(|s| s.starts_with("https"))
+        ))),
         plugin!("server_port", [], "int", |_, _, _| Ok(Value::Int(8888))),
-        plugin!("server_token", [opt("client_types", "string[]", Default::Null)], "string", |rt, _, _| {
-            Ok(Value::string(rt.host.env_var("STEWARD_TOKEN").unwrap_or_default()))
+        plugin!(
+            "server_token",
+            [opt("client_types", "string[]", Default::Null)],
+            "string",
+            |rt, _, _| {
+                Ok(Value::string(
+                    rt.host.env_var("STEWARD_TOKEN").unwrap_or_default(),
+                ))
+            }
+        ),
+        plugin!(
+            "generate_password",
+            [
+                req("pw_id", "string"),
+                opt("length", "int", Default::Int(20))
+            ],
+            "string",
+            |_, _, a| {
+                // deterministic per id: a compile must not change desired state on every run
+                use sha2::Digest;
+                let digest = sha2::Sha256::digest(s(a, 0).as_bytes());
+                let alphabet = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+                let n = int(a, 1).clamp(1, 64) as usize;
+                let out: String = (0..n)
+                    .map(|i| alphabet[digest[i % 32] as usize % alphabet.len()] as char)
+                    .collect();
+                Ok(Value::string(out))
+            }
+        ),
+        plugin!(
+            "unique_file",
+            [
+                req("prefix", "string"),
+                req("seed", "string"),
+                req("suffix", "string"),
+                opt("length", "int", Default::Int(20))
+            ],
+            "string",
+            |_, _, a| {
+                use sha2::Digest;
+                let digest = sha2::Sha256::digest(s(a, 1).as_bytes());
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                let n = int(a, 3).clamp(1, 64) as usize;
+                Ok(Value::string(format!(
+                    "{}{}{}",
+                    s(a, 0),
+                    &hex[..n],
+                    s(a, 2)
+                )))
+            }
+        ),
+        plugin!("source", [req("path", "string")], "string", |rt, cx, a| {
+            module_file(rt, cx, a, "files", "std::source")
         }),
-        plugin!("generate_password", [req("pw_id", "string"), opt("length", "int", Default::Int(20))], "string", |_, _, a| {
-            // deterministic per id: a compile must not change desired state on every run
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(s(a, 0).as_bytes());
-            let alphabet = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-            let n = int(a, 1).clamp(1, 64) as usize;
-            let out: String = (0..n).map(|i| alphabet[digest[i % 32] as usize % alphabet.len()] as char).collect();
-            Ok(Value::string(out))
+        plugin!("file", [req("path", "string")], "string", |rt, cx, a| {
+            module_file(rt, cx, a, "files", "std::file")
         }),
-        plugin!("unique_file", [req("prefix", "string"), req("seed", "string"), req("suffix", "string"), opt("length", "int", Default::Int(20))], "string", |_, _, a| {
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(s(a, 1).as_bytes());
-            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-            let n = int(a, 3).clamp(1, 64) as usize;
-            Ok(Value::string(format!("{}{}{}", s(a, 0), &hex[..n], s(a, 2))))
-        }),
-        plugin!("source", [req("path", "string")], "string", |rt, cx, a| module_file(rt, cx, a, "files", "std::source")),
-        plugin!("file", [req("path", "string")], "string", |rt, cx, a| module_file(rt, cx, a, "files", "std::file")),
     ];
     v.push(PluginDef {
         namespace: "std",
@@ -403,20 +626,25 @@ fn is_base64(s: &str) -> bool {
 
 fn read_named_attr(rt: &mut Runtime, o: &Value, name: &str, a: &Args) -> Eval<Value> {
     let Some(sym) = rt.p.syms.get(name) else {
-        return Err(fail(a, "std::attr", format!("AttributeError: no attribute {name}")));
+        return Err(fail(
+            a,
+            "std::attr",
+            format!("AttributeError: no attribute {name}"),
+        ));
     };
     rt.read_attr(o, sym, a.span, "value")
 }
 
 fn is_instance(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
     let cls = s(a, 1).to_string();
-    let (ns, name) = cls.rsplit_once("::").unwrap_or(("__config__", cls.as_str()));
-    let ty = rt
-        .p
-        .namespaces
-        .iter()
-        .find(|n| n.name == ns)
-        .and_then(|n| n.types.get(name).copied());
+    let (ns, name) = cls
+        .rsplit_once("::")
+        .unwrap_or(("__config__", cls.as_str()));
+    let ty =
+        rt.p.namespaces
+            .iter()
+            .find(|n| n.name == ns)
+            .and_then(|n| n.types.get(name).copied());
     match ty {
         Some(crate::compiler::types::TypeRef::Entity(e)) => Ok(Value::Bool(match &a.values[0] {
             Value::Instance(i) => rt.p.is_subtype(rt.inst_entity(*i), e),
@@ -424,18 +652,29 @@ fn is_instance(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
         })),
         Some(crate::compiler::types::TypeRef::Typedef(t)) => {
             let v = a.values[0].clone();
-            Ok(Value::Bool(rt.validate_base(&v, crate::compiler::types::BaseType::Typedef(t)).is_ok()))
+            Ok(Value::Bool(
+                rt.validate_base(&v, crate::compiler::types::BaseType::Typedef(t))
+                    .is_ok(),
+            ))
         }
-        _ => Err(fail(a, "std::is_instance", format!("could not find type {cls}"))),
+        _ => Err(fail(
+            a,
+            "std::is_instance",
+            format!("could not find type {cls}"),
+        )),
     }
 }
 
 fn getattr(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
     let name = s(a, 1).to_string();
     let default = a.values[2].clone();
-    let Some(sym) = rt.p.syms.get(&name) else { return Ok(default) };
+    let Some(sym) = rt.p.syms.get(&name) else {
+        return Ok(default);
+    };
     let o = a.values[0].clone();
-    let Value::Instance(i) = o else { return Ok(default) };
+    let Value::Instance(i) = o else {
+        return Ok(default);
+    };
     let e = rt.inst_entity(i);
     if rt.p.entity(e).slot(sym).is_none() {
         return Ok(default);
@@ -509,7 +748,10 @@ fn key_sort(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
             return Err(fail(
                 a,
                 "std::key_sort",
-                format!("TypeError: attribute name must be a string, not {}", other.py_type_name()),
+                format!(
+                    "TypeError: attribute name must be a string, not {}",
+                    other.py_type_name()
+                ),
             ));
         }
     };
@@ -529,12 +771,22 @@ fn key_sort(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
         })
     });
     if bad {
-        return Err(fail(a, "std::key_sort", "TypeError: '<' not supported between these values"));
+        return Err(fail(
+            a,
+            "std::key_sort",
+            "TypeError: '<' not supported between these values",
+        ));
     }
     Ok(Value::list(keyed.into_iter().map(|(_, v)| v).collect()))
 }
 
-fn module_file(rt: &mut Runtime, cx: &mut Cx, a: &mut Args, dir: &str, plugin: &str) -> Eval<Value> {
+fn module_file(
+    rt: &mut Runtime,
+    cx: &mut Cx,
+    a: &mut Args,
+    dir: &str,
+    plugin: &str,
+) -> Eval<Value> {
     let path = s(a, 0).to_string();
     let (module, rest) = resolve_module_path(rt, cx, &path, a, plugin)?;
     match rt.host.module_file(&module, dir, &rest) {
@@ -550,21 +802,30 @@ fn module_file(rt: &mut Runtime, cx: &mut Cx, a: &mut Args, dir: &str, plugin: &
 }
 
 /// `module/path` (or `./path` for the calling module) into (module, path).
-pub fn resolve_module_path(rt: &Runtime, cx: &Cx, path: &str, a: &Args, plugin: &str) -> Eval<(String, String)> {
+pub fn resolve_module_path(
+    rt: &Runtime,
+    cx: &Cx,
+    path: &str,
+    a: &Args,
+    plugin: &str,
+) -> Eval<(String, String)> {
     if let Some(rest) = path.strip_prefix("./") {
         let _ = cx;
         let file = rt.p.ir.expr(a.site).span.file;
-        let module = rt
-            .p
-            .namespaces
-            .iter()
-            .find(|n| n.file == Some(file))
-            .map(|n| n.module.clone())
-            .unwrap_or_default();
+        let module =
+            rt.p.namespaces
+                .iter()
+                .find(|n| n.file == Some(file))
+                .map(|n| n.module.clone())
+                .unwrap_or_default();
         return Ok((module, rest.to_string()));
     }
     match path.split_once('/') {
         Some((m, rest)) => Ok((m.to_string(), rest.to_string())),
-        None => Err(fail(a, plugin, format!("{path} is not of the form <module>/<path>"))),
+        None => Err(fail(
+            a,
+            plugin,
+            format!("{path} is not of the form <module>/<path>"),
+        )),
     }
 }

@@ -37,7 +37,11 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     if let Err(e) = env.add_template("t", &source) {
-        return Err(fail(a, "std::template", format!("TemplateSyntaxError: {e}")));
+        return Err(fail(
+            a,
+            "std::template",
+            format!("TemplateSyntaxError: {e}"),
+        ));
     }
     let tmpl = env.get_template("t").expect("template added");
     let mut ctx: BTreeMap<String, minijinja::Value> = BTreeMap::new();
@@ -51,11 +55,17 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
         for path in names {
             let parts: Vec<&str> = path.split('.').collect();
             // walk the whole dotted path so every value it needs exists before rendering
-            let Some((root_name, value)) = lookup_path(rt, cx, &parts, a)? else { continue };
+            let Some((root_name, value)) = lookup_path(rt, cx, &parts, a)? else {
+                continue;
+            };
             let _ = value;
             let root_value = lookup_root(rt, cx, &root_name, a)?;
             if let Some(v) = root_value {
-                let key = root_name.split("::").next().unwrap_or(&root_name).to_string();
+                let key = root_name
+                    .split("::")
+                    .next()
+                    .unwrap_or(&root_name)
+                    .to_string();
                 if root_name.contains("::") {
                     // `std::linux` written `std.linux`: nest under the namespace name
                     let inner = root_name.split("::").nth(1).unwrap_or("").to_string();
@@ -78,10 +88,15 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
 /// attributes, then the namespace's top-level variables.
 fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<Value>> {
     if let Some((ns, var)) = name.split_once("::") {
-        let Some(nsd) = rt.p.namespaces.iter().position(|n| n.name == ns) else { return Ok(None) };
-        let Some(&slot) = rt.p.namespaces[nsd].top_vars.get(var) else { return Ok(None) };
+        let Some(nsd) = rt.p.namespaces.iter().position(|n| n.name == ns) else {
+            return Ok(None);
+        };
+        let Some(&slot) = rt.p.namespaces[nsd].top_vars.get(var) else {
+            return Ok(None);
+        };
         let scope = rt.ns_scopes[nsd];
-        let rv = crate::compiler::eval::state::RvId(rt.scopes[scope.0 as usize].rv_base + slot as u32);
+        let rv =
+            crate::compiler::eval::state::RvId(rt.scopes[scope.0 as usize].rv_base + slot as u32);
         return rt.read_rv(rv, a.span).map(Some);
     }
     let mut s = cx.scope.0;
@@ -111,7 +126,9 @@ fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<V
     if let Some(nsi) = rt.p.namespaces.iter().position(|n| n.file == Some(file)) {
         if let Some(&slot) = rt.p.namespaces[nsi].top_vars.get(name) {
             let scope = rt.ns_scopes[nsi];
-            let rv = crate::compiler::eval::state::RvId(rt.scopes[scope.0 as usize].rv_base + slot as u32);
+            let rv = crate::compiler::eval::state::RvId(
+                rt.scopes[scope.0 as usize].rv_base + slot as u32,
+            );
             return rt.read_rv(rv, a.span).map(Some);
         }
     }
@@ -119,7 +136,12 @@ fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<V
 }
 
 /// An attribute for a template: an optional relation frozen empty reads as None.
-fn read_lenient(rt: &mut Runtime, base: &Value, sym: crate::compiler::types::Sym, a: &Args) -> Eval<Value> {
+fn read_lenient(
+    rt: &mut Runtime,
+    base: &Value,
+    sym: crate::compiler::types::Sym,
+    a: &Args,
+) -> Eval<Value> {
     match rt.attr_rv_of(base, sym, a.span, "value")? {
         Some(rv) => match &rt.rvs[rv.0 as usize].state {
             RvState::FrozenNull => Ok(Value::Null),
@@ -130,7 +152,12 @@ fn read_lenient(rt: &mut Runtime, base: &Value, sym: crate::compiler::types::Sym
 }
 
 /// Walk a dotted path (`host.os.name`, or `std.linux` for `std::linux`).
-fn lookup_path(rt: &mut Runtime, cx: &Cx, parts: &[&str], a: &Args) -> Eval<Option<(String, Value)>> {
+fn lookup_path(
+    rt: &mut Runtime,
+    cx: &Cx,
+    parts: &[&str],
+    a: &Args,
+) -> Eval<Option<(String, Value)>> {
     let mut root = parts[0].to_string();
     let mut rest = &parts[1..];
     let mut v = lookup_root(rt, cx, &root, a)?;
@@ -163,10 +190,14 @@ fn to_jinja(rt: &Runtime, v: &Value, depth: u32) -> minijinja::Value {
         Value::BigInt(b) => minijinja::Value::from(b.to_string()),
         Value::Float(f) => minijinja::Value::from(*f),
         Value::Str(s) => minijinja::Value::from(s.to_string()),
-        Value::List(l) => minijinja::Value::from(l.iter().map(|x| to_jinja(rt, x, depth)).collect::<Vec<_>>()),
+        Value::List(l) => {
+            minijinja::Value::from(l.iter().map(|x| to_jinja(rt, x, depth)).collect::<Vec<_>>())
+        }
         Value::Dict(d) => {
-            let m: BTreeMap<String, minijinja::Value> =
-                d.iter().map(|(k, x)| (k.to_string(), to_jinja(rt, x, depth))).collect();
+            let m: BTreeMap<String, minijinja::Value> = d
+                .iter()
+                .map(|(k, x)| (k.to_string(), to_jinja(rt, x, depth)))
+                .collect();
             minijinja::Value::from(m)
         }
         Value::Instance(i) => instance_map(rt, *i, depth),

@@ -1,0 +1,41 @@
+//! `steward server`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::server::ServerConfig;
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Address to listen on.
+    #[arg(long, env = "STEWARD_BIND", default_value = "127.0.0.1:8888")]
+    pub bind: SocketAddr,
+    /// PostgreSQL URL; without it the server runs its own private cluster under the data dir.
+    #[arg(long, env = "STEWARD_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Directory for the server's own data (the private PostgreSQL cluster, git mirrors, …).
+    #[arg(long, env = "STEWARD_DATA_DIR", default_value = "data/server")]
+    pub data_dir: PathBuf,
+    /// Accept every request without a token (local development only).
+    #[arg(long, env = "STEWARD_NO_AUTH")]
+    pub no_auth: bool,
+    /// Secret of the first admin token (otherwise one is generated and printed once).
+    #[arg(long, env = "STEWARD_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let config = ServerConfig {
+        bind: args.bind,
+        database_url: args.database_url,
+        data_dir: args.data_dir,
+        no_auth: args.no_auth,
+        admin_token: args.admin_token,
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(crate::server::start::run(config))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,334 @@
+//! Typed REST client of the steward server, used by the CLI, the exporter and remote
+//! executors. Every call returns the server's types; an API error keeps its kind and message.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::model::ExportFile;
+use crate::store::actions::ActionRecord;
+use crate::store::environments::{Environment, Project};
+use crate::store::state::ResourceWithState;
+use crate::store::tokens::Token;
+use crate::store::versions::{StoredResource, VersionInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("can not reach the server at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("{message} ({kind}, HTTP {status})")]
+    Api {
+        status: u16,
+        kind: String,
+        message: String,
+    },
+    #[error("unexpected answer from the server: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+/// Percent-encode a path segment (resource ids contain `[`, `]`, `/`, `=` …).
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Client {
+    pub fn new(base: &str, token: Option<String>) -> Client {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .expect("http client");
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            token,
+            http,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, &url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.map_err(|e| ClientError::Connect {
+            url: self.base.clone(),
+            message: e.to_string(),
+        })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        if !status.is_success() {
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                kind: v["error"].as_str().unwrap_or("error").to_string(),
+                message: v["message"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).to_string()),
+            });
+        }
+        let bytes = if bytes.is_empty() {
+            b"null".as_slice().into()
+        } else {
+            bytes
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Decode(format!("{e}: {}", String::from_utf8_lossy(&bytes))))
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.call(Method::GET, path, None::<&()>).await
+    }
+
+    fn env(env: &str) -> String {
+        format!("/api/v1/environments/{}", encode_segment(env))
+    }
+
+    pub async fn health(&self) -> Result<serde_json::Value> {
+        self.get("/health").await
+    }
+
+    // ---------------------------------------------------------------- projects, environments
+
+    pub async fn projects(&self) -> Result<Vec<Project>> {
+        self.get("/api/v1/projects").await
+    }
+
+    pub async fn create_environment(
+        &self,
+        project: &str,
+        name: &str,
+        settings: Option<serde_json::Value>,
+    ) -> Result<Environment> {
+        self.call(
+            Method::POST,
+            "/api/v1/environments",
+            Some(&json!({"project": project, "name": name, "settings": settings, "create_project": true})),
+        )
+        .await
+    }
+
+    pub async fn environments(&self) -> Result<Vec<Environment>> {
+        self.get("/api/v1/environments").await
+    }
+
+    pub async fn environment(&self, env: &str) -> Result<serde_json::Value> {
+        self.get(&Self::env(env)).await
+    }
+
+    pub async fn delete_environment(&self, env: &str) -> Result<()> {
+        self.call(Method::DELETE, &Self::env(env), None::<&()>)
+            .await
+    }
+
+    pub async fn settings(&self, env: &str) -> Result<serde_json::Value> {
+        self.get(&format!("{}/settings", Self::env(env))).await
+    }
+
+    pub async fn update_settings(
+        &self,
+        env: &str,
+        patch: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::PATCH,
+            &format!("{}/settings", Self::env(env)),
+            Some(patch),
+        )
+        .await
+    }
+
+    // ---------------------------------------------------------------- versions
+
+    pub async fn upload(
+        &self,
+        env: &str,
+        export: &ExportFile,
+        provenance: serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        let mut body =
+            serde_json::to_value(export).map_err(|e| ClientError::Decode(e.to_string()))?;
+        body["provenance"] = provenance;
+        self.call(
+            Method::POST,
+            &format!("{}/versions", Self::env(env)),
+            Some(&body),
+        )
+        .await
+    }
+
+    pub async fn versions(&self, env: &str) -> Result<Vec<serde_json::Value>> {
+        self.get(&format!("{}/versions", Self::env(env))).await
+    }
+
+    pub async fn version(&self, env: &str, n: i32) -> Result<serde_json::Value> {
+        self.get(&format!("{}/versions/{n}", Self::env(env))).await
+    }
+
+    pub async fn version_resources(&self, env: &str, n: i32) -> Result<Vec<StoredResource>> {
+        self.get(&format!("{}/versions/{n}/resources", Self::env(env)))
+            .await
+    }
+
+    pub async fn diff(&self, env: &str, from: i32, to: i32) -> Result<serde_json::Value> {
+        self.get(&format!("{}/diff?from={from}&to={to}", Self::env(env)))
+            .await
+    }
+
+    pub async fn release(&self, env: &str, n: i32, comment: &str) -> Result<VersionInfo> {
+        self.call(
+            Method::POST,
+            &format!("{}/versions/{n}/release", Self::env(env)),
+            Some(&json!({ "comment": comment })),
+        )
+        .await
+    }
+
+    pub async fn reject(&self, env: &str, n: i32, comment: &str) -> Result<VersionInfo> {
+        self.call(
+            Method::POST,
+            &format!("{}/versions/{n}/reject", Self::env(env)),
+            Some(&json!({ "comment": comment })),
+        )
+        .await
+    }
+
+    pub async fn rollback(&self, env: &str, n: i32, comment: &str) -> Result<VersionInfo> {
+        self.call(
+            Method::POST,
+            &format!("{}/versions/{n}/rollback", Self::env(env)),
+            Some(&json!({ "comment": comment })),
+        )
+        .await
+    }
+
+    pub async fn delete_version(&self, env: &str, n: i32) -> Result<()> {
+        self.call(
+            Method::DELETE,
+            &format!("{}/versions/{n}", Self::env(env)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    // ---------------------------------------------------------------- resources
+
+    pub async fn resources(&self, env: &str) -> Result<(Option<i32>, Vec<ResourceWithState>)> {
+        let v: serde_json::Value = self.get(&format!("{}/resources", Self::env(env))).await?;
+        let version = v["version"].as_i64().map(|n| n as i32);
+        let rows = serde_json::from_value(v["resources"].clone())
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok((version, rows))
+    }
+
+    pub async fn resource(&self, env: &str, id: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/resources/{}",
+            Self::env(env),
+            encode_segment(id)
+        ))
+        .await
+    }
+
+    pub async fn actions(
+        &self,
+        env: &str,
+        resource_id: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ActionRecord>> {
+        let mut q = format!("{}/actions?limit={limit}", Self::env(env));
+        if let Some(r) = resource_id {
+            q.push_str(&format!("&resource_id={}", encode_segment(r)));
+        }
+        self.get(&q).await
+    }
+
+    pub async fn report_action(&self, env: &str, record: &ActionRecord) -> Result<()> {
+        self.call(
+            Method::POST,
+            &format!("{}/actions", Self::env(env)),
+            Some(record),
+        )
+        .await
+    }
+
+    // ---------------------------------------------------------------- tokens
+
+    pub async fn create_token(
+        &self,
+        name: &str,
+        role: &str,
+        env: Option<&str>,
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(&json!({"name": name, "role": role, "environment": env})),
+        )
+        .await
+    }
+
+    pub async fn tokens(&self, env: Option<&str>) -> Result<Vec<Token>> {
+        match env {
+            Some(e) => {
+                self.get(&format!("/api/v1/tokens?environment={}", encode_segment(e)))
+                    .await
+            }
+            None => self.get("/api/v1/tokens").await,
+        }
+    }
+
+    pub async fn revoke_token(&self, id: &str) -> Result<()> {
+        self.call(
+            Method::DELETE,
+            &format!("/api/v1/tokens/{}", encode_segment(id)),
+            None::<&()>,
+        )
+        .await
+    }
+}

@@ -1,0 +1,272 @@
+//! Typed, validated environment settings with defaults.
+//!
+//! Stored as JSON in the environment row; every read goes through [`EnvSettings`], so a
+//! missing key means the default and an invalid value can never be stored (updates are
+//! validated as a whole before they are written).
+
+use serde::{Deserialize, Serialize};
+
+/// How often something happens: every N seconds, or on a 5-field cron schedule (UTC);
+/// `0` disables it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Value", into = "String")]
+pub enum Interval {
+    Disabled,
+    Seconds(u64),
+    Cron(String),
+}
+
+impl Interval {
+    pub fn parse(s: &str) -> Result<Interval, String> {
+        let t = s.trim();
+        if let Ok(n) = t.parse::<i64>() {
+            return Ok(if n <= 0 {
+                Interval::Disabled
+            } else {
+                Interval::Seconds(n as u64)
+            });
+        }
+        crate::model::settings::validate_cron(t)?;
+        Ok(Interval::Cron(t.to_string()))
+    }
+}
+
+impl TryFrom<serde_json::Value> for Interval {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Interval, String> {
+        match v {
+            serde_json::Value::Number(n) => Interval::parse(&n.to_string()),
+            serde_json::Value::String(s) => Interval::parse(&s),
+            other => Err(format!(
+                "expected seconds or a cron expression, got {other}"
+            )),
+        }
+    }
+}
+
+impl From<Interval> for String {
+    fn from(i: Interval) -> String {
+        match i {
+            Interval::Disabled => "0".into(),
+            Interval::Seconds(n) => n.to_string(),
+            Interval::Cron(c) => c,
+        }
+    }
+}
+
+/// Check a 5-field crontab expression: minute hour day-of-month month day-of-week.
+pub fn validate_cron(expr: &str) -> Result<(), String> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    if fields.len() != 5 {
+        return Err(format!(
+            "'{expr}' is neither a number of seconds nor a 5-field cron expression (minute hour day month weekday)"
+        ));
+    }
+    let ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
+    for (f, (lo, hi)) in fields.iter().zip(ranges) {
+        for part in f.split(',') {
+            let (range, step) = match part.split_once('/') {
+                Some((r, s)) => (r, Some(s)),
+                None => (part, None),
+            };
+            if let Some(s) = step {
+                if s.parse::<u32>().map(|v| v == 0).unwrap_or(true) {
+                    return Err(format!("invalid step '{s}' in cron field '{f}'"));
+                }
+            }
+            if range == "*" {
+                continue;
+            }
+            let named = |x: &str| -> Option<u32> {
+                let names = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+                let months = [
+                    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
+                    "dec",
+                ];
+                let l = x.to_ascii_lowercase();
+                names
+                    .iter()
+                    .position(|n| *n == l)
+                    .or_else(|| months.iter().position(|n| *n == l).map(|p| p + 1))
+                    .map(|p| p as u32)
+            };
+            let bounds: Vec<&str> = range.split('-').collect();
+            if bounds.is_empty() || bounds.len() > 2 {
+                return Err(format!("invalid cron field '{f}'"));
+            }
+            for b in bounds {
+                let v = b.parse::<u32>().ok().or_else(|| named(b));
+                match v {
+                    Some(v) if v >= lo && v <= hi => {}
+                    _ => {
+                        return Err(format!(
+                            "invalid value '{b}' in cron field '{f}' (allowed {lo}-{hi})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// versions are uploaded (`steward export`)
+    Push,
+    /// versions come only from compiling commits of a git repository
+    Git,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryBackoff {
+    /// First retry this many seconds after a failure.
+    pub initial: u64,
+    /// Each further retry waits this many times longer…
+    pub factor: f64,
+    /// …up to this many seconds.
+    pub max: u64,
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        RetryBackoff {
+            initial: 10,
+            factor: 2.0,
+            max: 600,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvSettings {
+    /// Release every new version as soon as it is stored.
+    pub auto_release: bool,
+    /// Periodic deploy of resources that are not known to be good.
+    pub deploy_interval: Interval,
+    /// Periodic repair: verify every resource and restore drift.
+    pub repair_interval: Interval,
+    pub retry_backoff: RetryBackoff,
+    /// Refuse deletion of the environment.
+    pub protected: bool,
+    pub source: SourceKind,
+    /// Handler actions running at once per agent.
+    pub agent_parallelism: u32,
+    /// Seconds before a handler action is abandoned and its executor killed.
+    pub handler_timeout: u64,
+    /// Versions kept (besides the active one); older ones are deleted.
+    pub version_retention: u32,
+    /// Delete resources removed from the model on their targets (otherwise they become
+    /// orphans and are left alone).
+    pub delete_removed_resources: bool,
+}
+
+impl Default for EnvSettings {
+    fn default() -> Self {
+        EnvSettings {
+            auto_release: true,
+            deploy_interval: Interval::Seconds(600),
+            repair_interval: Interval::Seconds(86400),
+            retry_backoff: RetryBackoff::default(),
+            protected: false,
+            source: SourceKind::Push,
+            agent_parallelism: 1,
+            handler_timeout: 300,
+            version_retention: 100,
+            delete_removed_resources: false,
+        }
+    }
+}
+
+impl EnvSettings {
+    /// Apply a JSON patch of settings (only the given keys change) and validate the result.
+    pub fn patched(&self, patch: &serde_json::Value) -> Result<EnvSettings, String> {
+        let serde_json::Value::Object(p) = patch else {
+            return Err("settings must be a JSON object".into());
+        };
+        let mut current = serde_json::to_value(self).map_err(|e| e.to_string())?;
+        let obj = current
+            .as_object_mut()
+            .expect("settings serialize to an object");
+        for (k, v) in p {
+            if !obj.contains_key(k) {
+                return Err(format!(
+                    "unknown setting '{k}' (known: {})",
+                    obj.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+            obj.insert(k.clone(), v.clone());
+        }
+        let s: EnvSettings =
+            serde_json::from_value(current).map_err(|e| format!("invalid settings: {e}"))?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.agent_parallelism == 0 || self.agent_parallelism > 256 {
+            return Err("agent_parallelism must be between 1 and 256".into());
+        }
+        if self.handler_timeout == 0 {
+            return Err("handler_timeout must be at least 1 second".into());
+        }
+        if self.retry_backoff.initial == 0
+            || self.retry_backoff.factor < 1.0
+            || self.retry_backoff.max < self.retry_backoff.initial
+        {
+            return Err("retry_backoff needs initial >= 1, factor >= 1 and max >= initial".into());
+        }
+        if self.version_retention == 0 {
+            return Err("version_retention must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Settings as stored: a stored blob that fails to parse falls back to defaults.
+    pub fn from_stored(v: &serde_json::Value) -> EnvSettings {
+        EnvSettings::default().patched(v).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(Interval::parse("600").unwrap(), Interval::Seconds(600));
+        assert_eq!(Interval::parse("0").unwrap(), Interval::Disabled);
+        assert_eq!(
+            Interval::parse("*/5 * * * *").unwrap(),
+            Interval::Cron("*/5 * * * *".into())
+        );
+        assert!(Interval::parse("61 * * * *").is_err());
+        assert!(Interval::parse("soon").is_err());
+    }
+
+    #[test]
+    fn patching_validates() {
+        let s = EnvSettings::default();
+        let p = s
+            .patched(&serde_json::json!({"auto_release": false, "deploy_interval": "0 * * * *"}))
+            .unwrap();
+        assert!(!p.auto_release);
+        assert!(
+            s.patched(&serde_json::json!({"nope": 1}))
+                .unwrap_err()
+                .contains("unknown setting")
+        );
+        assert!(
+            s.patched(&serde_json::json!({"agent_parallelism": 0}))
+                .is_err()
+        );
+        assert!(s.patched(&serde_json::json!({"source": "svn"})).is_err());
+        assert!(
+            s.patched(&serde_json::json!({"deploy_interval": true}))
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! Projects, environments and environment settings.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{Caller, Perm};
+use super::error::{ApiError, ApiResult};
+use super::extract::{ApiJson, environment};
+use super::{AppState, Event};
+use crate::model::settings::EnvSettings;
+use crate::store::{self, audit};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameBody {
+    pub name: String,
+}
+
+async fn project_by_key(state: &AppState, key: &str) -> ApiResult<store::environments::Project> {
+    Ok(match uuid::Uuid::parse_str(key) {
+        Ok(id) => store::environments::get_project(&state.pool, id).await?,
+        Err(_) => store::environments::find_project(&state.pool, key).await?,
+    })
+}
+
+pub async fn list_projects(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> ApiResult<Json<serde_json::Value>> {
+    let mut projects = store::environments::list_projects(&state.pool).await?;
+    if let Some(env) = caller.environment {
+        let e = store::environments::get_environment(&state.pool, env).await?;
+        projects.retain(|p| p.id == e.project_id);
+    }
+    Ok(Json(json!(projects)))
+}
+
+pub async fn create_project(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<NameBody>,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    caller.require(Perm::Global, None)?;
+    let p = store::environments::create_project(&state.pool, &body.name).await?;
+    audit::record(
+        &state.pool,
+        &caller.name,
+        None,
+        "project.create",
+        &p.name,
+        json!({"id": p.id}),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(json!(p))))
+}
+
+pub async fn get_project(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let p = project_by_key(&state, &key).await?;
+    let mut envs = store::environments::list_environments(&state.pool, Some(p.id)).await?;
+    envs.retain(|e| caller.sees(e.id));
+    if caller.environment.is_some() && envs.is_empty() {
+        return Err(ApiError::forbidden("this token belongs to another project"));
+    }
+    Ok(Json(
+        json!({"id": p.id, "name": p.name, "created_at": p.created_at, "environments": envs}),
+    ))
+}
+
+pub async fn rename_project(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    ApiJson(body): ApiJson<NameBody>,
+) -> ApiResult<Json<serde_json::Value>> {
+    caller.require(Perm::Global, None)?;
+    let p = project_by_key(&state, &key).await?;
+    let renamed = store::environments::rename_project(&state.pool, p.id, &body.name).await?;
+    audit::record(
+        &state.pool,
+        &caller.name,
+        None,
+        "project.rename",
+        &renamed.name,
+        json!({"from": p.name}),
+    )
+    .await?;
+    Ok(Json(json!(renamed)))
+}
+
+pub async fn delete_project(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<StatusCode> {
+    caller.require(Perm::Global, None)?;
+    let p = project_by_key(&state, &key).await?;
+    let envs = store::environments::list_environments(&state.pool, Some(p.id)).await?;
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    store::environments::delete_project(&mut tx, p.id).await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        None,
+        "project.delete",
+        &p.name,
+        json!({"id": p.id}),
+    )
+    .await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    for e in envs {
+        state.notifier.send(Event::Deleted { environment: e.id });
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn list_environments(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> ApiResult<Json<serde_json::Value>> {
+    let mut envs = store::environments::list_environments(&state.pool, None).await?;
+    envs.retain(|e| caller.sees(e.id));
+    Ok(Json(json!(envs)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnvironment {
+    /// project name or id
+    pub project: String,
+    pub name: String,
+    #[serde(default)]
+    pub settings: Option<serde_json::Value>,
+    /// create the project when it does not exist
+    #[serde(default)]
+    pub create_project: bool,
+}
+
+pub async fn create_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<CreateEnvironment>,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    caller.require(Perm::Global, None)?;
+    let settings = match &body.settings {
+        Some(p) => EnvSettings::default()
+            .patched(p)
+            .map_err(ApiError::bad_request)?,
+        None => EnvSettings::default(),
+    };
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    let project = match uuid::Uuid::parse_str(&body.project) {
+        Ok(id) => store::environments::get_project(&mut *tx, id).await?,
+        Err(_) => match store::environments::find_project(&mut *tx, &body.project).await {
+            Ok(p) => p,
+            Err(store::StoreError::NotFound(_)) if body.create_project => {
+                let p = store::environments::create_project(&mut *tx, &body.project).await?;
+                audit::record(
+                    &mut *tx,
+                    &caller.name,
+                    None,
+                    "project.create",
+                    &p.name,
+                    json!({"id": p.id}),
+                )
+                .await?;
+                p
+            }
+            Err(e) => return Err(e.into()),
+        },
+    };
+    let id = store::environments::create_environment(&mut *tx, project.id, &body.name, &settings)
+        .await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        Some(id),
+        "environment.create",
+        &format!("{}/{}", project.name, body.name),
+        json!({"settings": settings}),
+    )
+    .await?;
+    let env = store::environments::get_environment(&mut *tx, id).await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    Ok((StatusCode::CREATED, Json(json!(env))))
+}
+
+pub async fn get_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    let active = store::versions::active(&state.pool, env.id).await?;
+    let mut v = json!(env);
+    v["active_version"] = json!(active);
+    Ok(Json(v))
+}
+
+pub async fn rename_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    ApiJson(body): ApiJson<NameBody>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Manage, Some(env.id))?;
+    store::environments::rename_environment(&state.pool, env.id, &body.name).await?;
+    audit::record(
+        &state.pool,
+        &caller.name,
+        Some(env.id),
+        "environment.rename",
+        &body.name,
+        json!({"from": env.name}),
+    )
+    .await?;
+    Ok(Json(json!(
+        store::environments::get_environment(&state.pool, env.id).await?
+    )))
+}
+
+pub async fn delete_environment(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<StatusCode> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Global, None)?;
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    store::environments::delete_environment(&mut tx, env.id).await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        None,
+        "environment.delete",
+        &format!("{}/{}", env.project, env.name),
+        json!({"id": env.id}),
+    )
+    .await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    state.notifier.send(Event::Deleted {
+        environment: env.id,
+    });
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn get_settings(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    Ok(Json(json!(env.settings)))
+}
+
+pub async fn update_settings(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    ApiJson(patch): ApiJson<serde_json::Value>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Manage, Some(env.id))?;
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    let locked = store::environments::lock(&mut tx, env.id).await?;
+    let new = locked
+        .settings
+        .patched(&patch)
+        .map_err(ApiError::bad_request)?;
+    store::environments::set_settings(&mut *tx, env.id, &new).await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        Some(env.id),
+        "environment.settings",
+        &env.name,
+        json!({"changed": patch}),
+    )
+    .await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    state.notifier.send(Event::Settings {
+        environment: env.id,
+    });
+    Ok(Json(json!(new)))
+}

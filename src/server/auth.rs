@@ -1,0 +1,150 @@
+//! Who is calling, and may they? Bearer tokens scoped to one environment (or global admin)
+//! with a role; see the permission table in [`allowed`].
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::{ApiError, ApiResult};
+use crate::model::Role;
+use crate::store;
+
+/// What an action needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Perm {
+    /// read anything in the environment
+    Read,
+    /// upload versions, trigger compiles
+    Upload,
+    /// release, reject, roll back
+    Release,
+    /// report deploy results and action logs
+    Report,
+    /// settings, deletions, tokens, deploy/repair triggers, pause/halt of the environment
+    Manage,
+    /// projects and environments themselves, global tokens
+    Global,
+}
+
+/// The permission table: role × permission.
+pub fn allowed(role: Role, global: bool, perm: Perm) -> bool {
+    match perm {
+        Perm::Global => role == Role::Admin && global,
+        Perm::Read => true,
+        Perm::Upload => matches!(role, Role::Admin | Role::Compiler),
+        Perm::Release => matches!(role, Role::Admin | Role::Approver),
+        Perm::Report => matches!(role, Role::Admin | Role::Agent),
+        Perm::Manage => role == Role::Admin,
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub token_id: Option<Uuid>,
+    /// For the audit log.
+    pub name: String,
+    pub role: Role,
+    /// None: global.
+    pub environment: Option<Uuid>,
+}
+
+impl Caller {
+    pub fn local() -> Caller {
+        Caller {
+            token_id: None,
+            name: "local (--no-auth)".into(),
+            role: Role::Admin,
+            environment: None,
+        }
+    }
+
+    pub fn is_global(&self) -> bool {
+        self.environment.is_none()
+    }
+
+    /// May this caller do `perm` in environment `env` (None: not environment-specific)?
+    pub fn require(&self, perm: Perm, env: Option<Uuid>) -> ApiResult<()> {
+        if let (Some(mine), Some(target)) = (self.environment, env) {
+            if mine != target {
+                return Err(ApiError::forbidden(
+                    "this token belongs to another environment",
+                ));
+            }
+        }
+        if self.environment.is_some() && env.is_none() && perm != Perm::Read {
+            return Err(ApiError::forbidden("this needs a global admin token"));
+        }
+        if allowed(self.role, self.is_global(), perm) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "a {} token may not {}",
+                self.role.as_str(),
+                match perm {
+                    Perm::Read => "read",
+                    Perm::Upload => "upload versions",
+                    Perm::Release => "release or reject versions",
+                    Perm::Report => "report deploy results",
+                    Perm::Manage => "manage this environment",
+                    Perm::Global => "manage projects, environments or global tokens",
+                }
+            )))
+        }
+    }
+
+    /// May this caller see environment `env` at all?
+    pub fn sees(&self, env: Uuid) -> bool {
+        self.environment.is_none_or(|e| e == env)
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
+        if state.no_auth {
+            return Ok(Caller::local());
+        }
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok())
+            .ok_or_else(|| {
+                ApiError::unauthorized("missing Authorization: Bearer <token> header")
+            })?;
+        let secret = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::unauthorized("the Authorization header must be 'Bearer <token>'")
+            })?;
+        let token = store::tokens::authenticate(&state.pool, secret)
+            .await?
+            .ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))?;
+        Ok(Caller {
+            token_id: Some(token.id),
+            name: token.name,
+            role: token.role,
+            environment: token.environment_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        assert!(allowed(Role::Viewer, false, Perm::Read));
+        assert!(!allowed(Role::Viewer, false, Perm::Upload));
+        assert!(allowed(Role::Compiler, false, Perm::Upload));
+        assert!(!allowed(Role::Compiler, false, Perm::Release));
+        assert!(allowed(Role::Approver, false, Perm::Release));
+        assert!(allowed(Role::Agent, false, Perm::Report));
+        assert!(!allowed(Role::Admin, false, Perm::Global));
+        assert!(allowed(Role::Admin, true, Perm::Global));
+    }
+}

@@ -1,0 +1,137 @@
+//! Operations: `/health`, `/metrics` (Prometheus text), request accounting, 404s.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::store;
+
+#[derive(Default)]
+pub struct Metrics {
+    /// (method, status) -> count
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+}
+
+impl Metrics {
+    fn count(&self, method: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((method.to_string(), status)).or_default() += 1;
+    }
+}
+
+/// Count every request by method and status.
+pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let method = req.method().as_str().to_string();
+    let resp = next.run(req).await;
+    state.metrics.count(&method, resp.status().as_u16());
+    resp
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not accept that method",
+    )
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("no such endpoint (the API lives under /api/v1)")
+}
+
+/// Liveness and database reachability.
+pub async fn health(State(state): State<AppState>) -> Response {
+    if store::ping(&state.pool).await {
+        Json(json!({"status": "ok", "database": "ok"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "degraded", "database": "unavailable"})),
+        )
+            .into_response()
+    }
+}
+
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let mut out = String::new();
+    out.push_str(
+        "# HELP steward_http_requests_total HTTP requests served, by method and status.\n",
+    );
+    out.push_str("# TYPE steward_http_requests_total counter\n");
+    {
+        let m = state
+            .metrics
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for ((method, status), n) in m.iter() {
+            let _ = writeln!(
+                out,
+                "steward_http_requests_total{{method=\"{method}\",status=\"{status}\"}} {n}"
+            );
+        }
+    }
+    let db_up = store::ping(&state.pool).await;
+    out.push_str("# HELP steward_database_up Whether the database answers.\n# TYPE steward_database_up gauge\n");
+    let _ = writeln!(out, "steward_database_up {}", db_up as u8);
+    if db_up {
+        if let Ok(envs) = store::environments::list_environments(&state.pool, None).await {
+            let names: BTreeMap<uuid::Uuid, String> = envs
+                .iter()
+                .map(|e| (e.id, format!("{}/{}", e.project, e.name)))
+                .collect();
+            out.push_str("# HELP steward_versions Versions stored, per environment.\n# TYPE steward_versions gauge\n");
+            if let Ok(counts) = store::versions::counts(&state.pool).await {
+                for (env, n) in counts {
+                    let name = names.get(&env).cloned().unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "steward_versions{{environment=\"{}\"}} {n}",
+                        label(&name)
+                    );
+                }
+            }
+            out.push_str(
+                "# HELP steward_resources Resources of the active version, per environment and status.\n# TYPE steward_resources gauge\n",
+            );
+            for e in &envs {
+                let Ok(Some(active)) = store::versions::active(&state.pool, e.id).await else {
+                    continue;
+                };
+                if let Ok(rows) = store::state::status_counts(&state.pool, e.id, active).await {
+                    for (status, n) in rows {
+                        let _ = writeln!(
+                            out,
+                            "steward_resources{{environment=\"{}\",status=\"{}\"}} {n}",
+                            label(&names[&e.id]),
+                            label(&status)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        out,
+    )
+        .into_response()
+}

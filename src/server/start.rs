@@ -1,0 +1,153 @@
+//! Starting and stopping the server: database (given or private), migrations, the first
+//! admin token, listening, graceful shutdown on SIGINT/SIGTERM.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use super::{AppState, Notifier, ServerConfig, ops, router};
+use crate::embedded::postgres::{EmbeddedError, PgCluster};
+use crate::model::Role;
+use crate::store::{self, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("can not listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A running private cluster, stopped when the server stops.
+pub struct OwnedDatabase {
+    pub cluster: Option<PgCluster>,
+    pub url: String,
+}
+
+/// The database the server uses: the given URL, or a private cluster under the data dir.
+pub async fn database(config: &ServerConfig) -> Result<OwnedDatabase, ServerError> {
+    if let Some(url) = &config.database_url {
+        return Ok(OwnedDatabase {
+            cluster: None,
+            url: url.clone(),
+        });
+    }
+    let root = config.data_dir.join("pg");
+    let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, EmbeddedError> {
+        let c = PgCluster::new(&root)?;
+        c.start(true)?;
+        c.ensure_database("steward")?;
+        Ok(c)
+    })
+    .await
+    .expect("cluster start task")?;
+    let url = cluster.url("steward");
+    tracing::info!(data = %config.data_dir.join("pg").display(), "private PostgreSQL cluster running");
+    Ok(OwnedDatabase {
+        cluster: Some(cluster),
+        url,
+    })
+}
+
+/// Make sure an admin can get in: the configured secret, or a generated one printed once.
+pub async fn bootstrap_admin(
+    pool: &sqlx::PgPool,
+    configured: Option<&str>,
+) -> Result<Option<String>, StoreError> {
+    if let Some(secret) = configured {
+        if !store::tokens::secret_known(pool, secret).await? {
+            store::tokens::create(
+                pool,
+                "admin (STEWARD_ADMIN_TOKEN)",
+                Role::Admin,
+                None,
+                "server",
+                Some(secret),
+            )
+            .await?;
+            tracing::info!("admin token from STEWARD_ADMIN_TOKEN registered");
+        }
+        return Ok(None);
+    }
+    if store::tokens::count_global_admins(pool).await? > 0 {
+        return Ok(None);
+    }
+    let (_, secret) =
+        store::tokens::create(pool, "first admin", Role::Admin, None, "server", None).await?;
+    Ok(Some(secret))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+/// The shared state of a server on this pool.
+pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
+    AppState {
+        pool,
+        no_auth,
+        metrics: Arc::new(ops::Metrics::default()),
+        notifier: Notifier::new(),
+    }
+}
+
+/// Run the server until SIGINT/SIGTERM.
+pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    let db = database(&config).await?;
+    let result = serve(&config, &db.url).await;
+    if let Some(cluster) = db.cluster {
+        let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
+        if let Ok(Err(e)) = stopped {
+            tracing::warn!(error = %e, "stopping the private PostgreSQL cluster failed");
+        }
+    }
+    result
+}
+
+async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
+    let pool = store::connect(url, 32).await?;
+    store::migrate(&pool).await?;
+    if !config.no_auth {
+        if let Some(secret) = bootstrap_admin(&pool, config.admin_token.as_deref()).await? {
+            // printed once, on stdout, for the operator; never stored in clear
+            println!("First admin token (shown only now, keep it safe): {secret}");
+        }
+    }
+    let listener = TcpListener::bind(config.bind)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.bind.to_string(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServerError::Serve)?;
+    let state = app_state(pool, config.no_auth);
+    tracing::info!(%addr, no_auth = config.no_auth, "steward server listening");
+    eprintln!("steward server listening on http://{addr}");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServerError::Serve)
+}

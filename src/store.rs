@@ -1,0 +1,96 @@
+//! PostgreSQL: the only store. The pool, migrations, and one module per table group; this is
+//! the only place with SQL (DESIGN.md §2, §4.6).
+//!
+//! Queries are runtime `sqlx::query_as` with `FromRow` rows (no database at build time). A
+//! function running one query takes `impl PgExecutor` so callers pass a pool or a
+//! transaction; one running several takes `&mut PgConnection`.
+
+pub mod actions;
+pub mod audit;
+pub mod environments;
+pub mod state;
+pub mod tokens;
+pub mod versions;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Database(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> StoreError {
+        match &e {
+            sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_) => StoreError::Unavailable(e.to_string()),
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                // unique_violation
+                Some("23505") => StoreError::Conflict(db.message().to_string()),
+                // foreign_key_violation, check_violation
+                Some("23503") | Some("23514") => StoreError::Invalid(db.message().to_string()),
+                // admin shutdown, crash shutdown, cannot connect now
+                Some("57P01") | Some("57P02") | Some("57P03") => {
+                    StoreError::Unavailable(db.message().to_string())
+                }
+                _ => StoreError::Database(e.to_string()),
+            },
+            sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
+                StoreError::Unavailable(e.to_string())
+            }
+            _ => StoreError::Database(e.to_string()),
+        }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> StoreError {
+        StoreError::Database(format!("migration failed: {e}"))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Connect a pool. Connections are established lazily and re-established when the database
+/// comes back after an outage; a request waits at most a few seconds for one.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    let opts: PgConnectOptions = url
+        .parse::<PgConnectOptions>()
+        .map_err(|e| StoreError::Invalid(format!("invalid database URL: {e}")))?
+        .disable_statement_logging();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(5))
+        .idle_timeout(Duration::from_secs(300))
+        .test_before_acquire(true)
+        .connect_with(opts)
+        .await?;
+    Ok(pool)
+}
+
+/// Apply the migrations under `migrations/` that are not applied yet.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    sqlx::migrate!("./migrations").run(pool).await?;
+    Ok(())
+}
+
+/// Is the database reachable right now?
+pub async fn ping(pool: &PgPool) -> bool {
+    sqlx::query("SELECT 1").execute(pool).await.is_ok()
+}

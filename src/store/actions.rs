@@ -1,0 +1,122 @@
+//! The resource action log, written by executors (through the scheduler or the API).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::{Result, StoreError};
+
+/// One log line of an action, with structured fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogLine {
+    pub level: String,
+    pub message: String,
+    #[serde(default)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+pub struct ActionRecord {
+    pub id: Uuid,
+    pub environment_id: Uuid,
+    pub version: i32,
+    pub resource_id: String,
+    pub action: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub status: String,
+    pub change: String,
+    pub changes: serde_json::Value,
+    pub messages: serde_json::Value,
+}
+
+pub const ACTIONS: [&str; 4] = ["deploy", "dryrun", "repair", "delete"];
+pub const CHANGES: [&str; 4] = ["nochange", "created", "updated", "purged"];
+
+pub fn validate(r: &ActionRecord) -> Result<()> {
+    if !ACTIONS.contains(&r.action.as_str()) {
+        return Err(StoreError::Invalid(format!(
+            "action must be one of {}",
+            ACTIONS.join(", ")
+        )));
+    }
+    if !CHANGES.contains(&r.change.as_str()) {
+        return Err(StoreError::Invalid(format!(
+            "change must be one of {}",
+            CHANGES.join(", ")
+        )));
+    }
+    if !r.messages.is_array() || !r.changes.is_object() {
+        return Err(StoreError::Invalid(
+            "messages must be a list and changes an object".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Insert or complete an action record (the same id is written at start and at the end).
+pub async fn upsert(e: impl PgExecutor<'_>, r: &ActionRecord) -> Result<()> {
+    validate(r)?;
+    sqlx::query(
+        "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, finished_at, \
+         status, change, changes, messages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         ON CONFLICT (id) DO UPDATE SET finished_at = EXCLUDED.finished_at, status = EXCLUDED.status, \
+         change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages",
+    )
+    .bind(r.id)
+    .bind(r.environment_id)
+    .bind(r.version)
+    .bind(&r.resource_id)
+    .bind(&r.action)
+    .bind(r.started_at)
+    .bind(r.finished_at)
+    .bind(&r.status)
+    .bind(&r.change)
+    .bind(&r.changes)
+    .bind(&r.messages)
+    .execute(e)
+    .await?;
+    Ok(())
+}
+
+const COLUMNS: &str = "id, environment_id, version, resource_id, action, started_at, finished_at, status, change, changes, messages";
+
+/// Newest first.
+pub async fn for_resource(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    resource_id: &str,
+    limit: i64,
+) -> Result<Vec<ActionRecord>> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM resource_actions WHERE environment_id = $1 AND resource_id = $2 \
+         ORDER BY started_at DESC LIMIT $3"
+    );
+    Ok(sqlx::query_as::<_, ActionRecord>(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .bind(resource_id)
+        .bind(limit)
+        .fetch_all(e)
+        .await?)
+}
+
+/// Newest first, optionally one action kind.
+pub async fn for_environment(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    action: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ActionRecord>> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM resource_actions WHERE environment_id = $1 AND ($2::text IS NULL OR action = $2) \
+         ORDER BY started_at DESC LIMIT $3"
+    );
+    Ok(sqlx::query_as::<_, ActionRecord>(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .bind(action)
+        .bind(limit)
+        .fetch_all(e)
+        .await?)
+}

@@ -1,0 +1,54 @@
+//! The audit log: every mutation, who did it and when.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::Result;
+
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct AuditEntry {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    pub environment_id: Option<Uuid>,
+    pub action: String,
+    pub target: String,
+    pub details: serde_json::Value,
+}
+
+pub async fn record(
+    e: impl PgExecutor<'_>,
+    actor: &str,
+    environment: Option<Uuid>,
+    action: &str,
+    target: &str,
+    details: serde_json::Value,
+) -> Result<()> {
+    sqlx::query("INSERT INTO audit_log (actor, environment_id, action, target, details) VALUES ($1, $2, $3, $4, $5)")
+        .bind(actor)
+        .bind(environment)
+        .bind(action)
+        .bind(target)
+        .bind(details)
+        .execute(e)
+        .await?;
+    Ok(())
+}
+
+/// Newest first; `environment` None lists everything.
+pub async fn list(
+    e: impl PgExecutor<'_>,
+    environment: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<AuditEntry>> {
+    Ok(sqlx::query_as::<_, AuditEntry>(
+        "SELECT id, at, actor, environment_id, action, target, details FROM audit_log \
+         WHERE ($1::uuid IS NULL OR environment_id = $1) ORDER BY id DESC LIMIT $2",
+    )
+    .bind(environment)
+    .bind(limit)
+    .fetch_all(e)
+    .await?)
+}

@@ -1,0 +1,86 @@
+//! Per-resource deploy state joined with the active version, for people and tools.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::Result;
+
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct ResourceWithState {
+    pub resource_id: String,
+    pub resource_type: String,
+    pub agent: String,
+    pub hash: String,
+    pub undefined: bool,
+    pub requires: Vec<String>,
+    /// One word for people (SCHEDULER.md §2.4): orphaned, deploying, undefined,
+    /// skipped_for_undefined, available, or the last handler result.
+    pub status: String,
+    pub compliance: String,
+    pub last_run: String,
+    pub last_result: Option<String>,
+    pub last_message: Option<String>,
+    pub blocked: String,
+    pub blocked_reason: Option<String>,
+    pub last_attempt: Option<DateTime<Utc>>,
+    pub last_deployed: Option<DateTime<Utc>>,
+    pub last_success: Option<DateTime<Utc>>,
+    pub failure_count: i32,
+    pub next_retry: Option<DateTime<Utc>>,
+}
+
+/// The REST status, first match wins.
+pub const STATUS_SQL: &str = "CASE \
+    WHEN s.orphaned_after IS NOT NULL THEN 'orphaned' \
+    WHEN s.deploying_since IS NOT NULL THEN 'deploying' \
+    WHEN vr.undefined THEN 'undefined' \
+    WHEN s.blocked = 'blocked' THEN 'skipped_for_undefined' \
+    WHEN s.last_result IS NULL THEN 'available' \
+    WHEN s.last_run_hash IS DISTINCT FROM vr.hash THEN 'available' \
+    ELSE s.last_result END";
+
+/// Resources of `version` with their state, in id order.
+pub async fn list(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+) -> Result<Vec<ResourceWithState>> {
+    let sql = format!(
+        "SELECT vr.resource_id, vr.resource_type, vr.agent, vr.hash, vr.undefined, vr.requires, {STATUS_SQL} AS status, \
+         COALESCE(s.compliance, CASE WHEN vr.undefined THEN 'undefined' ELSE 'has_update' END) AS compliance, \
+         COALESCE(s.last_run, 'new') AS last_run, s.last_result, s.last_message, \
+         COALESCE(s.blocked, CASE WHEN vr.undefined THEN 'blocked' ELSE 'not_blocked' END) AS blocked, \
+         s.blocked_reason, s.last_attempt, s.last_deployed, s.last_success, COALESCE(s.failure_count, 0) AS failure_count, \
+         s.next_retry \
+         FROM version_resources vr LEFT JOIN resource_state s \
+           ON s.environment_id = vr.environment_id AND s.resource_id = vr.resource_id \
+         WHERE vr.environment_id = $1 AND vr.version = $2 ORDER BY vr.resource_id"
+    );
+    Ok(
+        sqlx::query_as::<_, ResourceWithState>(sqlx::AssertSqlSafe(sql))
+            .bind(env)
+            .bind(version)
+            .fetch_all(e)
+            .await?,
+    )
+}
+
+/// Counts of resources per status in `version` (for summaries and metrics).
+pub async fn status_counts(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+) -> Result<Vec<(String, i64)>> {
+    let sql = format!(
+        "SELECT {STATUS_SQL} AS status, count(*) FROM version_resources vr LEFT JOIN resource_state s \
+           ON s.environment_id = vr.environment_id AND s.resource_id = vr.resource_id \
+         WHERE vr.environment_id = $1 AND vr.version = $2 GROUP BY 1 ORDER BY 1"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .bind(version)
+        .fetch_all(e)
+        .await?)
+}

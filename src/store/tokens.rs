@@ -1,0 +1,179 @@
+//! API tokens: stored as the SHA-256 of their secret, shown once at creation.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::{Result, StoreError};
+use crate::model::Role;
+
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct Token {
+    pub id: Uuid,
+    pub name: String,
+    pub role: Role,
+    /// None: a global token.
+    pub environment_id: Option<Uuid>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    id: Uuid,
+    name: String,
+    role: String,
+    environment_id: Option<Uuid>,
+    created_by: String,
+    created_at: DateTime<Utc>,
+    revoked_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
+}
+
+impl From<TokenRow> for Token {
+    fn from(r: TokenRow) -> Token {
+        Token {
+            id: r.id,
+            name: r.name,
+            role: Role::parse(&r.role).unwrap_or(Role::Viewer),
+            environment_id: r.environment_id,
+            created_by: r.created_by,
+            created_at: r.created_at,
+            revoked_at: r.revoked_at,
+            last_used_at: r.last_used_at,
+        }
+    }
+}
+
+const COLUMNS: &str =
+    "id, name, role, environment_id, created_by, created_at, revoked_at, last_used_at";
+
+/// A new random secret: `stw_` + 64 hex digits (256 bits from the OS random source).
+pub fn new_secret() -> String {
+    let mut bytes = Vec::with_capacity(32);
+    // v4 UUIDs come from the OS CSPRNG; hashing three of them gives 256 well-mixed bits
+    let mut h = Sha256::new();
+    for _ in 0..3 {
+        h.update(Uuid::new_v4().as_bytes());
+    }
+    bytes.extend_from_slice(&h.finalize());
+    format!("stw_{}", hex::encode(bytes))
+}
+
+pub fn hash_secret(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Create a token; returns it with its secret (the only time the secret exists).
+pub async fn create(
+    e: impl PgExecutor<'_>,
+    name: &str,
+    role: Role,
+    environment_id: Option<Uuid>,
+    created_by: &str,
+    secret: Option<&str>,
+) -> Result<(Token, String)> {
+    if name.trim().is_empty() || name.len() > 200 {
+        return Err(StoreError::Invalid(
+            "a token needs a name of 1-200 characters".into(),
+        ));
+    }
+    if environment_id.is_none() && role != Role::Admin {
+        return Err(StoreError::Invalid(
+            "only admin tokens can be global: give the environment of the token".into(),
+        ));
+    }
+    let secret = secret.map(str::to_string).unwrap_or_else(new_secret);
+    let sql = format!(
+        "INSERT INTO tokens (id, name, secret_hash, role, environment_id, created_by) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
+    );
+    let row = sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
+        .bind(Uuid::new_v4())
+        .bind(name)
+        .bind(hash_secret(&secret))
+        .bind(role.as_str())
+        .bind(environment_id)
+        .bind(created_by)
+        .fetch_one(e)
+        .await
+        .map_err(|err| match StoreError::from(err) {
+            StoreError::Invalid(_) => StoreError::NotFound(format!(
+                "environment {}",
+                environment_id.unwrap_or_default()
+            )),
+            StoreError::Conflict(_) => StoreError::Conflict("this secret is in use already".into()),
+            other => other,
+        })?;
+    Ok((row.into(), secret))
+}
+
+/// The live (not revoked) token with this secret.
+pub async fn authenticate(e: impl PgExecutor<'_>, secret: &str) -> Result<Option<Token>> {
+    let sql = format!(
+        "UPDATE tokens SET last_used_at = now() WHERE secret_hash = $1 AND revoked_at IS NULL RETURNING {COLUMNS}"
+    );
+    Ok(sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
+        .bind(hash_secret(secret))
+        .fetch_optional(e)
+        .await?
+        .map(Token::from))
+}
+
+pub async fn list(e: impl PgExecutor<'_>, environment: Option<Uuid>) -> Result<Vec<Token>> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM tokens WHERE ($1::uuid IS NULL OR environment_id = $1) ORDER BY created_at"
+    );
+    Ok(sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
+        .bind(environment)
+        .fetch_all(e)
+        .await?
+        .into_iter()
+        .map(Token::from)
+        .collect())
+}
+
+pub async fn get(e: impl PgExecutor<'_>, id: Uuid) -> Result<Token> {
+    let sql = format!("SELECT {COLUMNS} FROM tokens WHERE id = $1");
+    sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_optional(e)
+        .await?
+        .map(Token::from)
+        .ok_or_else(|| StoreError::NotFound(format!("token {id}")))
+}
+
+pub async fn revoke(e: impl PgExecutor<'_>, id: Uuid) -> Result<()> {
+    let r =
+        sqlx::query("UPDATE tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id)
+            .execute(e)
+            .await?;
+    if r.rows_affected() == 0 {
+        return Err(StoreError::NotFound(format!("live token {id}")));
+    }
+    Ok(())
+}
+
+/// Number of live global admin tokens (none at first start).
+pub async fn count_global_admins(e: impl PgExecutor<'_>) -> Result<i64> {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM tokens WHERE role = 'admin' AND environment_id IS NULL AND revoked_at IS NULL",
+    )
+    .fetch_one(e)
+    .await?;
+    Ok(n)
+}
+
+/// Has this secret ever been registered (used or revoked)?
+pub async fn secret_known(e: impl PgExecutor<'_>, secret: &str) -> Result<bool> {
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM tokens WHERE secret_hash = $1")
+        .bind(hash_secret(secret))
+        .fetch_one(e)
+        .await?;
+    Ok(n > 0)
+}
