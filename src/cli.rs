@@ -2,6 +2,7 @@
 //! (and only here): this is the edge where errors become messages and exit codes.
 
 mod compile;
+mod deploy;
 mod env;
 pub mod remote;
 pub mod render;
@@ -26,7 +27,8 @@ use clap::{Parser, Subcommand, ValueEnum};
                   steward export [-d]          compile and upload to a server (-d: also release)\n\n\
                   Against a server (--server, --env, --token, or STEWARD_* variables, or .steward.toml):\n  \
                   steward server               run the server\n  \
-                  steward env|version|resource|token …"
+                  steward env|version|resource|token|agent|dryrun …\n  \
+                  steward env deploy|repair|halt|resume   deploy control of an environment"
 )]
 pub struct Cli {
     /// Log format on stderr.
@@ -58,6 +60,17 @@ pub enum Command {
     Resource(Remote<resource::ResourceCmd>),
     /// API tokens: create, list, revoke.
     Token(Remote<token::TokenCmd>),
+    /// Agents of an environment: list, pause, unpause.
+    Agent(Remote<deploy::AgentCmd>),
+    /// Dry-runs: what a deploy of a version would change, without changing anything.
+    Dryrun(Remote<deploy::DryrunCmd>),
+    /// Run handlers for a scheduler (started by the server; speaks JSON lines on stdin/stdout).
+    #[command(hide = true)]
+    Executor {
+        /// The agent it works for (shown in process lists).
+        #[arg(long)]
+        agent: Option<String>,
+    },
 }
 
 /// A command against a server: connection options and the subcommand.
@@ -110,6 +123,9 @@ pub fn main() -> ExitCode {
         Command::Version(r) => remote_command(r.remote, r.cmd, version::run),
         Command::Resource(r) => remote_command(r.remote, r.cmd, resource::run),
         Command::Token(r) => remote_command(r.remote, r.cmd, token::run),
+        Command::Agent(r) => remote_command(r.remote, r.cmd, deploy::run_agent),
+        Command::Dryrun(r) => remote_command(r.remote, r.cmd, deploy::run_dryrun),
+        Command::Executor { .. } => server::run_executor(),
     };
     match result {
         Ok(code) => code,

@@ -331,4 +331,80 @@ impl Client {
         )
         .await
     }
+
+    // ---------------------------------------------------------------- deploy control
+
+    /// A user deploy (`repair=false`) or repair, optionally of one agent or resource.
+    pub async fn trigger(
+        &self,
+        env: &str,
+        repair: bool,
+        agent: Option<&str>,
+        resource: Option<&str>,
+    ) -> Result<serde_json::Value> {
+        let what = if repair { "repair" } else { "deploy" };
+        self.call(
+            Method::POST,
+            &format!("{}/{what}", Self::env(env)),
+            Some(&json!({"agent": agent, "resource": resource})),
+        )
+        .await
+    }
+
+    pub async fn set_halted(&self, env: &str, halted: bool) -> Result<serde_json::Value> {
+        let what = if halted { "halt" } else { "resume" };
+        self.call(
+            Method::POST,
+            &format!("{}/{what}", Self::env(env)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    pub async fn agents(&self, env: &str) -> Result<serde_json::Value> {
+        self.get(&format!("{}/agents", Self::env(env))).await
+    }
+
+    pub async fn set_paused(
+        &self,
+        env: &str,
+        agent: &str,
+        paused: bool,
+    ) -> Result<serde_json::Value> {
+        let what = if paused { "pause" } else { "unpause" };
+        self.call(
+            Method::POST,
+            &format!("{}/agents/{}/{what}", Self::env(env), encode_segment(agent)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Start a dry-run of `version` (default: the newest); answers its id.
+    pub async fn start_dryrun(&self, env: &str, version: Option<i32>) -> Result<serde_json::Value> {
+        self.call(
+            Method::POST,
+            &format!("{}/dryruns", Self::env(env)),
+            Some(&json!({"version": version})),
+        )
+        .await
+    }
+
+    pub async fn dryruns(&self, env: &str) -> Result<serde_json::Value> {
+        self.get(&format!("{}/dryruns", Self::env(env))).await
+    }
+
+    pub async fn dryrun(&self, env: &str, id: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/dryruns/{}",
+            Self::env(env),
+            encode_segment(id)
+        ))
+        .await
+    }
+
+    pub async fn progress(&self, env: &str, version: i32) -> Result<serde_json::Value> {
+        self.get(&format!("{}/versions/{version}/progress", Self::env(env)))
+            .await
+    }
 }

@@ -8,6 +8,8 @@ pub mod cli;
 pub mod client;
 pub mod compiler;
 pub mod embedded;
+pub mod executor;
 pub mod model;
+pub mod scheduler;
 pub mod server;
 pub mod store;

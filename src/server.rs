@@ -6,6 +6,7 @@
 //! act on their own (the scheduler, git sources) are told about changes through
 //! [`Notifier`] and re-read the database.
 
+pub mod api_deploy;
 pub mod api_envs;
 pub mod api_resources;
 pub mod api_tokens;
@@ -70,6 +71,8 @@ pub struct AppState {
     pub no_auth: bool,
     pub metrics: Arc<ops::Metrics>,
     pub notifier: Notifier,
+    /// The deploy schedulers; None when the server runs without them (`--no-scheduler`).
+    pub schedulers: Option<crate::scheduler::Schedulers>,
 }
 
 /// Largest accepted request body (a 10,000-resource export is a few MB).
@@ -146,6 +149,31 @@ pub fn router(state: AppState) -> Router {
             get(api_resources::list_actions).post(api_resources::report_action),
         )
         .route(&format!("{env}/audit"), get(api_tokens::audit))
+        .route(&format!("{env}/deploy"), post(api_deploy::deploy))
+        .route(&format!("{env}/repair"), post(api_deploy::repair))
+        .route(&format!("{env}/halt"), post(api_deploy::halt))
+        .route(&format!("{env}/resume"), post(api_deploy::resume))
+        .route(
+            &format!("{env}/dryruns"),
+            get(api_deploy::list_dryruns).post(api_deploy::start_dryrun),
+        )
+        .route(
+            &format!("{env}/dryruns/{{id}}"),
+            get(api_deploy::get_dryrun),
+        )
+        .route(&format!("{env}/agents"), get(api_deploy::list_agents))
+        .route(
+            &format!("{env}/agents/{{agent}}/pause"),
+            post(api_deploy::pause_agent),
+        )
+        .route(
+            &format!("{env}/agents/{{agent}}/unpause"),
+            post(api_deploy::unpause_agent),
+        )
+        .route(
+            &format!("{env}/versions/{{number}}/progress"),
+            get(api_deploy::progress),
+        )
         .route(
             "/api/v1/tokens",
             get(api_tokens::list).post(api_tokens::create),
@@ -180,4 +208,8 @@ pub struct ServerConfig {
     pub no_auth: bool,
     /// Secret of the first admin token (else one is generated and printed once).
     pub admin_token: Option<String>,
+    /// Deploy released versions (off: the server only stores and serves them).
+    pub scheduler: bool,
+    /// The program started as `steward executor` for handlers.
+    pub executor_bin: PathBuf,
 }

@@ -1,4 +1,4 @@
-//! `steward env create|list|settings|delete`.
+//! `steward env create|list|settings|delete|deploy|repair|halt|resume`.
 
 use std::process::ExitCode;
 
@@ -26,6 +26,14 @@ pub enum EnvCmd {
     },
     /// Delete the environment (--env) and everything in it.
     Delete,
+    /// Deploy what is not deployed yet in the environment (--env), now.
+    Deploy(super::deploy::TriggerArgs),
+    /// Verify every resource of the environment (--env) and restore drift, now.
+    Repair(super::deploy::TriggerArgs),
+    /// Halt the environment: no new deploy action starts until `resume`.
+    Halt,
+    /// Resume a halted environment.
+    Resume,
 }
 
 /// `key=value` pairs into a JSON object; values are JSON when they parse as JSON.
@@ -106,6 +114,10 @@ pub async fn run(remote: Remote, cmd: EnvCmd) -> anyhow::Result<ExitCode> {
             c.delete_environment(env).await?;
             println!("deleted environment {env}");
         }
+        EnvCmd::Deploy(args) => return super::deploy::trigger(&remote, false, args).await,
+        EnvCmd::Repair(args) => return super::deploy::trigger(&remote, true, args).await,
+        EnvCmd::Halt => return super::deploy::set_halted(&remote, true).await,
+        EnvCmd::Resume => return super::deploy::set_halted(&remote, false).await,
     }
     Ok(ExitCode::SUCCESS)
 }

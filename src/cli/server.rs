@@ -25,6 +25,9 @@ pub struct ServerArgs {
     /// Secret of the first admin token (otherwise one is generated and printed once).
     #[arg(long, env = "STEWARD_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Only store and serve versions; do not deploy them (no scheduler, no executors).
+    #[arg(long, env = "STEWARD_NO_SCHEDULER")]
+    pub no_scheduler: bool,
 }
 
 pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
@@ -34,8 +37,16 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         data_dir: args.data_dir,
         no_auth: args.no_auth,
         admin_token: args.admin_token,
+        scheduler: !args.no_scheduler,
+        executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(crate::server::start::run(config))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steward executor`: serve handler work from a scheduler on stdin/stdout.
+pub fn run_executor() -> anyhow::Result<ExitCode> {
+    crate::executor::main_loop()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -38,6 +38,13 @@ pub enum VersionCmd {
     },
     /// Delete a version (never the active one).
     Delete { number: i32 },
+    /// Deploy progress of a version: resources by state (exit 1 when some failed).
+    Progress {
+        number: i32,
+        /// Wait until the deploy of the version is done.
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 fn print_changes(changes: &serde_json::Value) {
@@ -209,6 +216,9 @@ pub async fn run(remote: Remote, cmd: VersionCmd) -> anyhow::Result<ExitCode> {
         VersionCmd::Delete { number } => {
             c.delete_version(&env, number).await?;
             println!("deleted version {number}");
+        }
+        VersionCmd::Progress { number, wait } => {
+            return super::deploy::progress(&remote, number, wait).await;
         }
     }
     Ok(ExitCode::SUCCESS)

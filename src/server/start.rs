@@ -111,7 +111,22 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
         no_auth,
         metrics: Arc::new(ops::Metrics::default()),
         notifier: Notifier::new(),
+        schedulers: None,
     }
+}
+
+/// The shared state of a server that also deploys: schedulers follow its notifier.
+pub async fn app_state_with_schedulers(
+    pool: sqlx::PgPool,
+    no_auth: bool,
+    executor_bin: std::path::PathBuf,
+) -> AppState {
+    let mut state = app_state(pool, no_auth);
+    let schedulers =
+        crate::scheduler::Schedulers::start(state.pool.clone(), executor_bin, &state.notifier)
+            .await;
+    state.schedulers = Some(schedulers);
+    state
 }
 
 /// Run the server until SIGINT/SIGTERM.
@@ -143,11 +158,22 @@ async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
             source,
         })?;
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
-    let state = app_state(pool, config.no_auth);
-    tracing::info!(%addr, no_auth = config.no_auth, "steward server listening");
+    let state = if config.scheduler {
+        app_state_with_schedulers(pool, config.no_auth, config.executor_bin.clone()).await
+    } else {
+        app_state(pool, config.no_auth)
+    };
+    let schedulers = state.schedulers.clone();
+    tracing::info!(%addr, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
     eprintln!("steward server listening on http://{addr}");
-    axum::serve(listener, router(state))
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
-        .map_err(ServerError::Serve)
+        .map_err(ServerError::Serve);
+    if let Some(s) = schedulers {
+        // executors finish their current action and exit when their input closes
+        s.stop_all();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    served
 }

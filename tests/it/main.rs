@@ -5,4 +5,6 @@ mod api_auth;
 mod api_durability;
 mod compiler_cases;
 mod compiler_cli;
+mod deploy;
+mod deploy_faults;
 mod support;

@@ -55,7 +55,24 @@ impl TestServer {
         Self::start_on(db_url, no_auth).await
     }
 
+    /// A server that also deploys: schedulers with real `steward executor` processes.
+    pub async fn start_deploying() -> TestServer {
+        let db_url = new_database();
+        Self::start_with(db_url, false, true).await
+    }
+
     pub async fn start_on(db_url: String, no_auth: bool) -> TestServer {
+        Self::start_with(db_url, no_auth, false).await
+    }
+
+    pub async fn start_with(db_url: String, no_auth: bool, deploying: bool) -> TestServer {
+        // STEWARD_LOG=debug shows what the server did when a test fails
+        if let Ok(filter) = std::env::var("STEWARD_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let pool = steward::store::connect(&db_url, 8).await.expect("connect");
         steward::store::migrate(&pool).await.expect("migrate");
         let admin = if no_auth {
@@ -73,7 +90,11 @@ impl TestServer {
             .expect("admin token");
             Some(secret)
         };
-        let state = server::start::app_state(pool.clone(), no_auth);
+        let state = if deploying {
+            server::start::app_state_with_schedulers(pool.clone(), no_auth, steward_bin()).await
+        } else {
+            server::start::app_state(pool.clone(), no_auth)
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -168,4 +189,138 @@ pub fn null_export(n: usize, changed: Option<usize>) -> steward::model::ExportFi
             modules: Default::default(),
         },
     }
+}
+
+/// An fs::File resource as the compiler exports it.
+#[allow(dead_code)]
+pub fn fs_file(
+    agent: &str,
+    path: &str,
+    content: &str,
+    requires: &[&str],
+) -> steward::model::Resource {
+    use steward::model::*;
+    let attributes = serde_json::json!({
+        "path": path, "owner": null, "group": null, "permissions": 644, "content": content,
+        "purged": false, "purge_on_delete": false, "send_event": true, "receive_events": true,
+    });
+    Resource {
+        id: ResourceId::new("fs::File", agent, "path", path),
+        type_name: "fs::File".into(),
+        agent: agent.into(),
+        attributes: attributes.as_object().unwrap().clone(),
+        requires: requires.iter().map(|r| ResourceId(r.to_string())).collect(),
+    }
+}
+
+/// An exec::Run resource as the compiler exports it; `extra` overrides attributes.
+#[allow(dead_code)]
+pub fn exec_run(
+    agent: &str,
+    command: &str,
+    extra: serde_json::Value,
+    requires: &[&str],
+) -> steward::model::Resource {
+    use steward::model::*;
+    let mut attributes = serde_json::json!({
+        "command": command, "creates": "", "cwd": "", "environment": {}, "onlyif": "", "path": "",
+        "reload": "", "reload_only": false, "returns": [0], "timeout": 300, "unless": "",
+        "skip_on_fail": false, "purged": false, "purge_on_delete": false, "send_event": true,
+        "receive_events": true,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        attributes[k] = v.clone();
+    }
+    Resource {
+        id: ResourceId::new("exec::Run", agent, "command", command),
+        type_name: "exec::Run".into(),
+        agent: agent.into(),
+        attributes: attributes.as_object().unwrap().clone(),
+        requires: requires.iter().map(|r| ResourceId(r.to_string())).collect(),
+    }
+}
+
+/// An export of these resources.
+#[allow(dead_code)]
+pub fn export_of(resources: Vec<steward::model::Resource>) -> steward::model::ExportFile {
+    use steward::model::*;
+    ExportFile {
+        format: EXPORT_FORMAT,
+        resources,
+        undefined: vec![],
+        metadata: ExportMetadata {
+            project: "test".into(),
+            compiler: "test".into(),
+            modules: Default::default(),
+        },
+    }
+}
+
+/// Wait until the deploy of `version` is done (the progress endpoint says so); returns the
+/// progress document. Panics with the last one after `secs`.
+#[allow(dead_code)]
+pub async fn wait_deployed(c: &Client, env: &str, version: i32, secs: u64) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let p = c.progress(env, version).await.expect("progress");
+        if p["done"] == true {
+            return p;
+        }
+        if std::time::Instant::now() > deadline {
+            let (_, rows) = c.resources(env).await.unwrap();
+            panic!("version {version} not deployed in {secs}s: {p}\n{rows:#?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Poll `check` every 50 ms until it returns Some, or panic after `secs` with `what`.
+#[allow(dead_code)]
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for: {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A real `steward server` child process on `port` (it deploys: schedulers and executors).
+#[allow(dead_code)]
+pub fn spawn_server(
+    db_url: &str,
+    port: u16,
+    admin: &str,
+    data: &std::path::Path,
+) -> std::process::Child {
+    std::process::Command::new(steward_bin())
+        .args([
+            "server",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--database-url",
+            db_url,
+        ])
+        .arg("--data-dir")
+        .arg(data)
+        .env("STEWARD_ADMIN_TOKEN", admin)
+        .stdout(std::process::Stdio::null())
+        // its log, for a failing test to show
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(data.join("server.log"))
+                .expect("log file"),
+        )
+        .spawn()
+        .expect("spawn steward server")
 }

@@ -1,0 +1,172 @@
+//! Store benchmark: `cargo run --release --example bench_store [-- N]`
+//!
+//! Starts a private PostgreSQL cluster (temporary, durable settings) and a server on
+//! 127.0.0.1, then measures: storing an N-resource version with its diff (N=10,000 by
+//! default; first version, then one with 1% changed), listing N resources with their state
+//! through the API, and simple reads per second over HTTP with 16 concurrent clients.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steward::embedded::postgres::PgCluster;
+use steward::model::*;
+
+fn export(n: usize, tag: &str, changed_every: usize) -> ExportFile {
+    let resources = (0..n)
+        .map(|i| {
+            let path = format!("/srv/bench/f{i:06}");
+            let mut attributes = serde_json::Map::new();
+            attributes.insert("path".into(), json!(path));
+            let content = if changed_every > 0 && i % changed_every == 0 {
+                format!("file {i} {tag} changed")
+            } else {
+                format!("file {i} v1")
+            };
+            attributes.insert("content".into(), json!(content));
+            attributes.insert("permissions".into(), json!(644));
+            attributes.insert("owner".into(), json!(null));
+            attributes.insert("group".into(), json!(null));
+            attributes.insert("purged".into(), json!(false));
+            attributes.insert("send_event".into(), json!(true));
+            Resource {
+                id: ResourceId::new("fs::File", "localhost", "path", &path),
+                type_name: "fs::File".into(),
+                agent: "localhost".into(),
+                attributes,
+                requires: if i > 0 {
+                    vec![ResourceId::new(
+                        "fs::File",
+                        "localhost",
+                        "path",
+                        "/srv/bench/f000000",
+                    )]
+                } else {
+                    vec![]
+                },
+            }
+        })
+        .collect();
+    ExportFile {
+        format: EXPORT_FORMAT,
+        resources,
+        undefined: vec![],
+        metadata: ExportMetadata::default(),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("pg");
+    let cluster = tokio::task::spawn_blocking(move || {
+        let c = PgCluster::new(&root).expect("cluster");
+        c.start(true).expect("start PostgreSQL");
+        c.ensure_database("bench").expect("database");
+        c
+    })
+    .await
+    .unwrap();
+    let pool = steward::store::connect(&cluster.url("bench"), 32)
+        .await
+        .expect("connect");
+    steward::store::migrate(&pool).await.expect("migrate");
+    let state = steward::server::start::app_state(pool.clone(), true);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, steward::server::router(state)).await;
+    });
+    let client = steward::client::Client::new(&url, None);
+    let env = client
+        .create_environment("bench", "store", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+
+    // storing versions (through the API: JSON upload, validation, hashing, diff, release)
+    let mut store_times = Vec::new();
+    for (i, tag) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        let e = export(n, tag, if i == 0 { 0 } else { 100 });
+        let start = Instant::now();
+        let v = client.upload(&env, &e, json!({})).await.expect("upload");
+        let t = start.elapsed().as_secs_f64();
+        println!(
+            "store version {} ({n} resources, diff {}): {:.3} s",
+            v["number"], v["diff_summary"], t
+        );
+        if i > 0 {
+            store_times.push(t);
+        }
+    }
+
+    // listing resources with state
+    let mut list_times = Vec::new();
+    for _ in 0..9 {
+        let start = Instant::now();
+        let (_, rows) = client.resources(&env).await.expect("list");
+        list_times.push(start.elapsed().as_secs_f64());
+        assert_eq!(rows.len(), n);
+    }
+    let mut db_times = Vec::new();
+    let active = steward::store::versions::active(&pool, uuid::Uuid::parse_str(&env).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..9 {
+        let start = Instant::now();
+        let rows = steward::store::state::list(&pool, uuid::Uuid::parse_str(&env).unwrap(), active)
+            .await
+            .unwrap();
+        db_times.push(start.elapsed().as_secs_f64());
+        assert_eq!(rows.len(), n);
+    }
+
+    // simple reads per second
+    let duration = Duration::from_secs(3);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let c = client.clone();
+        let env = env.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < duration {
+                c.environment(&env).await.expect("read");
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut reads = 0;
+    for t in tasks {
+        reads += t.await.unwrap();
+    }
+    let rate = reads as f64 / start.elapsed().as_secs_f64();
+
+    println!("---");
+    println!(
+        "store {n}-resource version with diff (median of 4, 1% changed): {:.3} s",
+        median(store_times)
+    );
+    println!(
+        "list {n} resources with state over HTTP (median of 9): {:.1} ms",
+        median(list_times) * 1000.0
+    );
+    println!(
+        "list {n} resources with state from the store (median of 9): {:.1} ms",
+        median(db_times) * 1000.0
+    );
+    println!("simple reads (GET environment, 16 clients, 3 s): {rate:.0} reads/s");
+    drop(pool);
+    let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
+}

@@ -1,0 +1,116 @@
+//! Executors: the processes that run handlers (`steward executor`).
+//!
+//! The scheduler starts them and talks JSON lines over stdin/stdout ([`protocol`]): a work
+//! item in, a result out, one at a time. A handler that panics fails its action and the
+//! executor goes on; one that hangs is the scheduler's to kill (a process can be killed, a
+//! thread cannot), so a hung or crashed handler never takes the server down. The executor
+//! keeps its [`cache`] across actions.
+
+pub mod cache;
+pub mod context;
+pub mod handler;
+pub mod handlers;
+pub mod protocol;
+
+use std::io::{BufRead, Write};
+use std::panic::AssertUnwindSafe;
+
+use chrono::Utc;
+
+use cache::Cache;
+use context::Context;
+use protocol::{ActionKind, Outcome, Reply, Request, WorkItem, WorkResult};
+
+/// Run one work item with the built-in handlers.
+pub fn execute(cache: &mut Cache, item: &WorkItem) -> WorkResult {
+    let started_at = Utc::now();
+    cache.tick(item.version);
+    let dry_run = item.kind == ActionKind::Dryrun;
+    let mut ctx = Context::new(
+        &item.resource.id.0,
+        dry_run,
+        item.reload,
+        item.version,
+        cache,
+    );
+    let outcome = match handlers::builtin(&item.resource.type_name) {
+        None => {
+            ctx.error(
+                format!("no handler for resource type {}", item.resource.type_name),
+                &[("type", serde_json::json!(item.resource.type_name))],
+            );
+            Outcome::Unavailable
+        }
+        Some(h) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            h.execute(&mut ctx, &item.resource.attributes)
+        })) {
+            Ok(o) => o,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "handler panicked".into());
+                ctx.error(format!("handler crashed: {msg}"), &[]);
+                Outcome::Failed
+            }
+        },
+    };
+    let (messages, changes, change) = ctx.into_parts();
+    WorkResult {
+        action_id: item.action_id,
+        outcome,
+        change,
+        changes,
+        messages,
+        started_at,
+        finished_at: Utc::now(),
+        state: None,
+    }
+}
+
+/// `steward executor`: serve work items on stdin until it closes.
+pub fn main_loop() -> std::io::Result<()> {
+    // a panic message would otherwise go to stderr in the middle of our protocol logs
+    std::panic::set_hook(Box::new(|_| {}));
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut cache = Cache::default();
+    writeln!(
+        out,
+        "{}",
+        serde_json::to_string(&Reply::Ready {
+            pid: std::process::id()
+        })
+        .expect("json")
+    )?;
+    out.flush()?;
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let req: Request = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("executor: bad request line: {e}");
+                continue;
+            }
+        };
+        match req {
+            Request::Shutdown => break,
+            Request::Work(item) => {
+                let result = execute(&mut cache, &item);
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(&Reply::Result(Box::new(result))).expect("json")
+                )?;
+                out.flush()?;
+            }
+        }
+    }
+    cache.clear();
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! What the scheduler and an executor process say to each other: one JSON document per line
+//! on the executor's stdin (work) and stdout (results).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::model::Resource;
+use crate::model::diff::AttributeChange;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionKind {
+    /// Make reality match the intent.
+    Deploy,
+    /// Report what a deploy would change, change nothing.
+    Dryrun,
+}
+
+/// What a handler run ended in (SCHEDULER.md §2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Deployed,
+    Failed,
+    Skipped,
+    SkippedForDependency,
+    /// no handler, crashed executor, unreadable resource
+    Unavailable,
+    /// the handler did not finish in time and its executor was killed
+    TimedOut,
+    /// a dry-run finished
+    Dry,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Deployed => "deployed",
+            Outcome::Failed => "failed",
+            Outcome::Skipped => "skipped",
+            Outcome::SkippedForDependency => "skipped_for_dependency",
+            Outcome::Unavailable => "unavailable",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Dry => "dry",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    #[default]
+    Nochange,
+    Created,
+    Updated,
+    Purged,
+}
+
+impl Change {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Nochange => "nochange",
+            Change::Created => "created",
+            Change::Updated => "updated",
+            Change::Purged => "purged",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogLine {
+    pub level: String,
+    pub message: String,
+    #[serde(default)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkItem {
+    pub action_id: Uuid,
+    pub kind: ActionKind,
+    pub resource: Resource,
+    /// The model version the action belongs to (drives per-version cache expiry).
+    pub version: i32,
+    /// A requirement with events changed since this resource last deployed successfully.
+    #[serde(default)]
+    pub reload: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkResult {
+    pub action_id: Uuid,
+    pub outcome: Outcome,
+    pub change: Change,
+    #[serde(default)]
+    pub changes: BTreeMap<String, AttributeChange>,
+    #[serde(default)]
+    pub messages: Vec<LogLine>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    /// The resource as the handler last saw it (after the action), when it reads state.
+    #[serde(default)]
+    pub state: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Scheduler -> executor.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    Work(Box<WorkItem>),
+    Shutdown,
+}
+
+/// Executor -> scheduler.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Ready { pid: u32 },
+    Result(Box<WorkResult>),
+}

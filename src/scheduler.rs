@@ -1,0 +1,235 @@
+//! The scheduler: one task per environment that makes released versions happen on their
+//! targets through executor processes (SCHEDULER.md, DESIGN.md §5).
+//!
+//! [`Schedulers`] owns the per-environment tasks: it starts one for every environment with a
+//! released version when the server starts, one more whenever a first version is released,
+//! and stops one when its environment is deleted. It follows the server's [`Notifier`] for
+//! releases and settings, and is called directly for what needs an answer (a user deploy,
+//! a pause that must be acknowledged, a status). A scheduler rebuilds everything from
+//! PostgreSQL when it starts, so a task that died is simply started again.
+
+pub mod env;
+pub mod executors;
+pub mod model;
+pub mod queue;
+pub mod timers;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use uuid::Uuid;
+
+pub use env::{AgentStatus, Control, Status};
+
+use crate::server::{Event, Notifier};
+use crate::store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// The scheduler of the environment stopped while asked (it is restarted on next use).
+    #[error("the scheduler of environment {0} is not answering; try again")]
+    Unavailable(Uuid),
+}
+
+struct Inner {
+    pool: PgPool,
+    executor_bin: PathBuf,
+    running: Mutex<HashMap<Uuid, mpsc::UnboundedSender<Control>>>,
+}
+
+/// Handle on all environment schedulers of a server (cheap to clone).
+#[derive(Clone)]
+pub struct Schedulers(Arc<Inner>);
+
+/// How long a caller waits for a scheduler to acknowledge a request.
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Schedulers {
+    /// Start the schedulers of all environments with a released version and follow
+    /// `notifier` from now on.
+    pub async fn start(pool: PgPool, executor_bin: PathBuf, notifier: &Notifier) -> Schedulers {
+        let s = Schedulers(Arc::new(Inner {
+            pool,
+            executor_bin,
+            running: Mutex::new(HashMap::new()),
+        }));
+        // subscribe before scanning, so no release falls between the two
+        let events = notifier.subscribe();
+        s.start_known().await;
+        tokio::spawn(s.clone().follow(events));
+        s
+    }
+
+    /// The executable started as `steward executor`: `STEWARD_EXECUTOR_BIN`, else this program.
+    pub fn default_executor_bin() -> PathBuf {
+        if let Some(p) = std::env::var_os("STEWARD_EXECUTOR_BIN") {
+            return PathBuf::from(p);
+        }
+        std::env::current_exe().unwrap_or_else(|_| PathBuf::from("steward"))
+    }
+
+    async fn start_known(&self) {
+        let mut delay = Duration::from_millis(200);
+        let envs = loop {
+            match store::deploy::environments_with_releases(&self.0.pool).await {
+                Ok(e) => break e,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing environments to schedule failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        for env in envs {
+            self.sender(env);
+        }
+    }
+
+    /// The control channel of `env`'s scheduler, starting it when needed.
+    fn sender(&self, env: Uuid) -> mpsc::UnboundedSender<Control> {
+        let mut running = self.0.running.lock().expect("scheduler map");
+        if let Some(tx) = running.get(&env) {
+            if !tx.is_closed() {
+                return tx.clone();
+            }
+            tracing::warn!(environment = %env, "the scheduler had stopped; starting it again");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pool = self.0.pool.clone();
+        let bin = self.0.executor_bin.clone();
+        tokio::spawn(env::EnvScheduler::run(env, pool, bin, rx));
+        running.insert(env, tx.clone());
+        tx
+    }
+
+    async fn follow(self, mut events: broadcast::Receiver<Event>) {
+        loop {
+            match events.recv().await {
+                Ok(Event::Released {
+                    environment,
+                    version,
+                }) => {
+                    let _ = self.sender(environment).send(Control::Released(version));
+                }
+                Ok(Event::Settings { environment }) | Ok(Event::Control { environment }) => {
+                    let tx = self
+                        .0
+                        .running
+                        .lock()
+                        .expect("scheduler map")
+                        .get(&environment)
+                        .cloned();
+                    if let Some(tx) = tx {
+                        let _ = tx.send(Control::Settings);
+                    }
+                }
+                Ok(Event::Deleted { environment }) => self.stop(environment),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    // events were lost: every scheduler re-reads what it may have missed
+                    tracing::warn!(
+                        missed = n,
+                        "scheduler fell behind on server events; resynchronising"
+                    );
+                    self.resync().await;
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    }
+
+    async fn resync(&self) {
+        self.start_known().await;
+        let envs: Vec<(Uuid, mpsc::UnboundedSender<Control>)> = self
+            .0
+            .running
+            .lock()
+            .expect("scheduler map")
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (env, tx) in envs {
+            let _ = tx.send(Control::Settings);
+            if let Ok(Some(v)) = store::versions::active(&self.0.pool, env).await {
+                let _ = tx.send(Control::Released(v));
+            }
+        }
+    }
+
+    /// Stop the scheduler of a deleted environment (its executors end with it).
+    pub fn stop(&self, env: Uuid) {
+        if let Some(tx) = self.0.running.lock().expect("scheduler map").remove(&env) {
+            let _ = tx.send(Control::Stop);
+        }
+    }
+
+    /// Stop every scheduler (server shutdown).
+    pub fn stop_all(&self) {
+        for (_, tx) in self.0.running.lock().expect("scheduler map").drain() {
+            let _ = tx.send(Control::Stop);
+        }
+    }
+
+    async fn ask<T>(
+        &self,
+        env: Uuid,
+        make: impl FnOnce(oneshot::Sender<T>) -> Control,
+    ) -> Result<T, SchedulerError> {
+        let (ack, rx) = oneshot::channel();
+        self.sender(env)
+            .send(make(ack))
+            .map_err(|_| SchedulerError::Unavailable(env))?;
+        match tokio::time::timeout(ACK_TIMEOUT, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            _ => Err(SchedulerError::Unavailable(env)),
+        }
+    }
+
+    /// A user deploy (what is not yet deployed) or repair (everything), optionally narrowed to
+    /// one agent or resource. Answers how many resources were scheduled.
+    pub async fn trigger(
+        &self,
+        env: Uuid,
+        repair: bool,
+        agent: Option<String>,
+        resource: Option<String>,
+    ) -> Result<usize, SchedulerError> {
+        self.ask(env, |ack| Control::Trigger {
+            repair,
+            agent,
+            resource,
+            ack,
+        })
+        .await
+    }
+
+    /// Pause or unpause an agent; returns once no new action of it can start.
+    pub async fn pause(
+        &self,
+        env: Uuid,
+        agent: String,
+        paused: bool,
+    ) -> Result<(), SchedulerError> {
+        self.ask(env, |ack| Control::Pause { agent, paused, ack })
+            .await
+    }
+
+    /// Halt or resume the environment; returns once the scheduler applies it.
+    pub async fn halt(&self, env: Uuid, halted: bool) -> Result<(), SchedulerError> {
+        self.ask(env, |ack| Control::Halt { halted, ack }).await
+    }
+
+    pub async fn status(&self, env: Uuid) -> Result<Status, SchedulerError> {
+        self.ask(env, Control::Status).await
+    }
+
+    /// Start a dry-run (already recorded in the database) of `version`.
+    pub fn dryrun(&self, env: Uuid, id: Uuid, version: i32) -> Result<(), SchedulerError> {
+        self.sender(env)
+            .send(Control::Dryrun { id, version })
+            .map_err(|_| SchedulerError::Unavailable(env))
+    }
+}

@@ -1,0 +1,1111 @@
+//! The scheduler of one environment: a task that owns the model, the work queue, the timers
+//! and the executor pool, and reacts to releases, user requests, executor results and time.
+//! State is rebuilt from PostgreSQL when it starts; every change it makes is written back in
+//! batches by a writer task that retries until the database takes them.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::executors::{Pool, PoolEvent, ProcId};
+use super::model::{Blocked, Compliance, Intent, Model, RState};
+use super::queue::{Priority, Queue, TaskKey};
+use super::timers::{Cron, TimerKind, Timers, backoff};
+use crate::executor::protocol::{ActionKind, Change, Outcome, Reply, WorkItem, WorkResult};
+use crate::model::settings::{EnvSettings, Interval};
+use crate::model::{Resource, ResourceId};
+use crate::store::deploy::{Batch, StateRow};
+use crate::store::{self, actions::ActionRecord};
+
+/// What the rest of the server asks of a scheduler.
+pub enum Control {
+    Released(i32),
+    Settings,
+    /// deploy (dirty ∩ filter) or repair (all unblocked ∩ filter); answers the number scheduled
+    Trigger {
+        repair: bool,
+        agent: Option<String>,
+        resource: Option<String>,
+        ack: oneshot::Sender<usize>,
+    },
+    Dryrun {
+        id: Uuid,
+        version: i32,
+    },
+    /// answers once no new action of the agent can start
+    Pause {
+        agent: String,
+        paused: bool,
+        ack: oneshot::Sender<()>,
+    },
+    Halt {
+        halted: bool,
+        ack: oneshot::Sender<()>,
+    },
+    Status(oneshot::Sender<Status>),
+    Stop,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AgentStatus {
+    pub name: String,
+    pub paused: bool,
+    pub queued: usize,
+    pub running: usize,
+    pub executors: Vec<u32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    pub version: Option<i32>,
+    pub halted: bool,
+    pub agents: Vec<AgentStatus>,
+    pub dirty: usize,
+    pub queued: usize,
+    pub running: usize,
+}
+
+struct RunInfo {
+    proc: ProcId,
+    action_id: Uuid,
+    started: DateTime<Utc>,
+    deadline: tokio::time::Instant,
+    version: i32,
+    kind: ActionKind,
+}
+
+struct DryrunCtx {
+    version: i32,
+    intents: HashMap<String, Intent>,
+}
+
+pub struct EnvScheduler {
+    env: Uuid,
+    pool: PgPool,
+    settings: EnvSettings,
+    model: Model,
+    queue: Queue,
+    timers: Timers,
+    executors: Pool,
+    running: HashMap<TaskKey, RunInfo>,
+    paused: HashSet<String>,
+    halted: bool,
+    batch: Batch,
+    dirty_states: HashSet<String>,
+    writer: mpsc::UnboundedSender<Batch>,
+    dryruns: HashMap<Uuid, DryrunCtx>,
+    /// removed resources to delete on their target (opt-in), by id
+    tombstones: HashMap<String, Intent>,
+    next_deploy_sweep: Option<DateTime<Utc>>,
+    next_repair_sweep: Option<DateTime<Utc>>,
+    /// a repair sweep was pre-empted by new intent: run it again once that deployed
+    repair_pending: bool,
+}
+
+fn intent_of(r: &store::versions::StoredResource) -> Intent {
+    Intent {
+        id: r.resource_id.clone(),
+        type_name: r.resource_type.clone(),
+        agent: r.agent.clone(),
+        hash: r.hash.clone(),
+        attributes: r.attributes.as_object().cloned().unwrap_or_default(),
+        requires: r.requires.clone(),
+        undefined: r.undefined,
+    }
+}
+
+fn parse_outcome(s: &str) -> Option<Outcome> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+fn state_from_row(row: &StateRow) -> RState {
+    RState {
+        compliance: Compliance::parse(&row.compliance),
+        last_run: super::model::LastRun::parse(&row.last_run),
+        last_result: row.last_result.as_deref().and_then(parse_outcome),
+        last_message: row.last_message.clone(),
+        blocked: Blocked::parse(&row.blocked),
+        blocked_reason: row.blocked_reason.clone(),
+        last_run_hash: row.last_run_hash.clone(),
+        last_attempt: row.last_attempt,
+        last_deployed: row.last_deployed,
+        last_success: row.last_success,
+        last_produced_events: row.last_produced_events,
+        last_change: None,
+        failure_count: row.failure_count.max(0) as u32,
+        next_retry: row.next_retry,
+    }
+}
+
+/// Write batches in order; retry while the database is away (nothing is dropped).
+async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedReceiver<Batch>) {
+    while let Some(mut batch) = rx.recv().await {
+        // merge what queued up meanwhile into one transaction
+        while let Ok(more) = rx.try_recv() {
+            batch.states.extend(more.states);
+            batch.actions.extend(more.actions);
+            batch.orphaned.extend(more.orphaned);
+            batch.dryrun_results.extend(more.dryrun_results);
+            if more.progress.is_some() {
+                batch.progress = more.progress;
+            }
+        }
+        // later rows win: one row per resource, per action (start then end), per dry-run result
+        let mut seen = HashSet::new();
+        batch.states.reverse();
+        batch.states.retain(|s| seen.insert(s.resource_id.clone()));
+        let mut seen = HashSet::new();
+        batch.actions.reverse();
+        batch.actions.retain(|a| seen.insert(a.id));
+        let mut seen = HashSet::new();
+        batch.dryrun_results.reverse();
+        batch
+            .dryrun_results
+            .retain(|r| seen.insert((r.0, r.1.clone())));
+        let mut delay = Duration::from_millis(200);
+        let mut refused = 0;
+        loop {
+            let r = async {
+                let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
+                store::deploy::write_batch(&mut tx, env, &batch).await?;
+                tx.commit().await.map_err(store::StoreError::from)
+            }
+            .await;
+            match r {
+                Ok(()) => break,
+                // the database is away: wait for it, however long it takes
+                Err(e @ store::StoreError::Unavailable(_)) => {
+                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
+                }
+                // the database refuses the batch (e.g. the environment was deleted): a few
+                // tries, then it is dropped so later state still gets through
+                Err(e) => {
+                    refused += 1;
+                    if refused >= 5 {
+                        tracing::error!(
+                            environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
+                            "the database refuses this deploy state; dropping it"
+                        );
+                        break;
+                    }
+                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+impl EnvScheduler {
+    /// Rebuild from the database and run until stopped.
+    pub async fn run(
+        env: Uuid,
+        pool: PgPool,
+        executor_bin: PathBuf,
+        mut control: mpsc::UnboundedReceiver<Control>,
+    ) {
+        let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
+        let (wtx, wrx) = mpsc::unbounded_channel();
+        tokio::spawn(writer(pool.clone(), env, wrx));
+        let mut s = EnvScheduler {
+            env,
+            pool,
+            settings: EnvSettings::default(),
+            model: Model::default(),
+            queue: Queue::default(),
+            timers: Timers::default(),
+            executors: exec_pool,
+            running: HashMap::new(),
+            paused: HashSet::new(),
+            halted: false,
+            batch: Batch::default(),
+            dirty_states: HashSet::new(),
+            writer: wtx,
+            dryruns: HashMap::new(),
+            tombstones: HashMap::new(),
+            next_deploy_sweep: None,
+            next_repair_sweep: None,
+            repair_pending: false,
+        };
+        // the database may be away at start: keep trying
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match s.restore().await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(environment = %env, error = %e, "scheduler start failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let mut flush_tick = tokio::time::interval(Duration::from_millis(25));
+        flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reap_tick = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            let wake = s.next_wake();
+            tokio::select! {
+                c = control.recv() => match c {
+                    None | Some(Control::Stop) => break,
+                    Some(c) => s.on_control(c).await,
+                },
+                Some(ev) = pool_rx.recv() => s.on_pool_event(ev),
+                _ = tokio::time::sleep_until(wake) => {},
+                _ = flush_tick.tick() => {},
+                _ = reap_tick.tick() => s.executors.reap(Duration::from_secs(60)),
+            }
+            s.on_time(Utc::now());
+            s.dispatch().await;
+            s.flush();
+        }
+        s.executors.shutdown();
+        s.flush();
+    }
+
+    fn next_wake(&mut self) -> tokio::time::Instant {
+        let now_i = tokio::time::Instant::now();
+        let now = Utc::now();
+        let mut wake = now_i + Duration::from_secs(60);
+        let mut consider = |t: Option<DateTime<Utc>>| {
+            if let Some(t) = t {
+                let d = (t - now).to_std().unwrap_or(Duration::ZERO);
+                wake = wake.min(now_i + d);
+            }
+        };
+        consider(self.timers.next());
+        consider(self.next_deploy_sweep);
+        consider(self.next_repair_sweep);
+        for r in self.running.values() {
+            wake = wake.min(r.deadline);
+        }
+        wake
+    }
+
+    async fn restore(&mut self) -> Result<(), store::StoreError> {
+        let env = store::environments::get_environment(&self.pool, self.env).await?;
+        self.settings = env.settings.clone();
+        self.halted = env.halted;
+        self.paused = store::deploy::agents(&self.pool, self.env)
+            .await?
+            .into_iter()
+            .filter(|a| a.paused)
+            .map(|a| a.name)
+            .collect();
+        store::deploy::clear_leases(&self.pool, self.env).await?;
+        let processed = store::deploy::load_progress(&self.pool, self.env).await?;
+        if let Some(v) = processed {
+            let resources = match store::versions::resources(&self.pool, self.env, v).await {
+                Ok(r) => r,
+                Err(store::StoreError::NotFound(_)) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            let rows = store::deploy::load_states(&self.pool, self.env).await?;
+            let states = rows
+                .iter()
+                .map(|(k, r)| (k.clone(), state_from_row(r)))
+                .collect();
+            self.model = Model::restore(v, resources.iter().map(intent_of).collect(), states);
+        }
+        self.arm_sweeps(Utc::now());
+        let active = store::versions::active(&self.pool, self.env).await?;
+        if let Some(a) = active {
+            if Some(a) != processed {
+                self.merge_version(a).await?;
+            }
+        }
+        // what was not done when we stopped
+        let dirty: Vec<usize> = self.model.dirty.iter().copied().collect();
+        for r in dirty {
+            self.schedule(r, Priority::IntervalDeploy, "the scheduler started", false);
+        }
+        let now = Utc::now();
+        for r in 0..self.model.len() {
+            self.arm_timer(r, now);
+        }
+        // dry-runs that were under way when we stopped run again
+        for d in store::deploy::dryruns(&self.pool, self.env).await? {
+            if d.finished_at.is_none() {
+                self.start_dryrun(d.id, d.version).await;
+            }
+        }
+        tracing::info!(environment = %self.env, version = ?self.model.version, resources = self.model.len(), "scheduler started");
+        Ok(())
+    }
+
+    fn arm_sweeps(&mut self, now: DateTime<Utc>) {
+        self.next_deploy_sweep = match &self.settings.deploy_interval {
+            Interval::Disabled => None,
+            Interval::Seconds(n) => Some(now + chrono::Duration::seconds(*n as i64)),
+            Interval::Cron(c) => Cron::parse(c).ok().and_then(|c| c.next_after(now)),
+        };
+        self.next_repair_sweep = match &self.settings.repair_interval {
+            Interval::Cron(c) => Cron::parse(c).ok().and_then(|c| c.next_after(now)),
+            // seconds: per-resource timers
+            _ => None,
+        };
+    }
+
+    /// Per-resource timers: a repair for good resources (seconds mode), a retry with backoff
+    /// for failed ones.
+    fn arm_timer(&mut self, r: usize, now: DateTime<Utc>) {
+        let id = self.model.intents[r].id.clone();
+        let s = &self.model.states[r];
+        if s.blocked == Blocked::Blocked || self.queue.deploy_pending(&id) {
+            self.timers.cancel(&id);
+            return;
+        }
+        if s.compliance == Compliance::NonCompliant && s.blocked == Blocked::NotBlocked {
+            let base = s.last_deployed.unwrap_or(now);
+            let at = s
+                .next_retry
+                .unwrap_or(base + backoff(&self.settings.retry_backoff, s.failure_count.max(1)));
+            self.model.states[r].next_retry = Some(at);
+            self.timers.set(&id, at, TimerKind::Retry);
+            return;
+        }
+        if let Interval::Seconds(n) = self.settings.repair_interval {
+            if s.compliance == Compliance::Compliant || s.blocked == Blocked::Temporarily {
+                let at = s.last_deployed.unwrap_or(now) + chrono::Duration::seconds(n as i64);
+                self.timers.set(&id, at, TimerKind::Repair);
+                return;
+            }
+        }
+        self.timers.cancel(&id);
+    }
+
+    async fn merge_version(&mut self, version: i32) -> Result<(), store::StoreError> {
+        if self.model.version.is_some_and(|v| v >= version) {
+            return Ok(());
+        }
+        let resources = store::versions::resources(&self.pool, self.env, version).await?;
+        let old_version = self.model.version;
+        let merged = self
+            .model
+            .merge(version, resources.iter().map(intent_of).collect());
+        let agents: HashSet<String> = self.model.intents.iter().map(|i| i.agent.clone()).collect();
+        let _ = store::deploy::ensure_agents(
+            &self.pool,
+            self.env,
+            &agents.into_iter().collect::<Vec<_>>(),
+        )
+        .await;
+        // removed resources: orphans, or deleted on their target when the environment says so
+        for gone in &merged.deleted {
+            self.queue.drop_deploy(&gone.id);
+            self.queue.mark_stale(&gone.id);
+            self.timers.cancel(&gone.id);
+            self.batch
+                .orphaned
+                .push((gone.id.clone(), old_version.unwrap_or(version)));
+            if self.settings.delete_removed_resources {
+                let mut t = gone.clone();
+                t.attributes
+                    .insert("purged".into(), serde_json::Value::Bool(true));
+                t.requires.clear();
+                self.tombstones.insert(t.id.clone(), t.clone());
+                self.queue.schedule(
+                    TaskKey::Deploy(t.id.clone()),
+                    &t.agent,
+                    Priority::NewVersion,
+                    "removed from the model: deleting it on its target",
+                    &[],
+                    &[],
+                    false,
+                );
+            }
+        }
+        for &r in &merged.newly_blocked {
+            let id = self.model.intents[r].id.clone();
+            self.queue.drop_deploy(&id);
+            self.timers.cancel(&id);
+        }
+        for &r in &merged.updated {
+            let id = self.model.intents[r].id.clone();
+            self.queue.mark_stale(&id);
+        }
+        // new intent pre-empts a repair sweep, which starts over afterwards
+        let dropped = self.queue.drop_priority(Priority::IntervalRepair);
+        if !dropped.is_empty() {
+            self.repair_pending = true;
+        }
+        let affected: Vec<usize> = merged
+            .new
+            .iter()
+            .chain(merged.updated.iter())
+            .chain(merged.unblocked.iter())
+            .copied()
+            .collect();
+        for &r in &affected {
+            self.schedule(r, Priority::NewVersion, "a new version was released", false);
+        }
+        for r in 0..self.model.len() {
+            self.mark_state(r);
+        }
+        self.batch.progress = Some(version);
+        tracing::info!(
+            environment = %self.env, version, new = merged.new.len(), updated = merged.updated.len(),
+            deleted = merged.deleted.len(), "version merged"
+        );
+        Ok(())
+    }
+
+    /// Queue a deploy of resource `r`.
+    fn schedule(&mut self, r: usize, priority: Priority, reason: &str, force: bool) {
+        if self.model.states[r].blocked == Blocked::Blocked {
+            return;
+        }
+        let id = self.model.intents[r].id.clone();
+        let requires: Vec<String> = self.model.requires[r]
+            .iter()
+            .map(|&q| self.model.intents[q].id.clone())
+            .collect();
+        let dependents: Vec<String> = self.model.provides[r]
+            .iter()
+            .map(|&d| self.model.intents[d].id.clone())
+            .collect();
+        let agent = self.model.intents[r].agent.clone();
+        self.queue.schedule(
+            TaskKey::Deploy(id.clone()),
+            &agent,
+            priority,
+            reason,
+            &requires,
+            &dependents,
+            force,
+        );
+        self.timers.cancel(&id);
+    }
+
+    /// Remember to persist the state of resource `r`.
+    fn mark_state(&mut self, r: usize) {
+        self.dirty_states.insert(self.model.intents[r].id.clone());
+    }
+
+    fn state_row(&self, r: usize) -> StateRow {
+        let i = &self.model.intents[r];
+        let s = &self.model.states[r];
+        let deploying = self
+            .running
+            .get(&TaskKey::Deploy(i.id.clone()))
+            .filter(|x| x.kind == ActionKind::Deploy)
+            .map(|x| x.started);
+        StateRow {
+            resource_id: i.id.clone(),
+            agent: i.agent.clone(),
+            intent_version: self.model.version,
+            intent_hash: Some(i.hash.clone()),
+            undefined: i.undefined,
+            compliance: s.compliance.as_str().into(),
+            last_run: s.last_run.as_str().into(),
+            last_result: s.last_result.map(|o| o.as_str().to_string()),
+            last_message: s.last_message.clone(),
+            blocked: s.blocked.as_str().into(),
+            blocked_reason: s.blocked_reason.clone(),
+            last_run_hash: s.last_run_hash.clone(),
+            last_attempt: s.last_attempt,
+            last_deployed: s.last_deployed,
+            last_success: s.last_success,
+            last_produced_events: s.last_produced_events,
+            failure_count: s.failure_count as i32,
+            next_retry: s.next_retry,
+            deploying_since: deploying,
+            orphaned_after: None,
+        }
+    }
+
+    /// Hand pending writes to the writer.
+    fn flush(&mut self) {
+        let ids: Vec<String> = self.dirty_states.drain().collect();
+        for id in ids {
+            if let Some(r) = self.model.get(&id) {
+                let row = self.state_row(r);
+                self.batch.states.push(row);
+            }
+        }
+        if !self.batch.is_empty() {
+            let b = std::mem::take(&mut self.batch);
+            let _ = self.writer.send(b);
+        }
+    }
+
+    async fn on_control(&mut self, c: Control) {
+        match c {
+            Control::Released(v) => {
+                if let Err(e) = self.merge_version(v).await {
+                    tracing::error!(environment = %self.env, version = v, error = %e, "merging a released version failed");
+                }
+            }
+            Control::Settings => {
+                if let Ok(env) = store::environments::get_environment(&self.pool, self.env).await {
+                    self.settings = env.settings;
+                    let now = Utc::now();
+                    self.arm_sweeps(now);
+                    for r in 0..self.model.len() {
+                        self.arm_timer(r, now);
+                    }
+                }
+            }
+            Control::Trigger {
+                repair,
+                agent,
+                resource,
+                ack,
+            } => {
+                let n = self.trigger(repair, agent.as_deref(), resource.as_deref());
+                let _ = ack.send(n);
+            }
+            Control::Dryrun { id, version } => self.start_dryrun(id, version).await,
+            Control::Pause { agent, paused, ack } => {
+                if paused {
+                    self.paused.insert(agent);
+                } else {
+                    self.paused.remove(&agent);
+                }
+                let _ = ack.send(());
+            }
+            Control::Halt { halted, ack } => {
+                self.halted = halted;
+                let _ = ack.send(());
+            }
+            Control::Status(ack) => {
+                let _ = ack.send(self.status());
+            }
+            Control::Stop => {}
+        }
+    }
+
+    fn status(&self) -> Status {
+        let mut agents: HashMap<String, AgentStatus> = HashMap::new();
+        for i in &self.model.intents {
+            agents
+                .entry(i.agent.clone())
+                .or_insert_with(|| AgentStatus {
+                    name: i.agent.clone(),
+                    ..Default::default()
+                });
+        }
+        for p in &self.paused {
+            agents.entry(p.clone()).or_insert_with(|| AgentStatus {
+                name: p.clone(),
+                ..Default::default()
+            });
+        }
+        for (name, a) in agents.iter_mut() {
+            a.paused = self.paused.contains(name);
+            a.queued = self.queue.queued_count(name);
+            a.running = self.queue.running_count(name);
+            a.executors = self.executors.pids(name);
+        }
+        let mut agents: Vec<AgentStatus> = agents.into_values().collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        Status {
+            version: self.model.version,
+            halted: self.halted,
+            agents,
+            dirty: self.model.dirty.len(),
+            queued: self.queue.len(),
+            running: self.running.len(),
+        }
+    }
+
+    fn trigger(&mut self, repair: bool, agent: Option<&str>, resource: Option<&str>) -> usize {
+        let picked: Vec<usize> = (0..self.model.len())
+            .filter(|&r| agent.is_none_or(|a| self.model.intents[r].agent == a))
+            .filter(|&r| resource.is_none_or(|id| self.model.intents[r].id == id))
+            .filter(|&r| self.model.states[r].blocked != Blocked::Blocked)
+            .filter(|&r| repair || self.model.dirty.contains(&r))
+            .collect();
+        for &r in &picked {
+            if repair {
+                if self.model.states[r].blocked == Blocked::Temporarily {
+                    self.model.states[r].blocked = Blocked::NotBlocked;
+                }
+                self.schedule(r, Priority::UserRepair, "user requested a repair", false);
+            } else {
+                self.schedule(r, Priority::UserDeploy, "user requested a deploy", false);
+            }
+        }
+        picked.len()
+    }
+
+    async fn start_dryrun(&mut self, id: Uuid, version: i32) {
+        let resources = match store::versions::resources(&self.pool, self.env, version).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(environment = %self.env, error = %e, "dry-run: loading the version failed");
+                return;
+            }
+        };
+        // blocked resources of that version are reported without running anything
+        let mut m = Model::default();
+        m.merge(version, resources.iter().map(intent_of).collect());
+        let mut intents = HashMap::new();
+        for r in 0..m.len() {
+            let i = m.intents[r].clone();
+            if m.states[r].blocked == Blocked::Blocked {
+                let outcome = if i.undefined {
+                    "undefined"
+                } else {
+                    "skipped_for_undefined"
+                };
+                let msg = serde_json::json!([{"level": "info", "message": m.states[r].blocked_reason, "fields": {}, "at": Utc::now()}]);
+                self.batch.dryrun_results.push((
+                    id,
+                    i.id.clone(),
+                    outcome.into(),
+                    serde_json::json!({}),
+                    msg,
+                ));
+                continue;
+            }
+            if self.paused.contains(&i.agent) {
+                let msg = serde_json::json!([{"level": "info", "message": "the agent is paused", "fields": {}, "at": Utc::now()}]);
+                self.batch.dryrun_results.push((
+                    id,
+                    i.id.clone(),
+                    "agent_paused".into(),
+                    serde_json::json!({}),
+                    msg,
+                ));
+                continue;
+            }
+            self.queue.schedule(
+                TaskKey::Dryrun(id, i.id.clone()),
+                &i.agent,
+                Priority::Dryrun,
+                "dry-run",
+                &[],
+                &[],
+                false,
+            );
+            intents.insert(i.id.clone(), i);
+        }
+        self.dryruns.insert(id, DryrunCtx { version, intents });
+    }
+
+    fn on_time(&mut self, now: DateTime<Utc>) {
+        for (id, kind) in self.timers.pop_due(now) {
+            let Some(r) = self.model.get(&id) else {
+                continue;
+            };
+            match kind {
+                TimerKind::Repair => {
+                    self.schedule(r, Priority::IntervalRepair, "periodic repair", false)
+                }
+                TimerKind::Retry => {
+                    let n = self.model.states[r].failure_count;
+                    self.schedule(
+                        r,
+                        Priority::Retry,
+                        &format!("retry after {n} failed attempt(s)"),
+                        false,
+                    )
+                }
+            }
+        }
+        if self.next_deploy_sweep.is_some_and(|t| t <= now) {
+            let dirty: Vec<usize> = self.model.dirty.iter().copied().collect();
+            for r in dirty {
+                self.schedule(r, Priority::IntervalDeploy, "periodic deploy", false);
+            }
+            self.arm_sweeps(now);
+        }
+        if self.next_repair_sweep.is_some_and(|t| t <= now) {
+            self.repair_sweep();
+            self.arm_sweeps(now);
+        }
+        // a pre-empted repair sweep starts over once the new intent is out
+        if self.repair_pending && !self.queue_has_new_intent() {
+            self.repair_pending = false;
+            self.repair_sweep();
+        }
+        // hung handlers: kill their executor, report, go on
+        let late: Vec<TaskKey> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.deadline <= tokio::time::Instant::now())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in late {
+            if let Some(info) = self.running.get(&key) {
+                let proc = info.proc;
+                let started = info.started;
+                let action_id = info.action_id;
+                self.executors.kill(proc);
+                let msg = format!(
+                    "the handler did not finish within {} s: its executor was killed",
+                    self.settings.handler_timeout
+                );
+                self.finish(key, synthetic(action_id, Outcome::TimedOut, &msg, started));
+            }
+        }
+    }
+
+    fn queue_has_new_intent(&self) -> bool {
+        self.running.keys().any(|k| matches!(k, TaskKey::Deploy(_)))
+            && self
+                .queue
+                .running
+                .values()
+                .any(|r| r.priority <= Priority::NewVersion)
+            || self.queue.len() > 0
+                && (0..self.model.len()).any(|r| {
+                    self.queue
+                        .queued_reason(&TaskKey::Deploy(self.model.intents[r].id.clone()))
+                        .is_some_and(|q| q.priority <= Priority::NewVersion)
+                })
+    }
+
+    fn repair_sweep(&mut self) {
+        for r in 0..self.model.len() {
+            if self.model.states[r].blocked != Blocked::Blocked {
+                self.schedule(r, Priority::IntervalRepair, "periodic repair", false);
+            }
+        }
+    }
+
+    async fn dispatch(&mut self) {
+        if self.halted {
+            return;
+        }
+        for agent in self.queue.agents_with_ready() {
+            if self.paused.contains(&agent) {
+                continue;
+            }
+            while self.queue.running_count(&agent) < self.settings.agent_parallelism as usize {
+                let Some((key, run)) = self.queue.pop(&agent) else {
+                    break;
+                };
+                self.start(key, &agent, run.reason).await;
+            }
+        }
+    }
+
+    async fn start(&mut self, key: TaskKey, agent: &str, reason: String) {
+        let now = Utc::now();
+        let (kind, intent, version, r) = match &key {
+            TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
+                (Some(r), _) => (
+                    ActionKind::Deploy,
+                    self.model.intents[r].clone(),
+                    self.model.version.unwrap_or(0),
+                    Some(r),
+                ),
+                (None, Some(t)) => (
+                    ActionKind::Deploy,
+                    t.clone(),
+                    self.model.version.unwrap_or(0),
+                    None,
+                ),
+                (None, None) => {
+                    self.queue.finish(&key);
+                    return;
+                }
+            },
+            TaskKey::Dryrun(id, rid) => match self
+                .dryruns
+                .get(id)
+                .and_then(|d| d.intents.get(rid).map(|i| (d.version, i.clone())))
+            {
+                Some((v, i)) => (ActionKind::Dryrun, i, v, None),
+                None => {
+                    self.queue.finish(&key);
+                    return;
+                }
+            },
+        };
+        let action_id = Uuid::new_v4();
+        if let (ActionKind::Deploy, Some(r)) = (kind, r) {
+            if self.model.states[r].blocked == Blocked::Blocked {
+                self.queue.finish(&key);
+                return;
+            }
+            // dependency failure: skip, without bothering an executor
+            if let Some(q) = self.model.failing_requirement(r) {
+                let qi = &self.model.intents[q];
+                let msg = format!(
+                    "skipped: requirement {} is not deployed ({})",
+                    qi.id,
+                    self.model.states[q]
+                        .last_result
+                        .map(|o| o.as_str())
+                        .unwrap_or("not deployed yet")
+                );
+                let res = synthetic(action_id, Outcome::SkippedForDependency, &msg, now);
+                self.model.states[r].blocked_reason = Some(msg.clone());
+                self.running.insert(
+                    key.clone(),
+                    RunInfo {
+                        proc: 0,
+                        action_id,
+                        started: now,
+                        deadline: tokio::time::Instant::now(),
+                        version,
+                        kind,
+                    },
+                );
+                self.finish(key, res);
+                return;
+            }
+        }
+        let reload = r.is_some_and(|r| self.model.needs_reload(r));
+        let item = WorkItem {
+            action_id,
+            kind,
+            resource: Resource {
+                id: ResourceId(intent.id.clone()),
+                type_name: intent.type_name.clone(),
+                agent: intent.agent.clone(),
+                attributes: intent.attributes.clone(),
+                requires: intent
+                    .requires
+                    .iter()
+                    .map(|q| ResourceId(q.clone()))
+                    .collect(),
+            },
+            version,
+            reload,
+        };
+        let proc = match self.executors.acquire(agent) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(environment = %self.env, error = %e, "no executor");
+                let res = synthetic(
+                    action_id,
+                    Outcome::Unavailable,
+                    &format!("no executor: {e}"),
+                    now,
+                );
+                self.running.insert(
+                    key.clone(),
+                    RunInfo {
+                        proc: 0,
+                        action_id,
+                        started: now,
+                        deadline: tokio::time::Instant::now(),
+                        version,
+                        kind,
+                    },
+                );
+                self.finish(key, res);
+                return;
+            }
+        };
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_secs(self.settings.handler_timeout);
+        self.running.insert(
+            key.clone(),
+            RunInfo {
+                proc,
+                action_id,
+                started: now,
+                deadline,
+                version,
+                kind,
+            },
+        );
+        if kind == ActionKind::Deploy {
+            self.batch.actions.push(ActionRecord {
+                id: action_id,
+                environment_id: self.env,
+                version,
+                resource_id: intent.id.clone(),
+                action: "deploy".into(),
+                started_at: now,
+                finished_at: None,
+                status: "deploying".into(),
+                change: "nochange".into(),
+                changes: serde_json::json!({}),
+                messages: serde_json::json!([{
+                    "level": "debug", "message": format!("deploy started on agent {agent} because {reason}"),
+                    "fields": {"reason": reason}, "at": now
+                }]),
+            });
+            if let Some(r) = r {
+                self.mark_state(r);
+            }
+        }
+        if let Err(e) = self.executors.send(proc, item).await {
+            let res = synthetic(
+                action_id,
+                Outcome::Unavailable,
+                &format!("executor failed: {e}"),
+                now,
+            );
+            self.finish(key, res);
+        }
+    }
+
+    fn on_pool_event(&mut self, ev: PoolEvent) {
+        match ev {
+            PoolEvent::Reply(proc, Reply::Result(res)) => {
+                self.executors.release(proc);
+                let key = self
+                    .running
+                    .iter()
+                    .find(|(_, r)| r.action_id == res.action_id && r.proc == proc)
+                    .map(|(k, _)| k.clone());
+                if let Some(key) = key {
+                    self.finish(key, *res);
+                }
+            }
+            PoolEvent::Reply(_, Reply::Ready { .. }) => {}
+            PoolEvent::Exited(proc, why) => {
+                self.executors.forget(proc);
+                let key = self
+                    .running
+                    .iter()
+                    .find(|(_, r)| r.proc == proc)
+                    .map(|(k, _)| k.clone());
+                if let Some(key) = key {
+                    let info = &self.running[&key];
+                    let (action_id, started) = (info.action_id, info.started);
+                    tracing::warn!(environment = %self.env, resource = key.resource(), "executor crashed: {why}");
+                    let res = synthetic(
+                        action_id,
+                        Outcome::Unavailable,
+                        &format!("the executor crashed ({why}); it will be restarted"),
+                        started,
+                    );
+                    self.finish(key, res);
+                }
+            }
+        }
+    }
+
+    /// An action ended: update state, log, send events, arm timers, release the queue.
+    fn finish(&mut self, key: TaskKey, res: WorkResult) {
+        let Some(info) = self.running.remove(&key) else {
+            return;
+        };
+        let run = self.queue.finish(&key);
+        let now = Utc::now();
+        match &key {
+            TaskKey::Dryrun(id, rid) => {
+                self.batch.dryrun_results.push((
+                    *id,
+                    rid.clone(),
+                    res.outcome.as_str().into(),
+                    serde_json::to_value(&res.changes).unwrap_or_default(),
+                    serde_json::to_value(&res.messages).unwrap_or_default(),
+                ));
+                if let Some(d) = self.dryruns.get_mut(id) {
+                    d.intents.remove(rid);
+                    if d.intents.is_empty() {
+                        self.dryruns.remove(id);
+                    }
+                }
+                // a dry-run is logged in the action log too
+                self.batch
+                    .actions
+                    .push(action_record(self.env, info.version, rid, "dryrun", &res));
+            }
+            TaskKey::Deploy(rid) => {
+                self.batch
+                    .actions
+                    .push(action_record(self.env, info.version, rid, "deploy", &res));
+                if self.tombstones.remove(rid).is_some() {
+                    return;
+                }
+                let stale = run.as_ref().is_some_and(|r| r.stale);
+                let Some(r) = self.model.get(rid) else { return };
+                let message = res
+                    .messages
+                    .iter()
+                    .rev()
+                    .find(|m| m.level == "error")
+                    .or_else(|| res.messages.last())
+                    .map(|m| m.message.clone());
+                if stale {
+                    // the intent changed while it ran: only the timestamps count
+                    self.model.states[r].last_attempt = Some(info.started);
+                    self.model.states[r].last_deployed = Some(now);
+                } else {
+                    let fin =
+                        self.model
+                            .finish(r, res.outcome, res.change, message, info.started, now);
+                    let prio = run
+                        .as_ref()
+                        .map(|x| x.priority)
+                        .unwrap_or(Priority::NewVersion);
+                    let sender = rid.clone();
+                    for d in fin.events {
+                        self.schedule(
+                            d,
+                            prio,
+                            &format!("an event was received from {sender}"),
+                            true,
+                        );
+                    }
+                    for d in fin.recovered {
+                        self.schedule(d, prio, &format!("requirement {sender} recovered"), false);
+                    }
+                }
+                if let Some(run) = &run {
+                    if let Some((p, reason)) = &run.follow_up {
+                        self.schedule(r, *p, reason, false);
+                    }
+                }
+                self.arm_timer(r, now);
+                self.mark_state(r);
+            }
+        }
+    }
+}
+
+fn synthetic(
+    action_id: Uuid,
+    outcome: Outcome,
+    message: &str,
+    started: DateTime<Utc>,
+) -> WorkResult {
+    let now = Utc::now();
+    WorkResult {
+        action_id,
+        outcome,
+        change: Change::Nochange,
+        changes: Default::default(),
+        messages: vec![crate::executor::protocol::LogLine {
+            level: if matches!(outcome, Outcome::SkippedForDependency) {
+                "info".into()
+            } else {
+                "error".into()
+            },
+            message: message.to_string(),
+            fields: Default::default(),
+            at: now,
+        }],
+        started_at: started,
+        finished_at: now,
+        state: None,
+    }
+}
+
+fn action_record(
+    env: Uuid,
+    version: i32,
+    rid: &str,
+    action: &str,
+    res: &WorkResult,
+) -> ActionRecord {
+    ActionRecord {
+        id: res.action_id,
+        environment_id: env,
+        version,
+        resource_id: rid.to_string(),
+        action: action.into(),
+        started_at: res.started_at,
+        finished_at: Some(res.finished_at),
+        status: res.outcome.as_str().into(),
+        change: res.change.as_str().into(),
+        changes: serde_json::to_value(&res.changes).unwrap_or_default(),
+        messages: serde_json::to_value(&res.messages).unwrap_or_default(),
+    }
+}

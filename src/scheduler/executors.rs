@@ -1,0 +1,249 @@
+//! The executor processes of one environment: `steward executor` children, each running one
+//! action at a time, reused across actions, per agent, with a cap on their number. Their
+//! replies and their deaths arrive on one channel; a process that dies is simply forgotten
+//! (the next action for its agent starts a new one).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Instant;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+use crate::executor::protocol::{Reply, Request, WorkItem};
+
+pub type ProcId = u64;
+
+#[derive(Debug)]
+pub enum PoolEvent {
+    Reply(ProcId, Reply),
+    /// The process closed its output: it exited or crashed.
+    Exited(ProcId, String),
+}
+
+struct Proc {
+    agent: String,
+    child: Child,
+    stdin: ChildStdin,
+    busy: bool,
+    last_used: Instant,
+}
+
+pub struct Pool {
+    binary: PathBuf,
+    max: usize,
+    procs: HashMap<ProcId, Proc>,
+    next: ProcId,
+    tx: mpsc::UnboundedSender<PoolEvent>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("can not start an executor ({binary}): {detail}")]
+    Spawn { binary: String, detail: String },
+    #[error("all {0} executors are busy")]
+    Full(usize),
+    #[error("executor {0} is gone")]
+    Gone(ProcId),
+}
+
+impl Pool {
+    pub fn new(binary: PathBuf, max: usize) -> (Pool, mpsc::UnboundedReceiver<PoolEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            Pool {
+                binary,
+                max: max.max(1),
+                procs: HashMap::new(),
+                next: 1,
+                tx,
+            },
+            rx,
+        )
+    }
+
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    pub fn pids(&self, agent: &str) -> Vec<u32> {
+        self.procs
+            .values()
+            .filter(|p| p.agent == agent)
+            .filter_map(|p| p.child.id())
+            .collect()
+    }
+
+    /// An idle executor of `agent`, started if needed (an idle one of another agent may be
+    /// stopped to stay under the cap).
+    pub fn acquire(&mut self, agent: &str) -> Result<ProcId, PoolError> {
+        if let Some((id, p)) = self
+            .procs
+            .iter_mut()
+            .find(|(_, p)| p.agent == agent && !p.busy)
+        {
+            p.busy = true;
+            p.last_used = Instant::now();
+            return Ok(*id);
+        }
+        if self.procs.len() >= self.max {
+            let lru = self
+                .procs
+                .iter()
+                .filter(|(_, p)| !p.busy)
+                .min_by_key(|(_, p)| p.last_used)
+                .map(|(id, _)| *id);
+            match lru {
+                Some(id) => self.stop(id),
+                None => return Err(PoolError::Full(self.max)),
+            }
+        }
+        self.spawn(agent)
+    }
+
+    fn spawn(&mut self, agent: &str) -> Result<ProcId, PoolError> {
+        let mut child = Command::new(&self.binary)
+            .arg("executor")
+            .arg("--agent")
+            .arg(agent)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            // its own process group: a kill reaches the commands its handlers started too
+            .process_group(0)
+            .spawn()
+            .map_err(|e| PoolError::Spawn {
+                binary: self.binary.display().to_string(),
+                detail: e.to_string(),
+            })?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let id = self.next;
+        self.next += 1;
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            loop {
+                match lines.next_line().await {
+                    Ok(Some(line)) => match serde_json::from_str::<Reply>(&line) {
+                        Ok(r) => {
+                            if tx.send(PoolEvent::Reply(id, r)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(PoolEvent::Exited(
+                                id,
+                                format!("executor sent an unreadable line: {e}"),
+                            ));
+                            return;
+                        }
+                    },
+                    Ok(None) => {
+                        let _ = tx.send(PoolEvent::Exited(id, "executor exited".into()));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(PoolEvent::Exited(
+                            id,
+                            format!("executor output failed: {e}"),
+                        ));
+                        return;
+                    }
+                }
+            }
+        });
+        self.procs.insert(
+            id,
+            Proc {
+                agent: agent.to_string(),
+                child,
+                stdin,
+                busy: true,
+                last_used: Instant::now(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Hand a work item to an acquired executor.
+    pub async fn send(&mut self, id: ProcId, item: WorkItem) -> Result<(), PoolError> {
+        let p = self.procs.get_mut(&id).ok_or(PoolError::Gone(id))?;
+        let mut line = serde_json::to_string(&Request::Work(Box::new(item))).expect("json");
+        line.push('\n');
+        if p.stdin.write_all(line.as_bytes()).await.is_err() || p.stdin.flush().await.is_err() {
+            self.kill(id);
+            return Err(PoolError::Gone(id));
+        }
+        Ok(())
+    }
+
+    /// The executor finished its action: it is idle again.
+    pub fn release(&mut self, id: ProcId) {
+        if let Some(p) = self.procs.get_mut(&id) {
+            p.busy = false;
+            p.last_used = Instant::now();
+        }
+    }
+
+    /// Kill an executor and whatever its handler started (a hung handler).
+    pub fn kill(&mut self, id: ProcId) {
+        if let Some(mut p) = self.procs.remove(&id) {
+            if let Some(pid) = p.child.id() {
+                // SAFETY: kill(2) on a process group we created; no memory is involved
+                unsafe {
+                    libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+                }
+            }
+            let _ = p.child.start_kill();
+        }
+    }
+
+    /// Forget an executor that exited on its own.
+    pub fn forget(&mut self, id: ProcId) {
+        self.procs.remove(&id);
+    }
+
+    fn stop(&mut self, id: ProcId) {
+        // closing stdin ends its loop; kill_on_drop covers a stuck one
+        if let Some(p) = self.procs.remove(&id) {
+            drop(p.stdin);
+            let mut child = p.child;
+            tokio::spawn(async move {
+                if tokio::time::timeout(std::time::Duration::from_secs(3), child.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = child.start_kill();
+                }
+            });
+        }
+    }
+
+    /// Stop idle executors unused for `idle` (reaping).
+    pub fn reap(&mut self, idle: std::time::Duration) {
+        let old: Vec<ProcId> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.busy && p.last_used.elapsed() > idle)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in old {
+            self.stop(id);
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        let ids: Vec<ProcId> = self.procs.keys().copied().collect();
+        for id in ids {
+            self.stop(id);
+        }
+    }
+}

@@ -1,0 +1,631 @@
+//! The scheduler's picture of an environment: intent per resource (from the released
+//! version it merged last), the dependency graph, and the state vector of every resource
+//! (SCHEDULER.md §2). Pure: no I/O, time is a parameter.
+
+use std::collections::{BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::executor::protocol::{Change, Outcome};
+use crate::model::diff::ChangeKind;
+
+pub type Attrs = serde_json::Map<String, Value>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compliance {
+    Compliant,
+    HasUpdate,
+    NonCompliant,
+    Undefined,
+}
+
+impl Compliance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compliance::Compliant => "compliant",
+            Compliance::HasUpdate => "has_update",
+            Compliance::NonCompliant => "non_compliant",
+            Compliance::Undefined => "undefined",
+        }
+    }
+
+    pub fn parse(s: &str) -> Compliance {
+        match s {
+            "compliant" => Compliance::Compliant,
+            "non_compliant" => Compliance::NonCompliant,
+            "undefined" => Compliance::Undefined,
+            _ => Compliance::HasUpdate,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LastRun {
+    New,
+    Successful,
+    Failed,
+    Skipped,
+}
+
+impl LastRun {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LastRun::New => "new",
+            LastRun::Successful => "successful",
+            LastRun::Failed => "failed",
+            LastRun::Skipped => "skipped",
+        }
+    }
+
+    pub fn parse(s: &str) -> LastRun {
+        match s {
+            "successful" => LastRun::Successful,
+            "failed" => LastRun::Failed,
+            "skipped" => LastRun::Skipped,
+            _ => LastRun::New,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Blocked {
+    NotBlocked,
+    /// undefined itself or depends (transitively) on an undefined resource
+    Blocked,
+    /// skipped because a requirement failed; waits for it to recover
+    Temporarily,
+}
+
+impl Blocked {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blocked::NotBlocked => "not_blocked",
+            Blocked::Blocked => "blocked",
+            Blocked::Temporarily => "temporarily_blocked",
+        }
+    }
+
+    pub fn parse(s: &str) -> Blocked {
+        match s {
+            "blocked" => Blocked::Blocked,
+            "temporarily_blocked" => Blocked::Temporarily,
+            _ => Blocked::NotBlocked,
+        }
+    }
+}
+
+/// The intent of a resource in the merged version.
+#[derive(Clone, Debug)]
+pub struct Intent {
+    pub id: String,
+    pub type_name: String,
+    pub agent: String,
+    pub hash: String,
+    pub attributes: Attrs,
+    pub requires: Vec<String>,
+    pub undefined: bool,
+}
+
+impl Intent {
+    pub fn flag(&self, name: &str, default: bool) -> bool {
+        self.attributes
+            .get(name)
+            .and_then(Value::as_bool)
+            .unwrap_or(default)
+    }
+}
+
+/// The state vector of one resource (persisted in `resource_state`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RState {
+    pub compliance: Compliance,
+    pub last_run: LastRun,
+    pub last_result: Option<Outcome>,
+    pub last_message: Option<String>,
+    pub blocked: Blocked,
+    pub blocked_reason: Option<String>,
+    /// Hash of the intent of the last run.
+    pub last_run_hash: Option<String>,
+    pub last_attempt: Option<DateTime<Utc>>,
+    pub last_deployed: Option<DateTime<Utc>>,
+    pub last_success: Option<DateTime<Utc>>,
+    pub last_produced_events: Option<DateTime<Utc>>,
+    /// When a deploy last made a real change (drives reloads of dependents).
+    pub last_change: Option<DateTime<Utc>>,
+    pub failure_count: u32,
+    pub next_retry: Option<DateTime<Utc>>,
+}
+
+impl RState {
+    pub fn fresh(undefined: bool) -> RState {
+        RState {
+            compliance: if undefined {
+                Compliance::Undefined
+            } else {
+                Compliance::HasUpdate
+            },
+            last_run: LastRun::New,
+            last_result: None,
+            last_message: None,
+            blocked: if undefined {
+                Blocked::Blocked
+            } else {
+                Blocked::NotBlocked
+            },
+            blocked_reason: if undefined {
+                Some("its intent has unknown values".into())
+            } else {
+                None
+            },
+            last_run_hash: None,
+            last_attempt: None,
+            last_deployed: None,
+            last_success: None,
+            last_produced_events: None,
+            last_change: None,
+            failure_count: 0,
+            next_retry: None,
+        }
+    }
+
+    /// Known to be good: compliant and not blocked.
+    pub fn good(&self) -> bool {
+        self.compliance == Compliance::Compliant && self.blocked == Blocked::NotBlocked
+    }
+}
+
+/// The net change of a merge.
+#[derive(Debug, Default)]
+pub struct Merged {
+    pub new: Vec<usize>,
+    pub updated: Vec<usize>,
+    /// removed: their last intent (for an opt-in delete on the target)
+    pub deleted: Vec<Intent>,
+    pub newly_blocked: Vec<usize>,
+    pub unblocked: Vec<usize>,
+}
+
+#[derive(Default)]
+pub struct Model {
+    pub version: Option<i32>,
+    pub intents: Vec<Intent>,
+    pub states: Vec<RState>,
+    pub index: HashMap<String, usize>,
+    pub requires: Vec<Vec<usize>>,
+    pub provides: Vec<Vec<usize>>,
+    /// Resources believed to need a deploy.
+    pub dirty: BTreeSet<usize>,
+}
+
+impl Model {
+    pub fn len(&self) -> usize {
+        self.intents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.intents.is_empty()
+    }
+
+    pub fn get(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    /// Build from a version's intents and the stored states (missing states are fresh).
+    pub fn restore(
+        version: i32,
+        intents: Vec<Intent>,
+        mut states: HashMap<String, RState>,
+    ) -> Model {
+        let mut m = Model {
+            version: Some(version),
+            ..Default::default()
+        };
+        for i in intents {
+            let s = states
+                .remove(&i.id)
+                .unwrap_or_else(|| RState::fresh(i.undefined));
+            m.push(i, s);
+        }
+        m.rebuild_edges();
+        m.recompute_blocked();
+        for r in 0..m.len() {
+            let s = &mut m.states[r];
+            // compliance follows the intent: never run, or run on another intent -> has_update
+            if m.intents[r].undefined {
+                s.compliance = Compliance::Undefined;
+            } else if s.last_run_hash.as_deref() != Some(m.intents[r].hash.as_str())
+                || s.last_run == LastRun::New
+            {
+                s.compliance = Compliance::HasUpdate;
+            }
+            // skip-for-dependencies is re-evaluated: such resources simply deploy again
+            if s.blocked == Blocked::Temporarily {
+                s.blocked = Blocked::NotBlocked;
+            }
+            if s.blocked == Blocked::NotBlocked && s.compliance != Compliance::Compliant {
+                m.dirty.insert(r);
+            }
+        }
+        m
+    }
+
+    fn push(&mut self, i: Intent, s: RState) {
+        self.index.insert(i.id.clone(), self.intents.len());
+        self.intents.push(i);
+        self.states.push(s);
+    }
+
+    fn rebuild_edges(&mut self) {
+        let n = self.intents.len();
+        self.requires = vec![Vec::new(); n];
+        self.provides = vec![Vec::new(); n];
+        for r in 0..n {
+            let reqs: Vec<usize> = self.intents[r]
+                .requires
+                .iter()
+                .filter_map(|q| self.index.get(q).copied())
+                .collect();
+            for &q in &reqs {
+                self.provides[q].push(r);
+            }
+            self.requires[r] = reqs;
+        }
+    }
+
+    /// Undefined resources and everything downstream of them are blocked.
+    pub fn recompute_blocked(&mut self) -> (Vec<usize>, Vec<usize>) {
+        let n = self.len();
+        let mut blocked = vec![false; n];
+        let mut stack: Vec<usize> = (0..n).filter(|&r| self.intents[r].undefined).collect();
+        for &r in &stack {
+            blocked[r] = true;
+        }
+        while let Some(r) = stack.pop() {
+            for &d in &self.provides[r] {
+                if !blocked[d] {
+                    blocked[d] = true;
+                    stack.push(d);
+                }
+            }
+        }
+        let mut newly = Vec::new();
+        let mut freed = Vec::new();
+        for r in 0..n {
+            let s = &mut self.states[r];
+            if blocked[r] {
+                if s.blocked != Blocked::Blocked {
+                    newly.push(r);
+                }
+                s.blocked = Blocked::Blocked;
+                s.blocked_reason = Some(if self.intents[r].undefined {
+                    "its intent has unknown values".into()
+                } else {
+                    let culprit = self.requires[r]
+                        .iter()
+                        .find(|&&q| blocked[q])
+                        .map(|&q| self.intents[q].id.clone())
+                        .unwrap_or_default();
+                    format!("depends on {culprit}, which can not be deployed (unknown values)")
+                });
+                self.dirty.remove(&r);
+            } else if s.blocked == Blocked::Blocked {
+                s.blocked = Blocked::NotBlocked;
+                s.blocked_reason = None;
+                freed.push(r);
+            }
+        }
+        (newly, freed)
+    }
+
+    /// Merge a newer version (its intents): the net change against what we hold.
+    pub fn merge(&mut self, version: i32, intents: Vec<Intent>) -> Merged {
+        let mut merged = Merged::default();
+        let old_intents = std::mem::take(&mut self.intents);
+        let old_states = std::mem::take(&mut self.states);
+        let old_index = std::mem::take(&mut self.index);
+        let old_dirty = std::mem::take(&mut self.dirty);
+        let mut seen = vec![false; old_intents.len()];
+        for i in intents {
+            match old_index.get(&i.id) {
+                None => {
+                    let r = self.len();
+                    merged.new.push(r);
+                    let s = RState::fresh(i.undefined);
+                    self.push(i, s);
+                }
+                Some(&o) => {
+                    seen[o] = true;
+                    let mut s = old_states[o].clone();
+                    let changed =
+                        old_intents[o].hash != i.hash || old_intents[o].undefined != i.undefined;
+                    let r = self.len();
+                    if changed {
+                        merged.updated.push(r);
+                        s.compliance = if i.undefined {
+                            Compliance::Undefined
+                        } else {
+                            Compliance::HasUpdate
+                        };
+                        if s.blocked == Blocked::Temporarily {
+                            // give it another chance
+                            s.blocked = Blocked::NotBlocked;
+                            s.blocked_reason = None;
+                        }
+                        s.failure_count = 0;
+                        s.next_retry = None;
+                    }
+                    let was_dirty = old_dirty.contains(&o);
+                    self.push(i, s);
+                    if was_dirty {
+                        self.dirty.insert(r);
+                    }
+                }
+            }
+        }
+        for (o, i) in old_intents.into_iter().enumerate() {
+            if !seen[o] {
+                merged.deleted.push(i);
+            }
+        }
+        self.version = Some(version);
+        self.rebuild_edges();
+        let (newly, freed) = self.recompute_blocked();
+        merged.newly_blocked = newly;
+        merged.unblocked = freed;
+        for &r in merged
+            .new
+            .iter()
+            .chain(merged.updated.iter())
+            .chain(merged.unblocked.iter())
+        {
+            if self.states[r].blocked == Blocked::NotBlocked {
+                self.dirty.insert(r);
+            }
+        }
+        merged
+    }
+
+    /// Why `r` may not run now: a requirement that did not deploy its current intent.
+    pub fn failing_requirement(&self, r: usize) -> Option<usize> {
+        self.requires[r]
+            .iter()
+            .copied()
+            .find(|&q| self.states[q].compliance != Compliance::Compliant)
+    }
+
+    /// Record a finished run of the current intent of `r`; returns the dependents to notify
+    /// (events and recoveries).
+    pub fn finish(
+        &mut self,
+        r: usize,
+        outcome: Outcome,
+        change: Change,
+        message: Option<String>,
+        started: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Finished {
+        let mut fin = Finished::default();
+        let was_compliant = self.states[r].compliance == Compliance::Compliant;
+        let hash = self.intents[r].hash.clone();
+        let s = &mut self.states[r];
+        s.last_result = Some(outcome);
+        s.last_message = message;
+        s.last_attempt = Some(started);
+        s.last_deployed = Some(now);
+        s.last_run_hash = Some(hash);
+        match outcome {
+            Outcome::Deployed => {
+                s.last_run = LastRun::Successful;
+                s.compliance = Compliance::Compliant;
+                s.last_success = Some(started);
+                s.failure_count = 0;
+                s.next_retry = None;
+                s.blocked = if s.blocked == Blocked::Temporarily {
+                    Blocked::NotBlocked
+                } else {
+                    s.blocked
+                };
+                if s.blocked == Blocked::NotBlocked {
+                    s.blocked_reason = None;
+                }
+                if change != Change::Nochange {
+                    s.last_change = Some(now);
+                }
+                self.dirty.remove(&r);
+            }
+            Outcome::SkippedForDependency => {
+                s.last_run = LastRun::Skipped;
+                s.compliance = Compliance::NonCompliant;
+                s.blocked = Blocked::Temporarily;
+                self.dirty.remove(&r);
+            }
+            Outcome::Skipped => {
+                s.last_run = LastRun::Skipped;
+                s.compliance = Compliance::NonCompliant;
+                self.dirty.insert(r);
+            }
+            Outcome::Failed | Outcome::Unavailable | Outcome::TimedOut => {
+                s.last_run = LastRun::Failed;
+                s.compliance = Compliance::NonCompliant;
+                s.failure_count += 1;
+                self.dirty.insert(r);
+            }
+            Outcome::Dry => {}
+        }
+        // events: every finished deploy of a send_event resource
+        if self.intents[r].flag("send_event", false) && outcome != Outcome::Dry {
+            self.states[r].last_produced_events = Some(now);
+            for &d in &self.provides[r] {
+                if self.intents[d].flag("receive_events", true)
+                    && self.states[d].blocked != Blocked::Blocked
+                {
+                    fin.events.push(d);
+                }
+            }
+        }
+        // recovery: temporarily blocked dependents get another chance
+        if outcome == Outcome::Deployed && !was_compliant {
+            for &d in &self.provides[r] {
+                if self.states[d].blocked == Blocked::Temporarily {
+                    self.states[d].blocked = Blocked::NotBlocked;
+                    self.states[d].blocked_reason = None;
+                    self.dirty.insert(d);
+                    fin.recovered.push(d);
+                }
+            }
+        }
+        fin
+    }
+
+    /// Should `r` reload: did a requirement change since `r` last deployed successfully?
+    pub fn needs_reload(&self, r: usize) -> bool {
+        let mine = self.states[r].last_success;
+        self.requires[r]
+            .iter()
+            .any(|&q| match (self.states[q].last_change, mine) {
+                (Some(c), Some(m)) => c > m,
+                (Some(_), None) => true,
+                _ => false,
+            })
+    }
+
+    pub fn kind_of(&self, r: usize, merged: &Merged) -> ChangeKind {
+        if merged.new.contains(&r) {
+            ChangeKind::New
+        } else if merged.updated.contains(&r) {
+            ChangeKind::Updated
+        } else {
+            ChangeKind::Unchanged
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// Dependents that receive an event.
+    pub events: Vec<usize>,
+    /// Temporarily blocked dependents that recovered.
+    pub recovered: Vec<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intent(id: &str, hash: &str, requires: &[&str], undefined: bool) -> Intent {
+        let mut attributes = Attrs::new();
+        attributes.insert("send_event".into(), Value::Bool(true));
+        Intent {
+            id: id.into(),
+            type_name: "t".into(),
+            agent: "a".into(),
+            hash: hash.into(),
+            attributes,
+            requires: requires.iter().map(|s| s.to_string()).collect(),
+            undefined,
+        }
+    }
+
+    #[test]
+    fn merge_new_updated_deleted_blocked() {
+        let mut m = Model::default();
+        let merged = m.merge(
+            1,
+            vec![
+                intent("a", "1", &[], false),
+                intent("b", "1", &["a"], false),
+                intent("c", "1", &[], false),
+            ],
+        );
+        assert_eq!(merged.new.len(), 3);
+        assert_eq!(m.dirty.len(), 3);
+        let now = Utc::now();
+        for r in 0..3 {
+            m.finish(r, Outcome::Deployed, Change::Created, None, now, now);
+        }
+        assert!(m.dirty.is_empty());
+        // a changes, c goes away, d is new and undefined, e depends on d
+        let merged = m.merge(
+            2,
+            vec![
+                intent("a", "2", &[], false),
+                intent("b", "1", &["a"], false),
+                intent("d", "1", &[], true),
+                intent("e", "1", &["d"], false),
+            ],
+        );
+        assert_eq!(merged.updated, vec![m.get("a").unwrap()]);
+        assert_eq!(merged.deleted.len(), 1);
+        assert_eq!(merged.deleted[0].id, "c");
+        let d = m.get("d").unwrap();
+        let e = m.get("e").unwrap();
+        assert_eq!(m.states[d].blocked, Blocked::Blocked);
+        assert_eq!(m.states[e].blocked, Blocked::Blocked);
+        assert!(
+            m.states[e]
+                .blocked_reason
+                .as_ref()
+                .unwrap()
+                .contains("depends on d")
+        );
+        assert_eq!(
+            m.dirty.iter().copied().collect::<Vec<_>>(),
+            vec![m.get("a").unwrap()]
+        );
+        // d becomes defined: both unblock and become dirty
+        let merged = m.merge(
+            3,
+            vec![
+                intent("a", "2", &[], false),
+                intent("b", "1", &["a"], false),
+                intent("d", "2", &[], false),
+                intent("e", "1", &["d"], false),
+            ],
+        );
+        assert!(merged.unblocked.contains(&m.get("e").unwrap()));
+        assert!(m.dirty.contains(&m.get("d").unwrap()) && m.dirty.contains(&m.get("e").unwrap()));
+    }
+
+    #[test]
+    fn failures_skips_and_recovery() {
+        let mut m = Model::default();
+        m.merge(
+            1,
+            vec![
+                intent("a", "1", &[], false),
+                intent("b", "1", &["a"], false),
+            ],
+        );
+        let now = Utc::now();
+        let fin = m.finish(
+            0,
+            Outcome::Failed,
+            Change::Nochange,
+            Some("boom".into()),
+            now,
+            now,
+        );
+        assert_eq!(fin.events, vec![1], "events fire on failures too");
+        assert_eq!(m.failing_requirement(1), Some(0));
+        m.finish(
+            1,
+            Outcome::SkippedForDependency,
+            Change::Nochange,
+            None,
+            now,
+            now,
+        );
+        assert_eq!(m.states[1].blocked, Blocked::Temporarily);
+        assert!(!m.dirty.contains(&1));
+        assert_eq!(m.states[0].failure_count, 1);
+        let fin = m.finish(0, Outcome::Deployed, Change::Updated, None, now, now);
+        assert_eq!(fin.recovered, vec![1]);
+        assert!(m.dirty.contains(&1));
+        assert!(m.needs_reload(1));
+    }
+}

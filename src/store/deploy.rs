@@ -1,0 +1,382 @@
+//! What the scheduler persists: per-resource deploy state, its progress through versions,
+//! agents, dry-runs. Writes come in batches (one transaction, array parameters).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::Result;
+use super::actions::ActionRecord;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct StateRow {
+    pub resource_id: String,
+    pub agent: String,
+    pub intent_version: Option<i32>,
+    pub intent_hash: Option<String>,
+    pub undefined: bool,
+    pub compliance: String,
+    pub last_run: String,
+    pub last_result: Option<String>,
+    pub last_message: Option<String>,
+    pub blocked: String,
+    pub blocked_reason: Option<String>,
+    pub last_run_hash: Option<String>,
+    pub last_attempt: Option<DateTime<Utc>>,
+    pub last_deployed: Option<DateTime<Utc>>,
+    pub last_success: Option<DateTime<Utc>>,
+    pub last_produced_events: Option<DateTime<Utc>>,
+    pub failure_count: i32,
+    pub next_retry: Option<DateTime<Utc>>,
+    pub deploying_since: Option<DateTime<Utc>>,
+    pub orphaned_after: Option<i32>,
+}
+
+const STATE_COLUMNS: &str = "resource_id, agent, intent_version, intent_hash, undefined, compliance, last_run, last_result, \
+     last_message, blocked, blocked_reason, last_run_hash, last_attempt, last_deployed, last_success, \
+     last_produced_events, failure_count, next_retry, deploying_since, orphaned_after";
+
+pub async fn load_states(e: impl PgExecutor<'_>, env: Uuid) -> Result<HashMap<String, StateRow>> {
+    let sql = format!("SELECT {STATE_COLUMNS} FROM resource_state WHERE environment_id = $1");
+    let rows = sqlx::query_as::<_, StateRow>(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .fetch_all(e)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.resource_id.clone(), r))
+        .collect())
+}
+
+pub async fn load_progress(e: impl PgExecutor<'_>, env: Uuid) -> Result<Option<i32>> {
+    let v: Option<Option<i32>> = sqlx::query_scalar(
+        "SELECT processed_version FROM scheduler_progress WHERE environment_id = $1",
+    )
+    .bind(env)
+    .fetch_optional(e)
+    .await?;
+    Ok(v.flatten())
+}
+
+/// Deploys in flight when the scheduler stopped are forgotten (their resources redeploy) and
+/// their open action records are closed as interrupted, so the log tells what happened.
+pub async fn clear_leases(pool: &sqlx::PgPool, env: Uuid) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let r = sqlx::query("UPDATE resource_state SET deploying_since = NULL WHERE environment_id = $1 AND deploying_since IS NOT NULL")
+        .bind(env)
+        .execute(&mut *tx)
+        .await?;
+    let note = serde_json::json!([{
+        "level": "warning",
+        "message": "the scheduler stopped while this action ran; the resource is deployed again",
+        "fields": {}, "at": Utc::now()
+    }]);
+    sqlx::query(
+        "UPDATE resource_actions SET finished_at = now(), status = 'interrupted', messages = messages || $2 \
+         WHERE environment_id = $1 AND finished_at IS NULL",
+    )
+    .bind(env)
+    .bind(note)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(r.rows_affected())
+}
+
+/// Everything the scheduler has to write, applied in one transaction.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub states: Vec<StateRow>,
+    pub actions: Vec<ActionRecord>,
+    /// resource ids removed from the model: (id, last version holding them)
+    pub orphaned: Vec<(String, i32)>,
+    pub progress: Option<i32>,
+    pub dryrun_results: Vec<(Uuid, String, String, serde_json::Value, serde_json::Value)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+            && self.actions.is_empty()
+            && self.orphaned.is_empty()
+            && self.progress.is_none()
+            && self.dryrun_results.is_empty()
+    }
+}
+
+pub async fn write_batch(c: &mut PgConnection, env: Uuid, b: &Batch) -> Result<()> {
+    if !b.states.is_empty() {
+        let col = |f: &dyn Fn(&StateRow) -> Option<String>| -> Vec<Option<String>> {
+            b.states.iter().map(f).collect()
+        };
+        let ids: Vec<&str> = b.states.iter().map(|s| s.resource_id.as_str()).collect();
+        let agents: Vec<&str> = b.states.iter().map(|s| s.agent.as_str()).collect();
+        let iv: Vec<Option<i32>> = b.states.iter().map(|s| s.intent_version).collect();
+        let ih = col(&|s| s.intent_hash.clone());
+        let undef: Vec<bool> = b.states.iter().map(|s| s.undefined).collect();
+        let compliance: Vec<&str> = b.states.iter().map(|s| s.compliance.as_str()).collect();
+        let last_run: Vec<&str> = b.states.iter().map(|s| s.last_run.as_str()).collect();
+        let last_result = col(&|s| s.last_result.clone());
+        let last_message = col(&|s| s.last_message.clone());
+        let blocked: Vec<&str> = b.states.iter().map(|s| s.blocked.as_str()).collect();
+        let blocked_reason = col(&|s| s.blocked_reason.clone());
+        let last_run_hash = col(&|s| s.last_run_hash.clone());
+        let ts = |f: &dyn Fn(&StateRow) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
+            b.states.iter().map(f).collect()
+        };
+        let failures: Vec<i32> = b.states.iter().map(|s| s.failure_count).collect();
+        let orphaned: Vec<Option<i32>> = b.states.iter().map(|s| s.orphaned_after).collect();
+        sqlx::query(
+            "INSERT INTO resource_state (environment_id, resource_id, agent, intent_version, intent_hash, undefined, compliance, \
+             last_run, last_result, last_message, blocked, blocked_reason, last_run_hash, last_attempt, last_deployed, last_success, \
+             last_produced_events, failure_count, next_retry, deploying_since, orphaned_after, updated_at) \
+             SELECT $1, * , now() FROM unnest($2::text[], $3::text[], $4::int[], $5::text[], $6::bool[], $7::text[], $8::text[], \
+             $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::timestamptz[], \
+             $16::timestamptz[], $17::timestamptz[], $18::int[], $19::timestamptz[], $20::timestamptz[], $21::int[]) \
+             ON CONFLICT (environment_id, resource_id) DO UPDATE SET agent = EXCLUDED.agent, intent_version = EXCLUDED.intent_version, \
+             intent_hash = EXCLUDED.intent_hash, undefined = EXCLUDED.undefined, compliance = EXCLUDED.compliance, \
+             last_run = EXCLUDED.last_run, last_result = EXCLUDED.last_result, last_message = EXCLUDED.last_message, \
+             blocked = EXCLUDED.blocked, blocked_reason = EXCLUDED.blocked_reason, last_run_hash = EXCLUDED.last_run_hash, \
+             last_attempt = EXCLUDED.last_attempt, last_deployed = EXCLUDED.last_deployed, last_success = EXCLUDED.last_success, \
+             last_produced_events = EXCLUDED.last_produced_events, failure_count = EXCLUDED.failure_count, \
+             next_retry = EXCLUDED.next_retry, deploying_since = EXCLUDED.deploying_since, \
+             orphaned_after = EXCLUDED.orphaned_after, updated_at = now()",
+        )
+        .bind(env)
+        .bind(&ids)
+        .bind(&agents)
+        .bind(&iv)
+        .bind(&ih)
+        .bind(&undef)
+        .bind(&compliance)
+        .bind(&last_run)
+        .bind(&last_result)
+        .bind(&last_message)
+        .bind(&blocked)
+        .bind(&blocked_reason)
+        .bind(&last_run_hash)
+        .bind(ts(&|s| s.last_attempt))
+        .bind(ts(&|s| s.last_deployed))
+        .bind(ts(&|s| s.last_success))
+        .bind(ts(&|s| s.last_produced_events))
+        .bind(&failures)
+        .bind(ts(&|s| s.next_retry))
+        .bind(ts(&|s| s.deploying_since))
+        .bind(&orphaned)
+        .execute(&mut *c)
+        .await?;
+    }
+    if !b.actions.is_empty() {
+        let a = &b.actions;
+        let ids: Vec<Uuid> = a.iter().map(|x| x.id).collect();
+        let versions: Vec<i32> = a.iter().map(|x| x.version).collect();
+        let rids: Vec<&str> = a.iter().map(|x| x.resource_id.as_str()).collect();
+        let kinds: Vec<&str> = a.iter().map(|x| x.action.as_str()).collect();
+        let started: Vec<DateTime<Utc>> = a.iter().map(|x| x.started_at).collect();
+        let finished: Vec<Option<DateTime<Utc>>> = a.iter().map(|x| x.finished_at).collect();
+        let status: Vec<&str> = a.iter().map(|x| x.status.as_str()).collect();
+        let change: Vec<&str> = a.iter().map(|x| x.change.as_str()).collect();
+        let changes: Vec<&serde_json::Value> = a.iter().map(|x| &x.changes).collect();
+        let messages: Vec<&serde_json::Value> = a.iter().map(|x| &x.messages).collect();
+        sqlx::query(
+            "INSERT INTO resource_actions (environment_id, id, version, resource_id, action, started_at, finished_at, status, \
+             change, changes, messages) SELECT $1, * FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], \
+             $6::timestamptz[], $7::timestamptz[], $8::text[], $9::text[], $10::jsonb[], $11::jsonb[]) \
+             ON CONFLICT (id) DO UPDATE SET finished_at = EXCLUDED.finished_at, status = EXCLUDED.status, \
+             change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages",
+        )
+        .bind(env)
+        .bind(&ids)
+        .bind(&versions)
+        .bind(&rids)
+        .bind(&kinds)
+        .bind(&started)
+        .bind(&finished)
+        .bind(&status)
+        .bind(&change)
+        .bind(&changes)
+        .bind(&messages)
+        .execute(&mut *c)
+        .await?;
+    }
+    if !b.orphaned.is_empty() {
+        let ids: Vec<&str> = b.orphaned.iter().map(|o| o.0.as_str()).collect();
+        let after: Vec<i32> = b.orphaned.iter().map(|o| o.1).collect();
+        sqlx::query(
+            "UPDATE resource_state s SET orphaned_after = u.after, deploying_since = NULL, updated_at = now() \
+             FROM unnest($2::text[], $3::int[]) AS u(rid, after) WHERE s.environment_id = $1 AND s.resource_id = u.rid",
+        )
+        .bind(env)
+        .bind(&ids)
+        .bind(&after)
+        .execute(&mut *c)
+        .await?;
+    }
+    if !b.dryrun_results.is_empty() {
+        let ids: Vec<Uuid> = b.dryrun_results.iter().map(|r| r.0).collect();
+        let rids: Vec<&str> = b.dryrun_results.iter().map(|r| r.1.as_str()).collect();
+        let outcomes: Vec<&str> = b.dryrun_results.iter().map(|r| r.2.as_str()).collect();
+        let changes: Vec<&serde_json::Value> = b.dryrun_results.iter().map(|r| &r.3).collect();
+        let messages: Vec<&serde_json::Value> = b.dryrun_results.iter().map(|r| &r.4).collect();
+        sqlx::query(
+            "INSERT INTO dryrun_results (dryrun_id, resource_id, outcome, changes, messages) \
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[]) \
+             ON CONFLICT (dryrun_id, resource_id) DO UPDATE SET outcome = EXCLUDED.outcome, changes = EXCLUDED.changes, \
+             messages = EXCLUDED.messages",
+        )
+        .bind(&ids)
+        .bind(&rids)
+        .bind(&outcomes)
+        .bind(&changes)
+        .bind(&messages)
+        .execute(&mut *c)
+        .await?;
+        sqlx::query(
+            "UPDATE dryruns d SET done = (SELECT count(*) FROM dryrun_results r WHERE r.dryrun_id = d.id), \
+             finished_at = CASE WHEN (SELECT count(*) FROM dryrun_results r WHERE r.dryrun_id = d.id) >= d.total THEN now() ELSE NULL END \
+             WHERE d.id = ANY($1)",
+        )
+        .bind(&ids)
+        .execute(&mut *c)
+        .await?;
+    }
+    if let Some(v) = b.progress {
+        sqlx::query(
+            "INSERT INTO scheduler_progress (environment_id, processed_version) VALUES ($1, $2) \
+             ON CONFLICT (environment_id) DO UPDATE SET processed_version = EXCLUDED.processed_version, updated_at = now()",
+        )
+        .bind(env)
+        .bind(v)
+        .execute(&mut *c)
+        .await?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------ agents
+
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+pub struct AgentRow {
+    pub name: String,
+    pub paused: bool,
+    pub unpause_on_resume: bool,
+    pub last_seen: Option<DateTime<Utc>>,
+}
+
+pub async fn agents(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<AgentRow>> {
+    Ok(sqlx::query_as::<_, AgentRow>(
+        "SELECT name, paused, unpause_on_resume, last_seen FROM agents WHERE environment_id = $1 ORDER BY name",
+    )
+    .bind(env)
+    .fetch_all(e)
+    .await?)
+}
+
+pub async fn ensure_agents(e: impl PgExecutor<'_>, env: Uuid, names: &[String]) -> Result<()> {
+    sqlx::query("INSERT INTO agents (environment_id, name) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING")
+        .bind(env)
+        .bind(names)
+        .execute(e)
+        .await?;
+    Ok(())
+}
+
+pub async fn set_paused(e: impl PgExecutor<'_>, env: Uuid, name: &str, paused: bool) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO agents (environment_id, name, paused) VALUES ($1, $2, $3) \
+         ON CONFLICT (environment_id, name) DO UPDATE SET paused = EXCLUDED.paused",
+    )
+    .bind(env)
+    .bind(name)
+    .bind(paused)
+    .execute(e)
+    .await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------ dry-runs
+
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+pub struct DryrunRow {
+    pub id: Uuid,
+    pub version: i32,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub total: i32,
+    pub done: i32,
+    pub requested_by: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+pub struct DryrunResult {
+    pub resource_id: String,
+    pub outcome: String,
+    pub changes: serde_json::Value,
+    pub messages: serde_json::Value,
+}
+
+pub async fn create_dryrun(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+    total: i32,
+    by: &str,
+) -> Result<Uuid> {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO dryruns (id, environment_id, version, total, requested_by, finished_at) \
+         VALUES ($1, $2, $3, $4, $5, CASE WHEN $4 = 0 THEN now() END)",
+    )
+    .bind(id)
+    .bind(env)
+    .bind(version)
+    .bind(total)
+    .bind(by)
+    .execute(e)
+    .await?;
+    Ok(id)
+}
+
+pub async fn dryrun(e: impl PgExecutor<'_>, env: Uuid, id: Uuid) -> Result<DryrunRow> {
+    sqlx::query_as::<_, DryrunRow>(
+        "SELECT id, version, created_at, finished_at, total, done, requested_by FROM dryruns WHERE environment_id = $1 AND id = $2",
+    )
+    .bind(env)
+    .bind(id)
+    .fetch_optional(e)
+    .await?
+    .ok_or_else(|| super::StoreError::NotFound(format!("dry-run {id}")))
+}
+
+pub async fn dryrun_results(e: impl PgExecutor<'_>, id: Uuid) -> Result<Vec<DryrunResult>> {
+    Ok(sqlx::query_as::<_, DryrunResult>(
+        "SELECT resource_id, outcome, changes, messages FROM dryrun_results WHERE dryrun_id = $1 ORDER BY resource_id",
+    )
+    .bind(id)
+    .fetch_all(e)
+    .await?)
+}
+
+pub async fn dryruns(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<DryrunRow>> {
+    Ok(sqlx::query_as::<_, DryrunRow>(
+        "SELECT id, version, created_at, finished_at, total, done, requested_by FROM dryruns WHERE environment_id = $1 \
+         ORDER BY created_at DESC LIMIT 100",
+    )
+    .bind(env)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Environments that have a released version (their schedulers start with the server).
+pub async fn environments_with_releases(e: impl PgExecutor<'_>) -> Result<Vec<Uuid>> {
+    Ok(
+        sqlx::query_scalar(
+            "SELECT DISTINCT environment_id FROM versions WHERE status = 'released'",
+        )
+        .fetch_all(e)
+        .await?,
+    )
+}

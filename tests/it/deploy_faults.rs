@@ -1,0 +1,205 @@
+//! Deploys survive faults: a crashed executor, a hung handler, a server killed with -9.
+
+use std::time::Duration;
+
+use serde_json::json;
+use steward::client::Client;
+
+use crate::deploy::{deploy_actions, env_with, state_of, upload};
+use crate::support::{
+    TestServer, eventually, exec_run, free_port, fs_file, new_database, spawn_server,
+    wait_deployed, wait_healthy,
+};
+
+const AGENT: &str = "localhost";
+
+fn kill9(pid: u32) {
+    let ok = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -9 {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashed_executor_is_reported_respawned_and_retried() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let env = env_with(
+        &c,
+        "crash",
+        json!({"retry_backoff": {"initial": 1, "factor": 1.0, "max": 1}}),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let cmd = format!("sh -c 'sleep 2; echo done >> {d}/out'");
+    let run = exec_run(AGENT, &cmd, json!({}), &[]);
+    let rid = run.id.0.clone();
+    let v = upload(&c, &env, vec![run]).await;
+    // the executor working on it
+    let pid = eventually(20, "the command to start", || async {
+        let a = c.agents(&env).await.unwrap();
+        let agent = a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == AGENT)?
+            .clone();
+        (agent["running"] == 1)
+            .then(|| agent["executors"][0].as_u64())
+            .flatten()
+    })
+    .await;
+    kill9(pid as u32);
+    // reported as unavailable, then retried on a new executor and deployed
+    let acts = eventually(30, "a retry to deploy it", || async {
+        let acts = deploy_actions(&c, &env, &rid).await;
+        acts.iter().any(|a| a.status == "deployed").then_some(acts)
+    })
+    .await;
+    let crashed = acts
+        .iter()
+        .find(|a| a.status == "unavailable")
+        .expect("the crash is in the log");
+    assert!(
+        crashed.messages.to_string().contains("crashed"),
+        "{:?}",
+        crashed.messages
+    );
+    wait_deployed(&c, &env, v, 30).await;
+    let a = c.agents(&env).await.unwrap();
+    let pids = a["agents"][0]["executors"].as_array().unwrap().clone();
+    assert!(
+        !pids.contains(&json!(pid)),
+        "the dead executor is still listed: {pids:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hung_handler_times_out_and_the_agent_goes_on() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let env = env_with(
+        &c,
+        "hung",
+        json!({"handler_timeout": 2, "retry_backoff": {"initial": 600, "factor": 1.0, "max": 600}}),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let marker = format!("{d}/hung-started");
+    let hang = exec_run(
+        AGENT,
+        &format!("sh -c 'touch {marker}; sleep 600'"),
+        json!({}),
+        &[],
+    );
+    let hid = hang.id.0.clone();
+    // after the hung one in the queue: it only deploys if the agent keeps going
+    let file = fs_file(AGENT, &format!("{d}/after"), "x", &[&hid]);
+    let other = fs_file(AGENT, &format!("{d}/independent"), "y", &[]);
+    let started = std::time::Instant::now();
+    let v = upload(&c, &env, vec![hang, file, other]).await;
+    let p = wait_deployed(&c, &env, v, 30).await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(p["by_status"]["timed_out"], 1, "{p}");
+    assert_eq!(p["by_status"]["skipped_for_dependency"], 1, "{p}");
+    assert_eq!(
+        std::fs::read_to_string(format!("{d}/independent")).unwrap(),
+        "y"
+    );
+    let s = state_of(&c, &env, &hid).await;
+    assert!(
+        s.last_message
+            .unwrap_or_default()
+            .contains("did not finish within 2 s")
+    );
+    // the hung command was killed with its executor
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", &format!("touch {marker}")])
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "the hung command still runs: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_killed_mid_deploy_converges_after_restart() {
+    let db = new_database();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "stw_test_admin_secret_for_deploy_kill9";
+    let mut child = spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let c = Client::new(&url, Some(admin.into()));
+    let env = env_with(&c, "kill9", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    // slow steps in a chain, then many files after them
+    let mut resources = Vec::new();
+    let mut prev: Option<String> = None;
+    for i in 0..6 {
+        let r = exec_run(
+            AGENT,
+            &format!("sh -c 'sleep 0.4; echo {i} >> {d}/steps'"),
+            json!({}),
+            prev.as_slice()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .as_slice(),
+        );
+        prev = Some(r.id.0.clone());
+        resources.push(r);
+    }
+    let last = prev.unwrap();
+    for i in 0..200 {
+        resources.push(fs_file(
+            AGENT,
+            &format!("{d}/file{i}"),
+            &format!("{i}\n"),
+            &[&last],
+        ));
+    }
+    let v = upload(&c, &env, resources).await;
+    eventually(20, "the deploy to be under way", || async {
+        let n = std::fs::read_to_string(format!("{d}/steps"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
+        (n >= 2).then_some(())
+    })
+    .await;
+    kill9(child.id());
+    child.wait().unwrap();
+
+    let mut child = spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let p = wait_deployed(&c, &env, v, 60).await;
+    assert_eq!(p["by_status"]["deployed"], 206, "{p}");
+    for i in 0..200 {
+        assert_eq!(
+            std::fs::read_to_string(format!("{d}/file{i}")).unwrap(),
+            format!("{i}\n")
+        );
+    }
+    // every step ran to completion at least once; an interrupted one is in the log as such
+    let steps = std::fs::read_to_string(format!("{d}/steps")).unwrap();
+    for i in 0..6 {
+        assert!(
+            steps.lines().any(|l| l == i.to_string()),
+            "step {i} never completed: {steps}"
+        );
+    }
+    let all = c.actions(&env, None, 10_000).await.unwrap();
+    assert!(
+        all.iter().all(|a| a.finished_at.is_some()),
+        "an action was left open"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
