@@ -6,6 +6,9 @@
 
 pub mod cli;
 pub mod client;
+// Diagnostics carry spans, notes and labels, so they are large; they travel only on the
+// error path, once per error, where boxing them would buy nothing but noise.
+#[allow(clippy::result_large_err)]
 pub mod compiler;
 pub mod embedded;
 pub mod executor;

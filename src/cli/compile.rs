@@ -221,10 +221,10 @@ fn watch(args: &CompileArgs) -> anyhow::Result<ExitCode> {
     use notify::{RecursiveMode, Watcher};
     let (tx, rx) = std::sync::mpsc::channel();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if let Ok(ev) = res {
-            if ev.paths.iter().any(|p| relevant(p)) {
-                let _ = tx.send(());
-            }
+        if let Ok(ev) = res
+            && ev.paths.iter().any(|p| relevant(p))
+        {
+            let _ = tx.send(());
         }
     })?;
     watcher
@@ -234,10 +234,10 @@ fn watch(args: &CompileArgs) -> anyhow::Result<ExitCode> {
     loop {
         let start = Instant::now();
         let outcome = compile_once(&args.project, &args.file, args.export.is_some(), args.json);
-        if let Some(path) = &args.export {
-            if let Err(e) = write_export(&outcome, path) {
-                eprintln!("error: {e:#}");
-            }
+        if let Some(path) = &args.export
+            && let Err(e) = write_export(&outcome, path)
+        {
+            eprintln!("error: {e:#}");
         }
         if outcome.is_ok() {
             eprintln!(

@@ -128,6 +128,7 @@ impl Definer {
             self.p.load_order.push(id);
         }
         let std = by_name.get("std").copied();
+        #[allow(clippy::needless_range_loop)] // namespaces are mutated while imports are read
         for i in 0..self.p.namespaces.len() {
             let name = self.p.namespaces[i].name.clone();
             if let Some((parent, _)) = name.rsplit_once("::") {
@@ -139,16 +140,17 @@ impl Definer {
             for (alias, target, span) in &imports[i] {
                 if let Some(t) = by_name.get(target) {
                     let ns = &mut self.p.namespaces[i];
-                    if let Some(prev) = ns.visible.get(alias) {
-                        if *prev != *t && alias != "std" {
-                            self.errors.push(
-                                Diagnostic::error(
-                                    "duplicate",
-                                    format!("Two import statements have the same name {alias}"),
-                                )
-                                .at(*span),
-                            );
-                        }
+                    if let Some(prev) = ns.visible.get(alias)
+                        && *prev != *t
+                        && alias != "std"
+                    {
+                        self.errors.push(
+                            Diagnostic::error(
+                                "duplicate",
+                                format!("Two import statements have the same name {alias}"),
+                            )
+                            .at(*span),
+                        );
                     }
                     ns.visible.insert(alias.clone(), *t);
                 }
@@ -218,6 +220,8 @@ impl Definer {
                 }
             }
         }
+        // a placeholder constraint, replaced when the typedef is resolved
+        let no_constraint = regex::Regex::new("").expect("empty regex");
         for nsi in 0..self.files.len() {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().unwrap_or_default();
@@ -243,7 +247,7 @@ impl Definer {
                             base: BaseType::Prim(Prim::String),
                             constraint: Constraint::Regex {
                                 source: String::new(),
-                                regex: regex::Regex::new("").expect("empty regex"),
+                                regex: no_constraint.clone(),
                             },
                         });
                         if Prim::from_name(&t.name.text).is_some() {
@@ -1099,19 +1103,18 @@ impl Definer {
                         },
                     }
                 }
-                if uses_parents {
-                    if let Some(w) = &r.when {
-                        if !matches!(w.kind, ast::ExprKind::Bool(true)) {
-                            self.errors.push(
-                                Diagnostic::error(
-                                    "implement",
-                                    "Conditional implementation with parents not allowed",
-                                )
-                                .at(r.span),
-                            );
-                            continue;
-                        }
-                    }
+                if uses_parents
+                    && let Some(w) = &r.when
+                    && !matches!(w.kind, ast::ExprKind::Bool(true))
+                {
+                    self.errors.push(
+                        Diagnostic::error(
+                            "implement",
+                            "Conditional implementation with parents not allowed",
+                        )
+                        .at(r.span),
+                    );
+                    continue;
                 }
                 let id = RuleId(self.p.rules.len() as u32);
                 self.p.rules.push(ImplementRule {

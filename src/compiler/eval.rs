@@ -297,10 +297,10 @@ impl<'p> Runtime<'p> {
             }
             // acquirers that did not run yet have nothing left to promise
             for a in extra.acquirers {
-                if let TaskKind::Promise { owner, .. } = &mut self.tasks[a.0 as usize].kind {
-                    if *owner == t {
-                        *owner = TaskId(NONE);
-                    }
+                if let TaskKind::Promise { owner, .. } = &mut self.tasks[a.0 as usize].kind
+                    && *owner == t
+                {
+                    *owner = TaskId(NONE);
                 }
             }
         }

@@ -166,10 +166,10 @@ pub fn export(
     for m in modules.values() {
         for (type_name, def) in &m.yml.resources {
             let (ns, name) = type_name.rsplit_once("::").unwrap_or(("", type_name));
-            if let Some(nsd) = p.namespaces.iter().find(|n| n.name == ns) {
-                if let Some(super::types::TypeRef::Entity(e)) = nsd.types.get(name) {
-                    declared.insert(*e, (type_name.clone(), def.clone()));
-                }
+            if let Some(nsd) = p.namespaces.iter().find(|n| n.name == ns)
+                && let Some(super::types::TypeRef::Entity(e)) = nsd.types.get(name)
+            {
+                declared.insert(*e, (type_name.clone(), def.clone()));
             }
         }
     }
@@ -188,10 +188,10 @@ pub fn export(
             continue;
         };
         let span = p.ir.expr(rt.instances[i].site).span;
-        if let Some(flag) = &def.skip_unless {
-            if !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true))) {
-                continue;
-            }
+        if let Some(flag) = &def.skip_unless
+            && !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true)))
+        {
+            continue;
         }
         let agent = match read_path(rt, inst, &def.agent) {
             Read::Value(Value::Str(s)) => s.to_string(),

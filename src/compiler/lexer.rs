@@ -302,22 +302,23 @@ impl Lexer<'_, '_> {
         }
         let c = self.b[start];
 
-        if c == b'm' {
-            if let Some(t) = self.try_regex(start)? {
-                return Ok(t);
-            }
+        if c == b'm'
+            && let Some(t) = self.try_regex(start)?
+        {
+            return Ok(t);
         }
-        if (c == b'f' || c == b'r') && matches!(self.peek(1), b'"' | b'\'') {
-            if let Some(body) = self.scan_quoted(start + 1) {
-                let raw = &self.src[start + 2..body - 1];
-                self.pos = body;
-                let tok = if c == b'f' {
-                    Tok::FStr(self.decode(raw, start))
-                } else {
-                    Tok::RStr(raw.to_string())
-                };
-                return Ok(self.tok(tok, start));
-            }
+        if (c == b'f' || c == b'r')
+            && matches!(self.peek(1), b'"' | b'\'')
+            && let Some(body) = self.scan_quoted(start + 1)
+        {
+            let raw = &self.src[start + 2..body - 1];
+            self.pos = body;
+            let tok = if c == b'f' {
+                Tok::FStr(self.decode(raw, start))
+            } else {
+                Tok::RStr(raw.to_string())
+            };
+            return Ok(self.tok(tok, start));
         }
         if is_id_start(c) {
             let mut end = start + 1;

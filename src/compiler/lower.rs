@@ -57,12 +57,12 @@ impl Hint {
 fn declared_vars(stmts: &[ast::Stmt]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for s in stmts {
-        if let ast::Stmt::Assign { target, .. } = s {
-            if let ast::ExprKind::Var(q) = &target.kind {
-                if q.parts.len() == 1 && !out.contains(&q.parts[0].text) {
-                    out.push(q.parts[0].text.clone());
-                }
-            }
+        if let ast::Stmt::Assign { target, .. } = s
+            && let ast::ExprKind::Var(q) = &target.kind
+            && q.parts.len() == 1
+            && !out.contains(&q.parts[0].text)
+        {
+            out.push(q.parts[0].text.clone());
         }
     }
     out
@@ -444,16 +444,16 @@ impl Definer {
             if name == "self" {
                 return Ok(VarRef::SelfRef);
             }
-            if let Some(sym) = self.p.syms.get(name) {
-                if self.p.entity(e).slot(sym).is_some() {
-                    return Ok(VarRef::SelfAttr(sym));
-                }
+            if let Some(sym) = self.p.syms.get(name)
+                && self.p.entity(e).slot(sym).is_some()
+            {
+                return Ok(VarRef::SelfAttr(sym));
             }
         }
-        if !cx.top_level {
-            if let Some(&slot) = self.p.ns(cx.ns).top_vars.get(name) {
-                return Ok(VarRef::NsVar { ns: cx.ns, slot });
-            }
+        if !cx.top_level
+            && let Some(&slot) = self.p.ns(cx.ns).top_vars.get(name)
+        {
+            return Ok(VarRef::NsVar { ns: cx.ns, slot });
         }
         Ok(VarRef::NotFound(Rc::from(name.as_str())))
     }

@@ -249,10 +249,11 @@ impl Runtime<'_> {
             site,
         };
         let result = (def.func)(self, cx, &mut args)?;
-        if !result.is_unknown() && !result.is_null() {
-            if let Err(msg) = self.check_dsl_type(&result, def.returns) {
-                return Err(fail(&args, &full, format!("return value: {msg}")));
-            }
+        if !result.is_unknown()
+            && !result.is_null()
+            && let Err(msg) = self.check_dsl_type(&result, def.returns)
+        {
+            return Err(fail(&args, &full, format!("return value: {msg}")));
         }
         self.memo_put(cx, result.clone());
         Ok(result)

@@ -246,20 +246,19 @@ impl<'a> Loader<'a> {
                 }
             }
         }
-        if found.is_none() {
-            if let Some((_, _, text)) = BUILTIN
+        if found.is_none()
+            && let Some((_, _, text)) = BUILTIN
                 .iter()
                 .find(|(m, p, _)| *m == name && *p == "module.yml")
-            {
-                let yml: ModuleYml =
-                    serde_yaml_ng::from_str(text).expect("built-in module.yml is valid");
-                found = Some(ModuleInfo {
-                    name: name.to_string(),
-                    version: version_text(&yml.version),
-                    root: ModuleRoot::Builtin,
-                    yml,
-                });
-            }
+        {
+            let yml: ModuleYml =
+                serde_yaml_ng::from_str(text).expect("built-in module.yml is valid");
+            found = Some(ModuleInfo {
+                name: name.to_string(),
+                version: version_text(&yml.version),
+                root: ModuleRoot::Builtin,
+                yml,
+            });
         }
         match found {
             Some(m) => {

@@ -76,10 +76,10 @@ impl Cache {
     }
 
     fn evict(&mut self, key: &str) {
-        if let Some(mut e) = self.entries.remove(key) {
-            if let Some(hook) = e.on_expiry.take() {
-                hook(e.value.clone());
-            }
+        if let Some(mut e) = self.entries.remove(key)
+            && let Some(hook) = e.on_expiry.take()
+        {
+            hook(e.value.clone());
         }
     }
 
@@ -97,11 +97,11 @@ impl Cache {
     {
         let now = Instant::now();
         if let Some(e) = self.entries.get_mut(key) {
-            if !e.expired(now, self.version) {
-                if let Ok(v) = e.value.clone().downcast::<T>() {
-                    e.last_use = now;
-                    return Ok(v);
-                }
+            if !e.expired(now, self.version)
+                && let Ok(v) = e.value.clone().downcast::<T>()
+            {
+                e.last_use = now;
+                return Ok(v);
             }
             self.evict(key);
         }

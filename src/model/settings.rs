@@ -69,10 +69,10 @@ pub fn validate_cron(expr: &str) -> Result<(), String> {
                 Some((r, s)) => (r, Some(s)),
                 None => (part, None),
             };
-            if let Some(s) = step {
-                if s.parse::<u32>().map(|v| v == 0).unwrap_or(true) {
-                    return Err(format!("invalid step '{s}' in cron field '{f}'"));
-                }
+            if let Some(s) = step
+                && s.parse::<u32>().map(|v| v == 0).unwrap_or(true)
+            {
+                return Err(format!("invalid step '{s}' in cron field '{f}'"));
             }
             if range == "*" {
                 continue;

@@ -279,7 +279,7 @@ impl EnvScheduler {
                 wake = wake.min(now_i + d);
             }
         };
-        consider(self.timers.next());
+        consider(self.timers.next_due());
         consider(self.next_deploy_sweep);
         consider(self.next_repair_sweep);
         for r in self.running.values() {
@@ -315,10 +315,10 @@ impl EnvScheduler {
         }
         self.arm_sweeps(Utc::now());
         let active = store::versions::active(&self.pool, self.env).await?;
-        if let Some(a) = active {
-            if Some(a) != processed {
-                self.merge_version(a).await?;
-            }
+        if let Some(a) = active
+            && Some(a) != processed
+        {
+            self.merge_version(a).await?;
         }
         // what was not done when we stopped
         let dirty: Vec<usize> = self.model.dirty.iter().copied().collect();
@@ -370,12 +370,12 @@ impl EnvScheduler {
             self.timers.set(&id, at, TimerKind::Retry);
             return;
         }
-        if let Interval::Seconds(n) = self.settings.repair_interval {
-            if s.compliance == Compliance::Compliant || s.blocked == Blocked::Temporarily {
-                let at = s.last_deployed.unwrap_or(now) + chrono::Duration::seconds(n as i64);
-                self.timers.set(&id, at, TimerKind::Repair);
-                return;
-            }
+        if let Interval::Seconds(n) = self.settings.repair_interval
+            && (s.compliance == Compliance::Compliant || s.blocked == Blocked::Temporarily)
+        {
+            let at = s.last_deployed.unwrap_or(now) + chrono::Duration::seconds(n as i64);
+            self.timers.set(&id, at, TimerKind::Repair);
+            return;
         }
         self.timers.cancel(&id);
     }
@@ -755,7 +755,7 @@ impl EnvScheduler {
                 .running
                 .values()
                 .any(|r| r.priority <= Priority::NewVersion)
-            || self.queue.len() > 0
+            || !self.queue.is_empty()
                 && (0..self.model.len()).any(|r| {
                     self.queue
                         .queued_reason(&TaskKey::Deploy(self.model.intents[r].id.clone()))
@@ -1048,10 +1048,10 @@ impl EnvScheduler {
                         self.schedule(d, prio, &format!("requirement {sender} recovered"), false);
                     }
                 }
-                if let Some(run) = &run {
-                    if let Some((p, reason)) = &run.follow_up {
-                        self.schedule(r, *p, reason, false);
-                    }
+                if let Some(run) = &run
+                    && let Some((p, reason)) = &run.follow_up
+                {
+                    self.schedule(r, *p, reason, false);
                 }
                 self.arm_timer(r, now);
                 self.mark_state(r);

@@ -103,6 +103,7 @@ impl Queue {
     /// Request a task. `requires`: the resource's direct requirements; `dependents`: its
     /// direct dependents (queued ones are deferred behind it). `force`: run again even if it
     /// is running now (events).
+    #[allow(clippy::too_many_arguments)] // one call per trigger kind; a struct would only rename them
     pub fn schedule(
         &mut self,
         key: TaskKey,
@@ -137,10 +138,10 @@ impl Queue {
                 q.seq = self.seq;
                 q.reason = reason.to_string();
                 let new = (q.priority, q.seq, key.clone());
-                if let Some(set) = self.ready.get_mut(&q.agent) {
-                    if set.remove(&old) {
-                        set.insert(new);
-                    }
+                if let Some(set) = self.ready.get_mut(&q.agent)
+                    && set.remove(&old)
+                {
+                    set.insert(new);
                 }
             }
             return;
@@ -196,11 +197,11 @@ impl Queue {
                     continue;
                 };
                 let entry = (q.priority, q.seq, dk.clone());
-                if let Some(set) = self.ready.get_mut(&q.agent) {
-                    if set.remove(&entry) {
-                        self.waiting.insert(dk.clone(), [me.clone()].into());
-                        self.waiters.entry(me.clone()).or_default().insert(dk);
-                    }
+                if let Some(set) = self.ready.get_mut(&q.agent)
+                    && set.remove(&entry)
+                {
+                    self.waiting.insert(dk.clone(), [me.clone()].into());
+                    self.waiters.entry(me.clone()).or_default().insert(dk);
                 }
             }
         }

@@ -16,9 +16,12 @@ pub enum TimerKind {
     Retry,
 }
 
+/// (due, generation, resource, kind), earliest first.
+type Entry = Reverse<(DateTime<Utc>, u64, String, TimerKind)>;
+
 #[derive(Default)]
 pub struct Timers {
-    heap: BinaryHeap<Reverse<(DateTime<Utc>, u64, String, TimerKind)>>,
+    heap: BinaryHeap<Entry>,
     generation: HashMap<String, u64>,
     next_gen: u64,
 }
@@ -56,7 +59,7 @@ impl Timers {
     }
 
     /// When the next live timer is due.
-    pub fn next(&mut self) -> Option<DateTime<Utc>> {
+    pub fn next_due(&mut self) -> Option<DateTime<Utc>> {
         while let Some(Reverse((at, g, rid, _))) = self.heap.peek() {
             if self.generation.get(rid) == Some(g) {
                 return Some(*at);
@@ -260,14 +263,14 @@ mod tests {
         t.set("a", now + Duration::seconds(10), TimerKind::Repair);
         t.set("b", now + Duration::seconds(5), TimerKind::Retry);
         t.set("a", now + Duration::seconds(20), TimerKind::Repair);
-        assert_eq!(t.next(), Some(now + Duration::seconds(5)));
+        assert_eq!(t.next_due(), Some(now + Duration::seconds(5)));
         assert_eq!(
             t.pop_due(now + Duration::seconds(15)),
             vec![("b".to_string(), TimerKind::Retry)]
         );
-        assert_eq!(t.next(), Some(now + Duration::seconds(20)));
+        assert_eq!(t.next_due(), Some(now + Duration::seconds(20)));
         t.cancel("a");
-        assert_eq!(t.next(), None);
+        assert_eq!(t.next_due(), None);
     }
 
     #[test]

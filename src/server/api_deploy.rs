@@ -271,10 +271,10 @@ async fn set_halt(
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     store::environments::set_halted(&state.pool, env.id, halted).await?;
-    if let Some(s) = &state.schedulers {
-        if versions::active(&state.pool, env.id).await?.is_some() {
-            s.halt(env.id, halted).await?;
-        }
+    if let Some(s) = &state.schedulers
+        && versions::active(&state.pool, env.id).await?.is_some()
+    {
+        s.halt(env.id, halted).await?;
     }
     let what = if halted {
         "environment.halt"

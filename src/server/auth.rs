@@ -65,12 +65,12 @@ impl Caller {
 
     /// May this caller do `perm` in environment `env` (None: not environment-specific)?
     pub fn require(&self, perm: Perm, env: Option<Uuid>) -> ApiResult<()> {
-        if let (Some(mine), Some(target)) = (self.environment, env) {
-            if mine != target {
-                return Err(ApiError::forbidden(
-                    "this token belongs to another environment",
-                ));
-            }
+        if let (Some(mine), Some(target)) = (self.environment, env)
+            && mine != target
+        {
+            return Err(ApiError::forbidden(
+                "this token belongs to another environment",
+            ));
         }
         if self.environment.is_some() && env.is_none() && perm != Perm::Read {
             return Err(ApiError::forbidden("this needs a global admin token"));

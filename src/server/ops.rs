@@ -89,39 +89,37 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     let db_up = store::ping(&state.pool).await;
     out.push_str("# HELP steward_database_up Whether the database answers.\n# TYPE steward_database_up gauge\n");
     let _ = writeln!(out, "steward_database_up {}", db_up as u8);
-    if db_up {
-        if let Ok(envs) = store::environments::list_environments(&state.pool, None).await {
-            let names: BTreeMap<uuid::Uuid, String> = envs
-                .iter()
-                .map(|e| (e.id, format!("{}/{}", e.project, e.name)))
-                .collect();
-            out.push_str("# HELP steward_versions Versions stored, per environment.\n# TYPE steward_versions gauge\n");
-            if let Ok(counts) = store::versions::counts(&state.pool).await {
-                for (env, n) in counts {
-                    let name = names.get(&env).cloned().unwrap_or_default();
-                    let _ = writeln!(
-                        out,
-                        "steward_versions{{environment=\"{}\"}} {n}",
-                        label(&name)
-                    );
-                }
+    if db_up && let Ok(envs) = store::environments::list_environments(&state.pool, None).await {
+        let names: BTreeMap<uuid::Uuid, String> = envs
+            .iter()
+            .map(|e| (e.id, format!("{}/{}", e.project, e.name)))
+            .collect();
+        out.push_str("# HELP steward_versions Versions stored, per environment.\n# TYPE steward_versions gauge\n");
+        if let Ok(counts) = store::versions::counts(&state.pool).await {
+            for (env, n) in counts {
+                let name = names.get(&env).cloned().unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "steward_versions{{environment=\"{}\"}} {n}",
+                    label(&name)
+                );
             }
-            out.push_str(
+        }
+        out.push_str(
                 "# HELP steward_resources Resources of the active version, per environment and status.\n# TYPE steward_resources gauge\n",
             );
-            for e in &envs {
-                let Ok(Some(active)) = store::versions::active(&state.pool, e.id).await else {
-                    continue;
-                };
-                if let Ok(rows) = store::state::status_counts(&state.pool, e.id, active).await {
-                    for (status, n) in rows {
-                        let _ = writeln!(
-                            out,
-                            "steward_resources{{environment=\"{}\",status=\"{}\"}} {n}",
-                            label(&names[&e.id]),
-                            label(&status)
-                        );
-                    }
+        for e in &envs {
+            let Ok(Some(active)) = store::versions::active(&state.pool, e.id).await else {
+                continue;
+            };
+            if let Ok(rows) = store::state::status_counts(&state.pool, e.id, active).await {
+                for (status, n) in rows {
+                    let _ = writeln!(
+                        out,
+                        "steward_resources{{environment=\"{}\",status=\"{}\"}} {n}",
+                        label(&names[&e.id]),
+                        label(&status)
+                    );
                 }
             }
         }

@@ -145,11 +145,11 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
 async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
     let pool = store::connect(url, 32).await?;
     store::migrate(&pool).await?;
-    if !config.no_auth {
-        if let Some(secret) = bootstrap_admin(&pool, config.admin_token.as_deref()).await? {
-            // printed once, on stdout, for the operator; never stored in clear
-            println!("First admin token (shown only now, keep it safe): {secret}");
-        }
+    if !config.no_auth
+        && let Some(secret) = bootstrap_admin(&pool, config.admin_token.as_deref()).await?
+    {
+        // printed once, on stdout, for the operator; never stored in clear
+        println!("First admin token (shown only now, keep it safe): {secret}");
     }
     let listener = TcpListener::bind(config.bind)
         .await

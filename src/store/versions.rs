@@ -557,12 +557,12 @@ async fn release_locked(
         }
         _ => {}
     }
-    if let Some(active) = active(&mut *c, env).await? {
-        if active > number {
-            return Err(StoreError::Conflict(format!(
-                "version {number} is older than the active version {active}: roll back to it instead"
-            )));
-        }
+    if let Some(active) = active(&mut *c, env).await?
+        && active > number
+    {
+        return Err(StoreError::Conflict(format!(
+            "version {number} is older than the active version {active}: roll back to it instead"
+        )));
     }
     sqlx::query(
         "INSERT INTO approvals (environment_id, version, content_hash, decision, approver, comment) \
@@ -596,13 +596,13 @@ pub async fn release(
 ) -> Result<VersionInfo> {
     environments::lock(&mut *c, env).await?;
     let v = get(&mut *c, env, number).await?;
-    if let Some(h) = expected_hash {
-        if h != v.content_hash {
-            return Err(StoreError::Conflict(format!(
-                "version {number} has content hash {}, not the {h} you approved",
-                v.content_hash
-            )));
-        }
+    if let Some(h) = expected_hash
+        && h != v.content_hash
+    {
+        return Err(StoreError::Conflict(format!(
+            "version {number} has content hash {}, not the {h} you approved",
+            v.content_hash
+        )));
     }
     let info = release_locked(&mut *c, env, number, approver, comment).await?;
     environments::set_auto_release_held(&mut *c, env, false).await?;

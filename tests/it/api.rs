@@ -376,7 +376,15 @@ async fn bad_inputs_get_json_errors() {
     let a = s.admin.as_deref();
     let json_ct = Some("application/json");
     let versions = format!("/api/v1/environments/{env}/versions");
-    let cases: Vec<(reqwest::Method, String, Option<&str>, Option<&str>, u16)> = vec![
+    // (method, path, content type, body, expected status)
+    type Case<'a> = (
+        reqwest::Method,
+        String,
+        Option<&'a str>,
+        Option<&'a str>,
+        u16,
+    );
+    let cases: Vec<Case> = vec![
         (
             reqwest::Method::POST,
             versions.clone(),
@@ -525,9 +533,7 @@ async fn tokens_and_audit() {
     let tokens = c.tokens(Some(&env)).await.unwrap();
     assert_eq!(tokens.len(), 1);
     assert!(tokens[0].last_used_at.is_some());
-    c.revoke_token(&t["id"].as_str().unwrap().to_string())
-        .await
-        .unwrap();
+    c.revoke_token(t["id"].as_str().unwrap()).await.unwrap();
     assert_eq!(
         ci.upload(&env, &null_export(1, None), json!({}))
             .await

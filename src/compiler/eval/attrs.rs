@@ -140,10 +140,8 @@ impl Runtime<'_> {
                         let r = &mut self.rvs[rv.0 as usize];
                         r.state = RvState::Set(value);
                         r.set_by = site.0;
-                        if recur {
-                            if let Some(rev) = reverse {
-                                self.set_reverse(other, rev, inst, site)?;
-                            }
+                        if recur && let Some(rev) = reverse {
+                            self.set_reverse(other, rev, inst, site)?;
                         }
                         self.freeze(rv);
                         Ok(())
@@ -157,10 +155,11 @@ impl Runtime<'_> {
                             .map_err(SetError::Plain)?;
                         let changed = matches!(self.rvs[rv.0 as usize].state, RvState::Unset);
                         self.set_single(rv, value, site)?;
-                        if recur && changed {
-                            if let Some(rev) = reverse {
-                                self.set_reverse(other, rev, inst, site)?;
-                            }
+                        if recur
+                            && changed
+                            && let Some(rev) = reverse
+                        {
+                            self.set_reverse(other, rev, inst, site)?;
                         }
                         Ok(())
                     }
@@ -316,10 +315,8 @@ impl Runtime<'_> {
                 self.dl_mut(rv).push(other);
                 self.notify_listeners(rv, other)?;
                 self.wake(rv, true);
-                if recur {
-                    if let Some(rev) = reverse {
-                        self.set_reverse(other, rev, inst, site)?;
-                    }
+                if recur && let Some(rev) = reverse {
+                    self.set_reverse(other, rev, inst, site)?;
                 }
                 let d = self.dl(rv);
                 if d.high == Some(d.items.len() as u32) {
@@ -514,10 +511,9 @@ impl Runtime<'_> {
                 ty,
                 default: crate::compiler::types::DefaultDecl::Value(v),
             } = &attr.kind
+                && let Err(msg) = self.validate(v, ty)
             {
-                if let Err(msg) = self.validate(v, ty) {
-                    return Err(Diagnostic::error("default", msg).at(attr.span));
-                }
+                return Err(Diagnostic::error("default", msg).at(attr.span));
             }
         }
         Ok(())

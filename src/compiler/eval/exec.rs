@@ -192,30 +192,29 @@ impl Runtime<'_> {
         let p = self.p;
         let ie = p.ir.expr(iterable);
         // iterating a relation is gradual: the body runs for each element as it arrives
-        if matches!(ie.kind, ExprKind::Var(_) | ExprKind::Attr { .. }) {
-            if let Some(rv) = self.ref_rv(cx, iterable)? {
-                if self.rvs[rv.0 as usize].kind == RvKind::List {
-                    if self.memo_marker(cx) {
-                        return if self.is_frozen(rv) {
-                            Ok(())
-                        } else {
-                            Err(Stop::Block(rv, WaitMode::Gradual))
-                        };
-                    }
-                    if !self.is_frozen(rv) {
-                        self.memo_put_marker(cx);
-                        let listener = Listener::ForBody {
-                            body,
-                            scope: cx.scope,
-                        };
-                        let existing = self.dl(rv).items.clone();
-                        self.dl_mut(rv).listeners.push(listener);
-                        for i in existing {
-                            self.emit_for_body(body, cx.scope, Value::Instance(i));
-                        }
-                        return Err(Stop::Block(rv, WaitMode::Gradual));
-                    }
+        if matches!(ie.kind, ExprKind::Var(_) | ExprKind::Attr { .. })
+            && let Some(rv) = self.ref_rv(cx, iterable)?
+            && self.rvs[rv.0 as usize].kind == RvKind::List
+        {
+            if self.memo_marker(cx) {
+                return if self.is_frozen(rv) {
+                    Ok(())
+                } else {
+                    Err(Stop::Block(rv, WaitMode::Gradual))
+                };
+            }
+            if !self.is_frozen(rv) {
+                self.memo_put_marker(cx);
+                let listener = Listener::ForBody {
+                    body,
+                    scope: cx.scope,
+                };
+                let existing = self.dl(rv).items.clone();
+                self.dl_mut(rv).listeners.push(listener);
+                for i in existing {
+                    self.emit_for_body(body, cx.scope, Value::Instance(i));
                 }
+                return Err(Stop::Block(rv, WaitMode::Gradual));
             }
         }
         let v = self.eval(cx, iterable)?;
@@ -298,10 +297,11 @@ impl Runtime<'_> {
         if let Some(slot) = self.p.entity(e).slot(sym) {
             let rv = self.attr_rv(inst, slot);
             // the owner may have finished while this acquirer waited
-            if let TaskKind::Promise { owner: o, .. } = self.tasks[cx.task.0 as usize].kind {
-                if o.0 != NONE && !self.tasks[o.0 as usize].done {
-                    self.hold(o, rv);
-                }
+            if let TaskKind::Promise { owner: o, .. } = self.tasks[cx.task.0 as usize].kind
+                && o.0 != NONE
+                && !self.tasks[o.0 as usize].done
+            {
+                self.hold(o, rv);
             }
         }
         Ok(())
@@ -321,13 +321,13 @@ impl Runtime<'_> {
         };
         cx.lhs = Some((inst, sym));
         let rv = self.attr_rv(inst, slot);
-        let r = if self.rvs[rv.0 as usize].kind == RvKind::List {
+
+        if self.rvs[rv.0 as usize].kind == RvKind::List {
             self.assign_into(cx, rv, value, site)
         } else {
             let v = self.eval(cx, value)?;
             self.set_attr(inst, slot, v, site, true)
-        };
-        r
+        }
     }
 
     fn exec_comp_elem(
@@ -471,20 +471,18 @@ impl Runtime<'_> {
             // the reverse end of the relation this constructor is assigned to
             if let Some((lhs_inst, lhs_sym)) = cx.lhs {
                 let le = self.inst_entity(lhs_inst);
-                if let Some(ls) = p.entity(le).slot(lhs_sym) {
-                    if let AttrKind::Relation {
+                if let Some(ls) = p.entity(le).slot(lhs_sym)
+                    && let AttrKind::Relation {
                         reverse: Some(rev), ..
                     } = &p.slot_attr(le, ls).kind
+                {
+                    let rev = p.attr(*rev);
+                    if let Some(slot) = ent.slot(rev.sym)
+                        && c.missing_index_slots.contains(&slot)
+                        && !late.iter().any(|(s, _)| *s == slot)
+                        && p.is_subtype(entity, rev.owner)
                     {
-                        let rev = p.attr(*rev);
-                        if let Some(slot) = ent.slot(rev.sym) {
-                            if c.missing_index_slots.contains(&slot)
-                                && !late.iter().any(|(s, _)| *s == slot)
-                                && p.is_subtype(entity, rev.owner)
-                            {
-                                late.push((slot, Value::Instance(lhs_inst)));
-                            }
-                        }
+                        late.push((slot, Value::Instance(lhs_inst)));
                     }
                 }
             }
@@ -531,10 +529,9 @@ impl Runtime<'_> {
             if *is_index
                 && !direct.iter().any(|(s, _)| *s == slot)
                 && !late.iter().any(|(s, _)| *s == slot)
+                && let Some(d) = &ent.defaults[slot as usize]
             {
-                if let Some(d) = &ent.defaults[slot as usize] {
-                    direct.push((slot, d.clone()));
-                }
+                direct.push((slot, d.clone()));
             }
         }
         let given: Vec<(u16, Value)> = direct.iter().chain(late.iter()).cloned().collect();

@@ -545,12 +545,13 @@ impl Runtime<'_> {
                     if v.is_unknown() {
                         return Ok(false);
                     }
-                    if let Value::Float(f) = v {
-                        if f.is_finite() && f.fract() == 0.0 {
-                            v = Value::from_bigint(
-                                num_traits::FromPrimitive::from_f64(f).unwrap_or_default(),
-                            );
-                        }
+                    if let Value::Float(f) = v
+                        && f.is_finite()
+                        && f.fract() == 0.0
+                    {
+                        v = Value::from_bigint(
+                            num_traits::FromPrimitive::from_f64(f).unwrap_or_default(),
+                        );
                     }
                     let mut spec_text = String::new();
                     if !self.fstring(cx, spec, &mut spec_text, span)? {

@@ -117,10 +117,10 @@ impl Runtime<'_> {
                 }
             }
         }
-        if errors.is_empty() {
-            if let Some(d) = self.unexecuted() {
-                errors.push(d);
-            }
+        if errors.is_empty()
+            && let Some(d) = self.unexecuted()
+        {
+            errors.push(d);
         }
         errors
     }

@@ -149,12 +149,12 @@ fn pad(body: String, sign: &str, spec: &Spec, default_align: char) -> String {
 }
 
 fn format_str(s: &str, spec: &Spec) -> Result<String, String> {
-    if let Some(t) = spec.ty {
-        if t != 's' {
-            return Err(format!(
-                "Unknown format code '{t}' for object of type 'str'"
-            ));
-        }
+    if let Some(t) = spec.ty
+        && t != 's'
+    {
+        return Err(format!(
+            "Unknown format code '{t}' for object of type 'str'"
+        ));
     }
     if spec.sign.is_some() {
         return Err("Sign not allowed in string format specifier".into());
@@ -170,7 +170,7 @@ fn group(digits: &str, sep: char, every: usize) -> String {
     let mut out = String::new();
     let n = digits.len();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (n - i) % every == 0 {
+        if i > 0 && (n - i).is_multiple_of(every) {
             out.push(sep);
         }
         out.push(c);
@@ -235,7 +235,8 @@ fn format_int(b: &BigInt, spec: &Spec) -> Result<String, String> {
 }
 
 fn format_float(f: f64, spec: &Spec) -> Result<String, String> {
-    let negative = f.is_sign_negative() && !(f == 0.0 && !f.is_sign_negative());
+    // -0.0 is negative too, as in Python
+    let negative = f.is_sign_negative();
     let a = f.abs();
     let body = if !a.is_finite() {
         let s = if a.is_nan() { "nan" } else { "inf" };
@@ -369,7 +370,7 @@ mod tests {
 
     #[test]
     fn like_python() {
-        assert_eq!(f(Value::Float(3.14159), ".2f"), "3.14");
+        assert_eq!(f(Value::Float(1.23456), ".2f"), "1.23");
         assert_eq!(f(Value::Int(42), "05d"), "00042");
         assert_eq!(f(Value::Int(-42), "05d"), "-0042");
         assert_eq!(f(Value::str("ab"), ">5"), "   ab");

@@ -200,10 +200,10 @@ fn valid_time(s: &str) -> bool {
         Some((h, f)) => (h, Some(f)),
         None => (s, None),
     };
-    if let Some(f) = frac {
-        if f.is_empty() || f.len() > 6 || !f.chars().all(|c| c.is_ascii_digit()) {
-            return false;
-        }
+    if let Some(f) = frac
+        && (f.is_empty() || f.len() > 6 || !f.chars().all(|c| c.is_ascii_digit()))
+    {
+        return false;
     }
     let p: Vec<&str> = hms.split(':').collect();
     if p.len() < 2 || p.len() > 3 || !p.iter().all(|x| digits(x, 2)) {

@@ -525,7 +525,7 @@ pub fn plugins() -> Vec<PluginDef> {
         func: |_, _, a| Ok(Value::Int(list(a, 0).len() as i64)),
     });
     // the earlier `count` (without unknowns) is replaced by the one that counts them
-    v.retain(|p| !(p.name == "count" && !p.allow_unknown));
+    v.retain(|p| p.name != "count" || p.allow_unknown);
     v.push(PluginDef {
         namespace: "std",
         name: "is_unknown",
@@ -612,7 +612,7 @@ fn shell_quote(arg: &str) -> String {
 
 fn is_base64(s: &str) -> bool {
     let b = s.as_bytes();
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return false;
     }
     let pad = b.iter().rev().take_while(|c| **c == b'=').count();

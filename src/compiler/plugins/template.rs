@@ -123,14 +123,13 @@ fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<V
         }
     }
     let file = rt.p.ir.expr(a.site).span.file;
-    if let Some(nsi) = rt.p.namespaces.iter().position(|n| n.file == Some(file)) {
-        if let Some(&slot) = rt.p.namespaces[nsi].top_vars.get(name) {
-            let scope = rt.ns_scopes[nsi];
-            let rv = crate::compiler::eval::state::RvId(
-                rt.scopes[scope.0 as usize].rv_base + slot as u32,
-            );
-            return rt.read_rv(rv, a.span).map(Some);
-        }
+    if let Some(nsi) = rt.p.namespaces.iter().position(|n| n.file == Some(file))
+        && let Some(&slot) = rt.p.namespaces[nsi].top_vars.get(name)
+    {
+        let scope = rt.ns_scopes[nsi];
+        let rv =
+            crate::compiler::eval::state::RvId(rt.scopes[scope.0 as usize].rv_base + slot as u32);
+        return rt.read_rv(rv, a.span).map(Some);
     }
     Ok(None)
 }

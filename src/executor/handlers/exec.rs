@@ -55,10 +55,10 @@ pub fn split_words(s: &str) -> Result<Vec<String>, String> {
             }
             '\\' => {
                 in_word = true;
-                if let Some(x) = chars.next() {
-                    if x != '\n' {
-                        cur.push(x);
-                    }
+                if let Some(x) = chars.next()
+                    && x != '\n'
+                {
+                    cur.push(x);
                 }
             }
             c if c.is_whitespace() => {
@@ -185,14 +185,14 @@ impl RunHandler {
                 .filter(|v| !v.is_empty())
                 .map(str::to_string)
         };
-        if let Some(creates) = s("creates") {
-            if std::path::Path::new(&creates).exists() {
-                ctx.debug(
-                    "not running: the file it creates exists",
-                    &[("creates", json!(creates))],
-                );
-                return Ok(false);
-            }
+        if let Some(creates) = s("creates")
+            && std::path::Path::new(&creates).exists()
+        {
+            ctx.debug(
+                "not running: the file it creates exists",
+                &[("creates", json!(creates))],
+            );
+            return Ok(false);
         }
         if let Some(unless) = s("unless") {
             let ok = run(&unless, a, Self::timeout(a))
