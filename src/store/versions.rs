@@ -109,6 +109,12 @@ pub fn validate_export(export: &ExportFile) -> Result<()> {
     }
     let mut ids = std::collections::HashSet::with_capacity(export.resources.len());
     for r in &export.resources {
+        if r.id.0.chars().any(char::is_control) {
+            return Err(StoreError::Invalid(format!(
+                "resource id {:?} contains a control character",
+                r.id.0
+            )));
+        }
         let Some((ty, agent, _, _)) = r.id.parse() else {
             return Err(StoreError::Invalid(format!(
                 "'{}' is not a resource id (type[agent,attr=value])",
@@ -185,18 +191,32 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
         )
     }));
     // attributes, content-addressed
-    let attrs: Vec<serde_json::Value> = res
+    // most attributes are stored already (a new version changes a few resources): send only
+    // the blobs the database does not have
+    let known: std::collections::HashSet<String> =
+        sqlx::query_scalar("SELECT hash FROM resource_blobs WHERE hash = ANY($1)")
+            .bind(&hashes)
+            .fetch_all(&mut *c)
+            .await?
+            .into_iter()
+            .collect();
+    let mut sent = std::collections::HashSet::new();
+    let (missing_hashes, missing_attrs): (Vec<&str>, Vec<serde_json::Value>) = res
         .iter()
-        .map(|r| serde_json::Value::Object(r.attributes.clone()))
-        .collect();
-    sqlx::query(
-        "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
-         ON CONFLICT (hash) DO NOTHING",
-    )
-    .bind(&hashes)
-    .bind(&attrs)
-    .execute(&mut *c)
-    .await?;
+        .zip(&hashes)
+        .filter(|(_, h)| !known.contains(*h) && sent.insert(h.as_str()))
+        .map(|(r, h)| (h.as_str(), serde_json::Value::Object(r.attributes.clone())))
+        .unzip();
+    if !missing_hashes.is_empty() {
+        sqlx::query(
+            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
+             ON CONFLICT (hash) DO NOTHING",
+        )
+        .bind(&missing_hashes)
+        .bind(&missing_attrs)
+        .execute(&mut *c)
+        .await?;
+    }
     let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
     sqlx::query(
         "INSERT INTO versions (environment_id, number, uploader, origin, content_hash, provenance, metadata, \
@@ -216,12 +236,15 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
     let ids: Vec<&str> = res.iter().map(|r| r.id.0.as_str()).collect();
     let types: Vec<&str> = res.iter().map(|r| r.type_name.as_str()).collect();
     let agents: Vec<&str> = res.iter().map(|r| r.agent.as_str()).collect();
-    let reqs: Vec<serde_json::Value> = requires.iter().map(|r| serde_json::json!(r)).collect();
+    // requires travel as one newline-separated text per resource (ids hold no newline; a
+    // ragged text[][] can not be bound, and jsonb costs a parse per row)
+    let reqs: Vec<String> = requires.iter().map(|r| r.join("\n")).collect();
     let undef: Vec<bool> = ids.iter().map(|i| undefined.contains(i)).collect();
     sqlx::query(
         "INSERT INTO version_resources (environment_id, version, resource_id, resource_type, agent, hash, requires, undefined) \
-         SELECT $1, $2, u.rid, u.rtype, u.agent, u.hash, ARRAY(SELECT jsonb_array_elements_text(u.req)), u.undef \
-         FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bool[]) AS u(rid, rtype, agent, hash, req, undef)",
+         SELECT $1, $2, u.rid, u.rtype, u.agent, u.hash, \
+         CASE WHEN u.req = '' THEN '{}'::text[] ELSE string_to_array(u.req, E'\\n') END, u.undef \
+         FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[]) AS u(rid, rtype, agent, hash, req, undef)",
     )
     .bind(env_id)
     .bind(number)
@@ -482,6 +505,48 @@ pub async fn resources(
     .bind(number)
     .fetch_all(e)
     .await?)
+}
+
+/// A resource of a version without its attributes (those are fetched by hash, when needed).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct ResourceDigestRow {
+    pub resource_id: String,
+    pub resource_type: String,
+    pub agent: String,
+    pub hash: String,
+    pub requires: Vec<String>,
+    pub undefined: bool,
+}
+
+pub async fn resource_digests(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    number: i32,
+) -> Result<Vec<ResourceDigestRow>> {
+    Ok(sqlx::query_as::<_, ResourceDigestRow>(
+        "SELECT resource_id, resource_type, agent, hash, requires, undefined FROM version_resources \
+         WHERE environment_id = $1 AND version = $2 ORDER BY resource_id",
+    )
+    .bind(env)
+    .bind(number)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Attributes by content hash.
+pub async fn attributes_by_hash(
+    e: impl PgExecutor<'_>,
+    hashes: &[String],
+) -> Result<HashMap<String, serde_json::Value>> {
+    if hashes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(String, serde_json::Value)> =
+        sqlx::query_as("SELECT hash, attributes FROM resource_blobs WHERE hash = ANY($1)")
+            .bind(hashes)
+            .fetch_all(e)
+            .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// The whole version as an export file (what was uploaded, modulo key order).
