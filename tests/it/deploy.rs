@@ -552,3 +552,65 @@ async fn undefined_resources_block_their_dependents() {
     assert!(sb.blocked_reason.unwrap_or_default().contains(&aid));
     assert!(!Path::new(&format!("{d}/a")).exists() && !Path::new(&format!("{d}/b")).exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn new_intent_preempts_a_running_repair() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let env = env_with(&c, "preempt", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    // 30 slow steps: a repair of all of them takes ~6 s on one agent
+    let steps = |marker: &str| {
+        let mut r: Vec<Resource> = (0..30)
+            .map(|i| {
+                exec_run(
+                    AGENT,
+                    &format!("sh -c 'sleep 0.2; echo {i} >> {d}/runs'"),
+                    json!({}),
+                    &[],
+                )
+            })
+            .collect();
+        r.push(fs_file(AGENT, &format!("{d}/marker"), marker, &[]));
+        r
+    };
+    let v1 = upload(&c, &env, steps("one")).await;
+    wait_deployed(&c, &env, v1, 60).await;
+    // periodic repair every second: a sweep is soon under way
+    c.update_settings(&env, &json!({"repair_interval": 1}))
+        .await
+        .unwrap();
+    let runs = || {
+        std::fs::read_to_string(format!("{d}/runs"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    let before = runs();
+    eventually(20, "the repair sweep to run", || async {
+        (runs() >= before + 3).then_some(())
+    })
+    .await;
+    // new intent goes first, not after the ~6 s sweep
+    let started = std::time::Instant::now();
+    upload(&c, &env, steps("two")).await;
+    eventually(20, "the new marker", || async {
+        (std::fs::read_to_string(format!("{d}/marker"))
+            .ok()
+            .as_deref()
+            == Some("two"))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "new intent waited {:?}",
+        started.elapsed()
+    );
+    // and the repair goes on afterwards
+    let after = runs();
+    eventually(20, "the repair to continue", || async {
+        (runs() >= after + 3).then_some(())
+    })
+    .await;
+}

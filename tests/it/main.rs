@@ -6,5 +6,6 @@ mod api_durability;
 mod compiler_cases;
 mod compiler_cli;
 mod deploy;
+mod deploy_cli;
 mod deploy_faults;
 mod support;
