@@ -294,6 +294,7 @@ fn main() {
                 project_dir: dir.path().to_path_buf(),
                 main_file: None,
                 export: false,
+                ..Default::default()
             },
             &mut |l| lines.push(l.to_string()),
         );

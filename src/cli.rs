@@ -2,6 +2,7 @@
 //! (and only here): this is the edge where errors become messages and exit codes.
 
 mod compile;
+mod control;
 mod deploy;
 mod env;
 pub mod remote;
@@ -24,7 +25,8 @@ use clap::{Parser, Subcommand, ValueEnum};
                   In a project directory (project.yml + main.cf):\n  \
                   steward compile              compile, print std::print output, report errors\n  \
                   steward export -j out.json   compile and write the resources to a file\n  \
-                  steward export [-d]          compile and upload to a server (-d: also release)\n\n\
+                  steward export [-d]          compile and upload to a server (-d: also release)\n  \
+                  steward deploy [--dry-run]   compile and deploy on this machine (all in one)\n\n\
                   Against a server (--server, --env, --token, or STEWARD_* variables, or .steward.toml):\n  \
                   steward server               run the server\n  \
                   steward env|version|resource|token|agent|dryrun …\n  \
@@ -50,6 +52,9 @@ pub enum Command {
     Compile(compile::CompileArgs),
     /// Compile and export the resources: to a file (-j) or to a server (-d also releases).
     Export(compile::ExportArgs),
+    /// Compile the project, deploy it on this machine (private server and database under
+    /// data/deploy), show progress and a summary; --dry-run shows what would change.
+    Deploy(deploy::DeployArgs),
     /// Run the server (REST API over PostgreSQL).
     Server(server::ServerArgs),
     /// Environments: create, list, settings, delete.
@@ -61,9 +66,9 @@ pub enum Command {
     /// API tokens: create, list, revoke.
     Token(Remote<token::TokenCmd>),
     /// Agents of an environment: list, pause, unpause.
-    Agent(Remote<deploy::AgentCmd>),
+    Agent(Remote<control::AgentCmd>),
     /// Dry-runs: what a deploy of a version would change, without changing anything.
-    Dryrun(Remote<deploy::DryrunCmd>),
+    Dryrun(Remote<control::DryrunCmd>),
     /// Run handlers for a scheduler (started by the server; speaks JSON lines on stdin/stdout).
     #[command(hide = true)]
     Executor {
@@ -118,13 +123,14 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Compile(args) => compile::run_compile(args),
         Command::Export(args) => compile::run_export(args),
+        Command::Deploy(args) => deploy::run(args),
         Command::Server(args) => server::run(args),
         Command::Env(r) => remote_command(r.remote, r.cmd, env::run),
         Command::Version(r) => remote_command(r.remote, r.cmd, version::run),
         Command::Resource(r) => remote_command(r.remote, r.cmd, resource::run),
         Command::Token(r) => remote_command(r.remote, r.cmd, token::run),
-        Command::Agent(r) => remote_command(r.remote, r.cmd, deploy::run_agent),
-        Command::Dryrun(r) => remote_command(r.remote, r.cmd, deploy::run_dryrun),
+        Command::Agent(r) => remote_command(r.remote, r.cmd, control::run_agent),
+        Command::Dryrun(r) => remote_command(r.remote, r.cmd, control::run_dryrun),
         Command::Executor { .. } => server::run_executor(),
     };
     match result {

@@ -36,6 +36,10 @@ pub struct CompileOptions {
     pub main_file: Option<String>,
     /// Produce the export (resources) after a successful compile.
     pub export: bool,
+    /// Variables `std::get_env` sees before the process environment. Every compile also
+    /// sees `STEWARD_PROJECT_DIR`, the absolute project directory (unless given here), so a
+    /// model can place things relative to its project.
+    pub env: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -67,6 +71,7 @@ impl CompileOutcome {
 }
 
 struct CompileHost<'a> {
+    env: &'a BTreeMap<String, String>,
     project: &'a project::Project,
     modules: &'a BTreeMap<String, project::ModuleInfo>,
     print: &'a mut (dyn FnMut(&str) + Send),
@@ -79,6 +84,13 @@ impl plugins::Host for CompileHost<'_> {
 
     fn module_file(&self, module: &str, dir: &str, path: &str) -> Result<(String, String), String> {
         project::module_file(self.project, self.modules, module, dir, path)
+    }
+
+    fn env_var(&self, name: &str) -> Option<String> {
+        self.env
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(name).ok())
     }
 }
 
@@ -139,7 +151,16 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
         }
     };
     let result = {
+        let mut env = opts.env.clone();
+        if !env.contains_key("STEWARD_PROJECT_DIR") {
+            let dir = opts
+                .project_dir
+                .canonicalize()
+                .unwrap_or_else(|_| opts.project_dir.clone());
+            env.insert("STEWARD_PROJECT_DIR".into(), dir.display().to_string());
+        }
         let mut host = CompileHost {
+            env: &env,
             project: &project,
             modules: &modules,
             print,

@@ -51,12 +51,13 @@ pub struct ExportArgs {
 }
 
 /// Run one compile, printing std::print output to stdout and diagnostics to stderr.
-fn compile_once(project: &Path, file: &str, export: bool, json: bool) -> CompileOutcome {
+pub(super) fn compile_once(project: &Path, file: &str, export: bool, json: bool) -> CompileOutcome {
     let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
         main_file: Some(file.to_string()),
         export,
+        ..Default::default()
     };
     let outcome = compiler::compile(&opts, &mut |line| {
         let _ = writeln!(out, "{line}");
@@ -173,7 +174,7 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The project's git commit, when it is a git checkout: recorded as provenance.
-fn git_provenance(project: &Path) -> serde_json::Value {
+pub(super) fn git_provenance(project: &Path) -> serde_json::Value {
     let git = |args: &[&str]| -> Option<String> {
         let out = std::process::Command::new("git")
             .args(args)

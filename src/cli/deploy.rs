@@ -1,275 +1,317 @@
-//! Deploy control against a server: `steward env deploy|repair|halt|resume`,
-//! `steward agent list|pause|unpause`, `steward dryrun run|list|show`,
-//! `steward version progress`. (`steward deploy` without a subcommand group is the embedded
-//! all-in-one of a project directory; these act on a server's environment.)
+//! `steward deploy`: the whole pipeline on this machine, in one command. Compile the project,
+//! start a private PostgreSQL (under the project's data/deploy, kept between runs), the server
+//! and the scheduler in this process, store the version, release it, follow the deploy with
+//! a progress bar, print a summary, and stop everything. A second run deploys only what
+//! changed; a run that was killed is picked up by the next one.
 
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand};
+use anyhow::Context;
+use clap::Args;
+use serde_json::{Value, json};
 
-use super::remote::{Remote, print_json, table};
+use crate::client::Client;
+use crate::embedded::deploy::Runtime;
+use crate::model::ExportFile;
+use crate::scheduler::Schedulers;
 
-/// `--agent` / `--resource` narrowing of a user deploy or repair.
-#[derive(Args, Debug, Clone, Default)]
-pub struct TriggerArgs {
-    /// Only the resources of this agent.
+#[derive(Args, Debug)]
+pub struct DeployArgs {
+    /// Project directory (holding project.yml and main.cf).
+    #[arg(long, short = 'p', default_value = ".", env = "STEWARD_PROJECT")]
+    pub project: PathBuf,
+    /// Entry file of the model, relative to the project.
+    #[arg(long, short = 'f', default_value = "main.cf")]
+    pub file: String,
+    /// Show what a deploy would change (the handlers read, nothing is changed).
     #[arg(long)]
-    pub agent: Option<String>,
-    /// Only this resource (its full id, e.g. 'fs::File[host,path=/etc/motd]').
+    pub dry_run: bool,
+    /// Also verify every resource and restore what drifted (not only what changed).
     #[arg(long)]
-    pub resource: Option<String>,
+    pub repair: bool,
+    /// Where the run keeps its state [default: PROJECT/data/deploy].
+    #[arg(long, env = "STEWARD_DEPLOY_DATA")]
+    pub data_dir: Option<PathBuf>,
 }
 
-pub async fn trigger(remote: &Remote, repair: bool, args: TriggerArgs) -> anyhow::Result<ExitCode> {
-    let env = remote.env()?;
-    let r = remote
-        .client
-        .trigger(env, repair, args.agent.as_deref(), args.resource.as_deref())
-        .await?;
-    if remote.json {
-        print_json(&r);
-    } else {
-        let what = if repair { "repair" } else { "deploy" };
-        println!("{what}: {} resource(s) scheduled", r["scheduled"]);
-        if r["halted"] == true {
-            println!("note: the environment is halted; nothing runs until `steward env resume`");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
+/// Statuses that make a deploy unsuccessful.
+const FAILED: [&str; 5] = [
+    "failed",
+    "unavailable",
+    "timed_out",
+    "skipped",
+    "skipped_for_dependency",
+];
 
-pub async fn set_halted(remote: &Remote, halted: bool) -> anyhow::Result<ExitCode> {
-    let env = remote.env()?;
-    let r = remote.client.set_halted(env, halted).await?;
-    if remote.json {
-        print_json(&r);
-    } else if halted {
-        println!("halted: no new deploy action starts in this environment");
-    } else {
-        println!("resumed");
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-#[derive(Subcommand, Debug)]
-pub enum AgentCmd {
-    /// The agents of the environment with their state and work.
-    List,
-    /// Pause an agent: once this returns, none of its actions starts (running ones finish).
-    Pause { name: String },
-    /// Let a paused agent work again.
-    Unpause { name: String },
-}
-
-pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode> {
-    let env = remote.env()?.to_string();
-    let c = &remote.client;
-    match cmd {
-        AgentCmd::List => {
-            let a = c.agents(&env).await?;
-            if remote.json {
-                print_json(&a);
-                return Ok(ExitCode::SUCCESS);
-            }
-            if a["halted"] == true {
-                println!("the environment is halted");
-            }
-            let rows = a["agents"]
-                .as_array()
-                .map(|l| {
-                    l.iter()
-                        .map(|x| {
-                            vec![
-                                x["name"].as_str().unwrap_or("").to_string(),
-                                x["state"].as_str().unwrap_or("").to_string(),
-                                x["queued"].to_string(),
-                                x["running"].to_string(),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            print!("{}", table(&["agent", "state", "queued", "running"], rows));
-        }
-        AgentCmd::Pause { name } => {
-            c.set_paused(&env, &name, true).await?;
-            println!("agent {name} paused");
-        }
-        AgentCmd::Unpause { name } => {
-            c.set_paused(&env, &name, false).await?;
-            println!("agent {name} unpaused");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-#[derive(Subcommand, Debug)]
-pub enum DryrunCmd {
-    /// Dry-run a version (default: the newest): what a deploy would change, changing nothing.
-    Run {
-        version: Option<i32>,
-        /// Return at once with the dry-run's id instead of waiting for its report.
-        #[arg(long)]
-        no_wait: bool,
-    },
-    /// The recent dry-runs of the environment.
-    List,
-    /// The report of one dry-run.
-    Show { id: String },
-}
-
-fn print_dryrun(d: &serde_json::Value) {
-    let run = &d["dryrun"];
-    println!(
-        "dry-run {} of version {}: {}/{} resources{}; {} would change",
-        run["id"].as_str().unwrap_or(""),
-        run["version"],
-        run["done"],
-        run["total"],
-        if d["complete"] == true {
-            ""
-        } else {
-            " (still running)"
-        },
-        d["changed"]
-    );
-    for r in d["results"].as_array().into_iter().flatten() {
-        let changes = r["changes"].as_object();
-        let outcome = r["outcome"].as_str().unwrap_or("");
-        let changed = changes.is_some_and(|c| !c.is_empty());
-        if !changed && outcome == "dry" {
-            continue;
-        }
-        let mark = if changed { "~" } else { "!" };
-        println!(
-            "{mark} {} ({outcome})",
-            r["resource_id"].as_str().unwrap_or("")
-        );
-        for (a, ch) in changes.into_iter().flatten() {
-            println!("    {a}: {} -> {}", ch["current"], ch["desired"]);
-        }
-        if outcome != "dry" {
-            for m in r["messages"].as_array().into_iter().flatten() {
-                println!("    {}", m["message"].as_str().unwrap_or(""));
-            }
-        }
-    }
-}
-
-pub async fn run_dryrun(remote: Remote, cmd: DryrunCmd) -> anyhow::Result<ExitCode> {
-    let env = remote.env()?.to_string();
-    let c = &remote.client;
-    match cmd {
-        DryrunCmd::Run { version, no_wait } => {
-            let started = c.start_dryrun(&env, version).await?;
-            let id = started["id"].as_str().unwrap_or("").to_string();
-            if no_wait {
-                if remote.json {
-                    print_json(&started);
-                } else {
-                    println!("dry-run {id} of version {} started", started["version"]);
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            let report = loop {
-                let d = c.dryrun(&env, &id).await?;
-                if d["complete"] == true {
-                    break d;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            };
-            if remote.json {
-                print_json(&report);
-            } else {
-                print_dryrun(&report);
-            }
-        }
-        DryrunCmd::List => {
-            let l = c.dryruns(&env).await?;
-            if remote.json {
-                print_json(&l);
-                return Ok(ExitCode::SUCCESS);
-            }
-            let rows = l
-                .as_array()
-                .map(|l| {
-                    l.iter()
-                        .map(|d| {
-                            vec![
-                                d["id"].as_str().unwrap_or("").to_string(),
-                                d["version"].to_string(),
-                                d["created_at"]
-                                    .as_str()
-                                    .unwrap_or("")
-                                    .chars()
-                                    .take(19)
-                                    .collect(),
-                                format!("{}/{}", d["done"], d["total"]),
-                                d["requested_by"].as_str().unwrap_or("").to_string(),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            print!(
-                "{}",
-                table(&["id", "version", "created", "done", "by"], rows)
-            );
-        }
-        DryrunCmd::Show { id } => {
-            let d = c.dryrun(&env, &id).await?;
-            if remote.json {
-                print_json(&d);
-            } else {
-                print_dryrun(&d);
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `steward version progress N [--wait]`.
-pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Result<ExitCode> {
-    let env = remote.env()?;
-    let p = loop {
-        let p = remote.client.progress(env, version).await?;
-        if !wait || p["done"] == true || p["active"] != true {
-            break p;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
+    let project = args
+        .project
+        .canonicalize()
+        .with_context(|| format!("project directory {}", args.project.display()))?;
+    let started = Instant::now();
+    let outcome = super::compile::compile_once(&project, &args.file, true, false);
+    let Ok(Some(export)) = outcome.result else {
+        eprintln!("nothing was deployed");
+        return Ok(ExitCode::from(1));
     };
-    if remote.json {
-        print_json(&p);
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "version {} ({}{}): {} resources, {}",
-        p["version"],
-        p["status"].as_str().unwrap_or(""),
-        if p["active"] == true { ", active" } else { "" },
-        p["total"],
-        if p["done"] == true {
-            "deploy done"
-        } else {
-            "deploy in progress"
-        }
+    eprintln!(
+        "compiled {} in {} ms: {} resources",
+        project.display(),
+        started.elapsed().as_millis(),
+        export.resources.len()
     );
-    let rows = p["by_status"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| vec![k.clone(), v.to_string()])
-                .collect()
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| project.join("data").join("deploy"));
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let runtime = Runtime::start(&data_dir, Schedulers::default_executor_bin())
+            .await
+            .with_context(|| format!("starting the private server under {}", data_dir.display()))?;
+        let result = tokio::select! {
+            r = deploy(&runtime.client, &args, &project, &export) => r,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("\ninterrupted: stopping; the next `steward deploy` picks up where this one stopped");
+                Ok(ExitCode::from(130))
+            }
+        };
+        runtime.stop().await;
+        result
+    })
+}
+
+async fn deploy(
+    c: &Client,
+    args: &DeployArgs,
+    project: &std::path::Path,
+    export: &ExportFile,
+) -> anyhow::Result<ExitCode> {
+    let env = environment(c, &export.metadata.project).await?;
+    let mut provenance = super::compile::git_provenance(project);
+    provenance["source"] = json!("steward deploy");
+    provenance["project_dir"] = json!(project.display().to_string());
+    let v = c.upload(&env, export, provenance).await?;
+    let number = v["number"].as_i64().unwrap_or(0) as i32;
+    let d = &v["diff_summary"];
+    if args.dry_run {
+        return dry_run(c, &env, number).await;
+    }
+    eprintln!(
+        "version {number}: {} new, {} changed, {} removed, {} unchanged",
+        d["new"], d["updated"], d["deleted"], d["unchanged"]
+    );
+    c.release(&env, number, "steward deploy").await?;
+    if args.repair {
+        let r = c.trigger(&env, true, None, None).await?;
+        eprintln!("repair: verifying {} resources", r["scheduled"]);
+    }
+    let started = Instant::now();
+    let progress = follow(c, &env, number).await?;
+    summary(c, &env, number, &progress, started.elapsed()).await
+}
+
+/// The environment of this project in the private server (created on first use).
+async fn environment(c: &Client, project: &str) -> anyhow::Result<String> {
+    let project = if project.is_empty() {
+        "project"
+    } else {
+        project
+    };
+    let envs = c.environments().await?;
+    if let Some(e) = envs
+        .iter()
+        .find(|e| e.project == project && e.name == "local")
+    {
+        return Ok(e.id.to_string());
+    }
+    // released by this command (never by upload), so a dry-run can look at a version first
+    let settings = json!({"auto_release": false});
+    Ok(c.create_environment(project, "local", Some(settings))
+        .await?
+        .id
+        .to_string())
+}
+
+async fn dry_run(c: &Client, env: &str, number: i32) -> anyhow::Result<ExitCode> {
+    let started = c.start_dryrun(env, Some(number)).await?;
+    let id = started["id"].as_str().unwrap_or("").to_string();
+    let report = loop {
+        let d = c.dryrun(env, &id).await?;
+        if d["complete"] == true {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    super::control::print_dryrun(&report);
+    // kept (not released), so the report stays next to the version it describes
+    eprintln!("version {number} was stored for this dry-run and not released");
+    let failed = report["results"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter(|x| {
+                    matches!(
+                        x["outcome"].as_str(),
+                        Some("failed" | "unavailable" | "timed_out")
+                    )
+                })
+                .count()
         })
-        .unwrap_or_default();
-    print!("{}", table(&["status", "resources"], rows));
-    // failures are what a person wants to see next
-    let failed = p["by_status"]["failed"].as_i64().unwrap_or(0)
-        + p["by_status"]["unavailable"].as_i64().unwrap_or(0);
+        .unwrap_or(0);
+    if report["changed"] == 0 && failed == 0 {
+        println!("nothing would change");
+    }
     Ok(if failed > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// Follow the deploy of `number` until it is done, drawing progress.
+async fn follow(c: &Client, env: &str, number: i32) -> anyhow::Result<Value> {
+    let tty = std::io::stderr().is_terminal();
+    let mut last_line = String::new();
+    let mut last_print = Instant::now() - Duration::from_secs(10);
+    loop {
+        let p = c.progress(env, number).await?;
+        let line = progress_line(&p, tty);
+        if tty {
+            eprint!("\r\x1b[2K{line}");
+            let _ = std::io::stderr().flush();
+        } else if line != last_line
+            && (last_print.elapsed() >= Duration::from_millis(500) || p["done"] == true)
+        {
+            eprintln!("{line}");
+            last_print = Instant::now();
+        }
+        last_line = line;
+        if p["done"] == true {
+            if tty {
+                eprintln!();
+            }
+            return Ok(p);
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+fn progress_line(p: &Value, tty: bool) -> String {
+    let total = p["total"].as_u64().unwrap_or(0);
+    let count = |s: &str| p["by_status"][s].as_u64().unwrap_or(0);
+    let settled = total - count("available") - count("deploying");
+    let failed: u64 = FAILED.iter().map(|s| count(s)).sum();
+    let counts = format!(
+        "{settled}/{total} · deployed {} · failed {failed} · deploying {} · waiting {}",
+        count("deployed"),
+        count("deploying"),
+        count("available")
+    );
+    if !tty {
+        return format!("progress: {counts}");
+    }
+    let width = 24usize;
+    let filled = if total == 0 {
+        width
+    } else {
+        (settled as usize * width) / total as usize
+    };
+    format!(
+        "[{}{}] {counts}",
+        "#".repeat(filled),
+        "-".repeat(width - filled)
+    )
+}
+
+async fn summary(
+    c: &Client,
+    env: &str,
+    number: i32,
+    progress: &Value,
+    took: Duration,
+) -> anyhow::Result<ExitCode> {
+    let (_, rows) = c.resources(env).await?;
+    let actions = c.actions(env, None, 10_000).await?;
+    let mut created = 0;
+    let mut updated = 0;
+    let mut purged = 0;
+    for a in actions
+        .iter()
+        .filter(|a| a.version == number && a.action == "deploy")
+    {
+        match a.change.as_str() {
+            "created" => created += 1,
+            "updated" => updated += 1,
+            "purged" => purged += 1,
+            _ => {}
+        }
+    }
+    let count = |s: &str| progress["by_status"][s].as_u64().unwrap_or(0);
+    let failed: Vec<_> = rows
+        .iter()
+        .filter(|r| FAILED.contains(&r.status.as_str()))
+        .collect();
+    let undefined: Vec<_> = rows
+        .iter()
+        .filter(|r| matches!(r.status.as_str(), "undefined" | "skipped_for_undefined"))
+        .collect();
+    let changes = if created + updated + purged == 0 {
+        "no changes".to_string()
+    } else {
+        format!("{created} created, {updated} updated, {purged} deleted")
+    };
+    println!(
+        "version {number}: {} resources in {:.1} s — {} deployed ({changes}), {} failed or skipped{}",
+        progress["total"],
+        took.as_secs_f64(),
+        count("deployed"),
+        failed.len(),
+        if undefined.is_empty() {
+            String::new()
+        } else {
+            format!(", {} not deployable (unknown values)", undefined.len())
+        }
+    );
+    let mut changed: Vec<_> = actions
+        .iter()
+        .filter(|a| a.version == number && a.action == "deploy" && a.change != "nochange")
+        .collect();
+    changed.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
+    changed.dedup_by(|a, b| a.resource_id == b.resource_id);
+    for a in changed.iter().take(20) {
+        println!("  {} {}", a.change, a.resource_id);
+    }
+    if changed.len() > 20 {
+        println!("  … and {} more", changed.len() - 20);
+    }
+    for r in &failed {
+        let why = r
+            .last_message
+            .clone()
+            .or(r.blocked_reason.clone())
+            .unwrap_or_default();
+        println!(
+            "  {} {}: {}",
+            r.status,
+            r.resource_id,
+            why.lines().next().unwrap_or("")
+        );
+    }
+    for r in &undefined {
+        println!(
+            "  {} {}: {}",
+            r.status,
+            r.resource_id,
+            r.blocked_reason.clone().unwrap_or_default()
+        );
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     })
 }

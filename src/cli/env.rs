@@ -27,9 +27,9 @@ pub enum EnvCmd {
     /// Delete the environment (--env) and everything in it.
     Delete,
     /// Deploy what is not deployed yet in the environment (--env), now.
-    Deploy(super::deploy::TriggerArgs),
+    Deploy(super::control::TriggerArgs),
     /// Verify every resource of the environment (--env) and restore drift, now.
-    Repair(super::deploy::TriggerArgs),
+    Repair(super::control::TriggerArgs),
     /// Halt the environment: no new deploy action starts until `resume`.
     Halt,
     /// Resume a halted environment.
@@ -114,10 +114,10 @@ pub async fn run(remote: Remote, cmd: EnvCmd) -> anyhow::Result<ExitCode> {
             c.delete_environment(env).await?;
             println!("deleted environment {env}");
         }
-        EnvCmd::Deploy(args) => return super::deploy::trigger(&remote, false, args).await,
-        EnvCmd::Repair(args) => return super::deploy::trigger(&remote, true, args).await,
-        EnvCmd::Halt => return super::deploy::set_halted(&remote, true).await,
-        EnvCmd::Resume => return super::deploy::set_halted(&remote, false).await,
+        EnvCmd::Deploy(args) => return super::control::trigger(&remote, false, args).await,
+        EnvCmd::Repair(args) => return super::control::trigger(&remote, true, args).await,
+        EnvCmd::Halt => return super::control::set_halted(&remote, true).await,
+        EnvCmd::Resume => return super::control::set_halted(&remote, false).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -218,7 +218,7 @@ pub async fn run(remote: Remote, cmd: VersionCmd) -> anyhow::Result<ExitCode> {
             println!("deleted version {number}");
         }
         VersionCmd::Progress { number, wait } => {
-            return super::deploy::progress(&remote, number, wait).await;
+            return super::control::progress(&remote, number, wait).await;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -88,6 +88,58 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Can the postgres user walk down to `path` (search permission on every directory above)?
+fn reachable_by(path: &Path, (uid, gid): (u32, u32)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(abs) = path.canonicalize() else {
+        return false;
+    };
+    abs.ancestors().skip(1).all(|dir| {
+        let Ok(m) = std::fs::metadata(dir) else {
+            return false;
+        };
+        let mode = m.mode();
+        if m.uid() == uid {
+            mode & 0o100 != 0
+        } else if m.gid() == gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        }
+    })
+}
+
+/// As root, a cluster under a directory the postgres user can not enter (a checkout in
+/// /root, say) lives in /var/lib/steward/clusters instead, and `root` becomes a link to it:
+/// the data stays where the user expects to find it, and PostgreSQL can reach it.
+fn relocate_if_unreachable(root: &Path, user: (u32, u32)) -> Result<(), EmbeddedError> {
+    if root.is_symlink() || reachable_by(root, user) {
+        return Ok(());
+    }
+    use sha2::Digest;
+    let abs = root.canonicalize().map_err(io_err(root))?;
+    let digest = hex::encode(sha2::Sha256::digest(abs.display().to_string().as_bytes()));
+    let home = Path::new("/var/lib/steward/clusters").join(&digest[..16]);
+    std::fs::create_dir_all(&home).map_err(io_err(&home))?;
+    if std::fs::read_dir(root)
+        .map_err(io_err(root))?
+        .next()
+        .is_some()
+    {
+        return Err(EmbeddedError::Command {
+            what: "placing the PostgreSQL cluster".into(),
+            detail: format!(
+                "{} is not reachable by the postgres user and is not empty; make its parent directories searchable (chmod o+x) or move the project",
+                root.display()
+            ),
+        });
+    }
+    std::fs::remove_dir(root).map_err(io_err(root))?;
+    std::os::unix::fs::symlink(&home, root).map_err(io_err(root))?;
+    tracing::info!(link = %root.display(), cluster = %home.display(), "the postgres user can not reach the data dir: the cluster lives elsewhere");
+    Ok(())
+}
+
 pub struct PgCluster {
     root: PathBuf,
     bin: PathBuf,
@@ -99,11 +151,15 @@ impl PgCluster {
     /// A cluster rooted at `root` (created on first start).
     pub fn new(root: &Path) -> Result<PgCluster, EmbeddedError> {
         std::fs::create_dir_all(root).map_err(io_err(root))?;
+        let run_as = postgres_user();
+        if let Some(user) = run_as {
+            relocate_if_unreachable(root, user)?;
+        }
         let root = root.canonicalize().map_err(io_err(root))?;
         Ok(PgCluster {
             root,
             bin: find_bin_dir()?,
-            run_as: postgres_user(),
+            run_as,
             port: 5432,
         })
     }
@@ -132,6 +188,9 @@ impl PgCluster {
     fn command(&self, program: &str) -> Command {
         let mut c = Command::new(self.bin.join(program));
         c.stdin(Stdio::null());
+        // its own process group: a Ctrl-C meant for us must not shut the database down
+        // under a run that is still writing its state
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
         if let Some((uid, gid)) = self.run_as {
             use std::os::unix::process::CommandExt;
             c.uid(uid).gid(gid);
@@ -321,17 +380,22 @@ impl PgCluster {
         Ok(())
     }
 
+    /// A shell command line that stops this cluster (`mode`: fast or immediate), for
+    /// watchdogs: run as root, it drops to the postgres user for pg_ctl.
+    pub fn stop_command_line(&self, mode: &str) -> String {
+        let mut pg_ctl = self.bin.join("pg_ctl").display().to_string();
+        if let Some((uid, gid)) = self.run_as {
+            pg_ctl = format!("setpriv --reuid={uid} --regid={gid} --clear-groups {pg_ctl}");
+        }
+        format!("{pg_ctl} stop -D '{}' -m {mode}", self.data_dir().display())
+    }
+
     /// A process that stops this cluster and removes its directory once `pid` (normally
     /// ours) has exited, however it ends: test clusters must not outlive their test binary.
     pub fn remove_when_process_exits(&self, pid: u32) -> Result<(), EmbeddedError> {
-        let mut pg_ctl = self.bin.join("pg_ctl").display().to_string();
-        if let Some((uid, gid)) = self.run_as {
-            // the watchdog itself stays root and drops to postgres for pg_ctl
-            pg_ctl = format!("setpriv --reuid={uid} --regid={gid} --clear-groups {pg_ctl}");
-        }
         let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {pg_ctl} stop -D '{}' -m immediate >/dev/null 2>&1; rm -rf '{}'",
-            self.data_dir().display(),
+            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {} >/dev/null 2>&1; rm -rf '{}'",
+            self.stop_command_line("immediate"),
             self.root.display()
         );
         Command::new("sh")

@@ -53,6 +53,7 @@ fn run_case(dir: &Path) -> Result<(), String> {
             project_dir: tmp.path().to_path_buf(),
             main_file: None,
             export: true,
+            ..Default::default()
         },
         &mut |line| {
             printed.push_str(line);

@@ -8,4 +8,5 @@ mod compiler_cli;
 mod deploy;
 mod deploy_cli;
 mod deploy_faults;
+mod embedded;
 mod support;

@@ -1,0 +1,275 @@
+//! Deploy control against a server: `steward env deploy|repair|halt|resume`,
+//! `steward agent list|pause|unpause`, `steward dryrun run|list|show`,
+//! `steward version progress`. (`steward deploy` without a subcommand group is the embedded
+//! all-in-one of a project directory; these act on a server's environment.)
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use super::remote::{Remote, print_json, table};
+
+/// `--agent` / `--resource` narrowing of a user deploy or repair.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TriggerArgs {
+    /// Only the resources of this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Only this resource (its full id, e.g. 'fs::File[host,path=/etc/motd]').
+    #[arg(long)]
+    pub resource: Option<String>,
+}
+
+pub async fn trigger(remote: &Remote, repair: bool, args: TriggerArgs) -> anyhow::Result<ExitCode> {
+    let env = remote.env()?;
+    let r = remote
+        .client
+        .trigger(env, repair, args.agent.as_deref(), args.resource.as_deref())
+        .await?;
+    if remote.json {
+        print_json(&r);
+    } else {
+        let what = if repair { "repair" } else { "deploy" };
+        println!("{what}: {} resource(s) scheduled", r["scheduled"]);
+        if r["halted"] == true {
+            println!("note: the environment is halted; nothing runs until `steward env resume`");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn set_halted(remote: &Remote, halted: bool) -> anyhow::Result<ExitCode> {
+    let env = remote.env()?;
+    let r = remote.client.set_halted(env, halted).await?;
+    if remote.json {
+        print_json(&r);
+    } else if halted {
+        println!("halted: no new deploy action starts in this environment");
+    } else {
+        println!("resumed");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCmd {
+    /// The agents of the environment with their state and work.
+    List,
+    /// Pause an agent: once this returns, none of its actions starts (running ones finish).
+    Pause { name: String },
+    /// Let a paused agent work again.
+    Unpause { name: String },
+}
+
+pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode> {
+    let env = remote.env()?.to_string();
+    let c = &remote.client;
+    match cmd {
+        AgentCmd::List => {
+            let a = c.agents(&env).await?;
+            if remote.json {
+                print_json(&a);
+                return Ok(ExitCode::SUCCESS);
+            }
+            if a["halted"] == true {
+                println!("the environment is halted");
+            }
+            let rows = a["agents"]
+                .as_array()
+                .map(|l| {
+                    l.iter()
+                        .map(|x| {
+                            vec![
+                                x["name"].as_str().unwrap_or("").to_string(),
+                                x["state"].as_str().unwrap_or("").to_string(),
+                                x["queued"].to_string(),
+                                x["running"].to_string(),
+                            ]
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            print!("{}", table(&["agent", "state", "queued", "running"], rows));
+        }
+        AgentCmd::Pause { name } => {
+            c.set_paused(&env, &name, true).await?;
+            println!("agent {name} paused");
+        }
+        AgentCmd::Unpause { name } => {
+            c.set_paused(&env, &name, false).await?;
+            println!("agent {name} unpaused");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DryrunCmd {
+    /// Dry-run a version (default: the newest): what a deploy would change, changing nothing.
+    Run {
+        version: Option<i32>,
+        /// Return at once with the dry-run's id instead of waiting for its report.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// The recent dry-runs of the environment.
+    List,
+    /// The report of one dry-run.
+    Show { id: String },
+}
+
+pub(super) fn print_dryrun(d: &serde_json::Value) {
+    let run = &d["dryrun"];
+    println!(
+        "dry-run {} of version {}: {}/{} resources{}; {} would change",
+        run["id"].as_str().unwrap_or(""),
+        run["version"],
+        run["done"],
+        run["total"],
+        if d["complete"] == true {
+            ""
+        } else {
+            " (still running)"
+        },
+        d["changed"]
+    );
+    for r in d["results"].as_array().into_iter().flatten() {
+        let changes = r["changes"].as_object();
+        let outcome = r["outcome"].as_str().unwrap_or("");
+        let changed = changes.is_some_and(|c| !c.is_empty());
+        if !changed && outcome == "dry" {
+            continue;
+        }
+        let mark = if changed { "~" } else { "!" };
+        println!(
+            "{mark} {} ({outcome})",
+            r["resource_id"].as_str().unwrap_or("")
+        );
+        for (a, ch) in changes.into_iter().flatten() {
+            println!("    {a}: {} -> {}", ch["current"], ch["desired"]);
+        }
+        if outcome != "dry" {
+            for m in r["messages"].as_array().into_iter().flatten() {
+                println!("    {}", m["message"].as_str().unwrap_or(""));
+            }
+        }
+    }
+}
+
+pub async fn run_dryrun(remote: Remote, cmd: DryrunCmd) -> anyhow::Result<ExitCode> {
+    let env = remote.env()?.to_string();
+    let c = &remote.client;
+    match cmd {
+        DryrunCmd::Run { version, no_wait } => {
+            let started = c.start_dryrun(&env, version).await?;
+            let id = started["id"].as_str().unwrap_or("").to_string();
+            if no_wait {
+                if remote.json {
+                    print_json(&started);
+                } else {
+                    println!("dry-run {id} of version {} started", started["version"]);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let report = loop {
+                let d = c.dryrun(&env, &id).await?;
+                if d["complete"] == true {
+                    break d;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            if remote.json {
+                print_json(&report);
+            } else {
+                print_dryrun(&report);
+            }
+        }
+        DryrunCmd::List => {
+            let l = c.dryruns(&env).await?;
+            if remote.json {
+                print_json(&l);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows = l
+                .as_array()
+                .map(|l| {
+                    l.iter()
+                        .map(|d| {
+                            vec![
+                                d["id"].as_str().unwrap_or("").to_string(),
+                                d["version"].to_string(),
+                                d["created_at"]
+                                    .as_str()
+                                    .unwrap_or("")
+                                    .chars()
+                                    .take(19)
+                                    .collect(),
+                                format!("{}/{}", d["done"], d["total"]),
+                                d["requested_by"].as_str().unwrap_or("").to_string(),
+                            ]
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            print!(
+                "{}",
+                table(&["id", "version", "created", "done", "by"], rows)
+            );
+        }
+        DryrunCmd::Show { id } => {
+            let d = c.dryrun(&env, &id).await?;
+            if remote.json {
+                print_json(&d);
+            } else {
+                print_dryrun(&d);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steward version progress N [--wait]`.
+pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Result<ExitCode> {
+    let env = remote.env()?;
+    let p = loop {
+        let p = remote.client.progress(env, version).await?;
+        if !wait || p["done"] == true || p["active"] != true {
+            break p;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    if remote.json {
+        print_json(&p);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "version {} ({}{}): {} resources, {}",
+        p["version"],
+        p["status"].as_str().unwrap_or(""),
+        if p["active"] == true { ", active" } else { "" },
+        p["total"],
+        if p["done"] == true {
+            "deploy done"
+        } else {
+            "deploy in progress"
+        }
+    );
+    let rows = p["by_status"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| vec![k.clone(), v.to_string()])
+                .collect()
+        })
+        .unwrap_or_default();
+    print!("{}", table(&["status", "resources"], rows));
+    // failures are what a person wants to see next
+    let failed = p["by_status"]["failed"].as_i64().unwrap_or(0)
+        + p["by_status"]["unavailable"].as_i64().unwrap_or(0);
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

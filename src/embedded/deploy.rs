@@ -1,0 +1,179 @@
+//! The all-in-one runtime of `steward deploy`: a private PostgreSQL cluster under the data
+//! dir (kept between runs), the server with its scheduler in this process on a loopback
+//! port, and a client on it. Everything the run does goes through the REST API, as it would
+//! against a remote server.
+//!
+//! Invariants: one run per data dir at a time (an exclusive lock, released by the kernel
+//! however the run ends); the cluster is stopped when the run stops, and by a watchdog when
+//! the run is killed (unless a newer run holds the lock by then and uses the cluster).
+
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use uuid::Uuid;
+
+use super::postgres::{EmbeddedError, PgCluster};
+use crate::client::Client;
+use crate::model::Role;
+use crate::scheduler::Schedulers;
+use crate::store::{self, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("another `steward deploy` is running on {0} (wait for it, or stop it)")]
+    Busy(String),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An exclusive lock on the data dir, held while the file stays open.
+struct DirLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl DirLock {
+    fn take(data_dir: &Path) -> Result<DirLock, DeployError> {
+        let path = data_dir.join("lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| DeployError::Io {
+                what: "can not open",
+                path: path.display().to_string(),
+                source,
+            })?;
+        // a watchdog of a killed run holds it for a moment while it stops the cluster
+        for _ in 0..100 {
+            // SAFETY: flock(2) on a descriptor we own
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if r == 0 {
+                return Ok(DirLock { _file: file, path });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(DeployError::Busy(data_dir.display().to_string()))
+    }
+}
+
+pub struct Runtime {
+    cluster: PgCluster,
+    pub pool: sqlx::PgPool,
+    pub client: Client,
+    schedulers: Schedulers,
+    token: Uuid,
+    server: tokio::task::JoinHandle<()>,
+    _lock: DirLock,
+}
+
+impl Runtime {
+    /// Start everything under `data_dir` (created if needed).
+    pub async fn start(data_dir: &Path, executor_bin: PathBuf) -> Result<Runtime, DeployError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| DeployError::Io {
+            what: "can not create",
+            path: data_dir.display().to_string(),
+            source,
+        })?;
+        let lock = DirLock::take(data_dir)?;
+        let root = data_dir.join("pg");
+        let lock_path = lock.path.clone();
+        let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, EmbeddedError> {
+            let c = PgCluster::new(&root)?;
+            c.start(true)?;
+            c.ensure_database("steward")?;
+            Ok(c)
+        })
+        .await
+        .expect("cluster start task")?;
+        stop_cluster_when_gone(&cluster, std::process::id(), &lock_path);
+        let pool = store::connect(&cluster.url("steward"), 8).await?;
+        store::migrate(&pool).await?;
+        let (token, secret) = store::tokens::create(
+            &pool,
+            &format!("steward deploy (pid {})", std::process::id()),
+            Role::Admin,
+            None,
+            "steward deploy",
+            None,
+        )
+        .await?;
+        let state =
+            crate::server::start::app_state_with_schedulers(pool.clone(), false, executor_bin)
+                .await;
+        let schedulers = state.schedulers.clone().expect("schedulers");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|source| DeployError::Io {
+                what: "can not listen on",
+                path: "127.0.0.1".into(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| DeployError::Io {
+            what: "can not listen on",
+            path: "127.0.0.1".into(),
+            source,
+        })?;
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, crate::server::router(state)).await;
+        });
+        Ok(Runtime {
+            cluster,
+            pool,
+            client: Client::new(&format!("http://{addr}"), Some(secret)),
+            schedulers,
+            token: token.id,
+            server,
+            _lock: lock,
+        })
+    }
+
+    /// Stop the scheduler (executors finish their action and exit), the server and the
+    /// cluster. What was not done is done by the next run.
+    pub async fn stop(self) {
+        self.schedulers.stop_all();
+        let _ = store::tokens::revoke(&self.pool, self.token).await;
+        self.server.abort();
+        // executors see their input close and exit; give them a moment before the database
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        self.pool.close().await;
+        let cluster = self.cluster;
+        let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
+        if let Ok(Err(e)) = stopped {
+            tracing::warn!(error = %e, "stopping the private PostgreSQL cluster failed");
+        }
+    }
+}
+
+/// A watchdog: once `pid` is gone, stop the cluster, but only while no newer run holds the
+/// data dir's lock (flock waits for it; the newer run stops the cluster itself).
+fn stop_cluster_when_gone(cluster: &PgCluster, pid: u32, lock: &Path) {
+    let stop = cluster.stop_command_line("fast");
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; flock '{}' {stop} >/dev/null 2>&1",
+        lock.display()
+    );
+    let spawned = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no watchdog for the private PostgreSQL cluster");
+    }
+}

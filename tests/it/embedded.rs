@@ -1,0 +1,240 @@
+//! `steward deploy` end to end: the real binary on a copy of examples/quickstart (and small
+//! projects of its own), with its private PostgreSQL under a temp dir.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+
+use crate::support::steward_bin;
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            if e.file_name() != "data" {
+                copy_dir(&e.path(), &target);
+            }
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// A copy of the quickstart in a temp dir.
+fn quickstart() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("quickstart");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart"),
+        &dir,
+    );
+    (tmp, dir)
+}
+
+fn deploy(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(steward_bin())
+        .arg("deploy")
+        .arg("-p")
+        .arg(dir)
+        .args(extra)
+        .env_remove("QUICKSTART_ROOT")
+        .output()
+        .expect("run steward deploy")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn mtime(p: &Path) -> SystemTime {
+    std::fs::symlink_metadata(p).unwrap().modified().unwrap()
+}
+
+#[test]
+fn quickstart_deploys_then_changes_only_what_changed() {
+    let (_tmp, dir) = quickstart();
+    let site = dir.join("data/quickstart");
+
+    let first = deploy(&dir, &[]);
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("12 deployed"), "{}", text(&first));
+    let conf = std::fs::read_to_string(site.join("shop/site.conf")).unwrap();
+    assert!(conf.contains("listen 8081"), "{conf}");
+    assert_eq!(
+        std::fs::read_to_string(site.join("blog/www/index.html")).unwrap(),
+        "<h1>Hello from steward</h1>\n"
+    );
+    assert_eq!(
+        std::fs::read_link(site.join("blog/current")).unwrap(),
+        site.join("blog/www")
+    );
+    assert!(
+        site.join("shop/reloaded").exists(),
+        "the reload command ran on the first deploy"
+    );
+
+    // twice: nothing changes on disk
+    let before: Vec<SystemTime> = ["shop/site.conf", "blog/www/index.html", "shop/reloaded"]
+        .iter()
+        .map(|f| mtime(&site.join(f)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    let second = deploy(&dir, &[]);
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(text(&second).contains("no changes"), "{}", text(&second));
+    let after: Vec<SystemTime> = ["shop/site.conf", "blog/www/index.html", "shop/reloaded"]
+        .iter()
+        .map(|f| mtime(&site.join(f)))
+        .collect();
+    assert_eq!(before, after);
+
+    // a dry-run of an edit shows it and changes nothing
+    let main = dir.join("main.cf");
+    let model = std::fs::read_to_string(&main).unwrap();
+    std::fs::write(&main, model.replace("port=8081", "port=9090")).unwrap();
+    let dry = deploy(&dir, &["--dry-run"]);
+    assert!(dry.status.success(), "{}", text(&dry));
+    assert!(
+        text(&dry).contains("1 would change") && text(&dry).contains("listen 9090"),
+        "{}",
+        text(&dry)
+    );
+    assert!(
+        std::fs::read_to_string(site.join("shop/site.conf"))
+            .unwrap()
+            .contains("listen 8081")
+    );
+
+    // the edit applies: only the shop's config, and its reload runs
+    let reloaded = mtime(&site.join("shop/reloaded"));
+    let blog = mtime(&site.join("blog/site.conf"));
+    std::thread::sleep(Duration::from_millis(20));
+    let third = deploy(&dir, &[]);
+    assert!(third.status.success(), "{}", text(&third));
+    assert!(
+        text(&third).contains("updated fs::File[localhost,path="),
+        "{}",
+        text(&third)
+    );
+    assert!(
+        std::fs::read_to_string(site.join("shop/site.conf"))
+            .unwrap()
+            .contains("listen 9090")
+    );
+    assert!(
+        mtime(&site.join("shop/reloaded")) > reloaded,
+        "the reload did not run"
+    );
+    assert_eq!(mtime(&site.join("blog/site.conf")), blog);
+
+    // a broken model: a diagnostic with file:line:col, nothing changed
+    std::fs::write(&main, model.replace("port=8081", "port=8081,,")).unwrap();
+    let broken = deploy(&dir, &[]);
+    assert_eq!(broken.status.code(), Some(1), "{}", text(&broken));
+    let err = String::from_utf8_lossy(&broken.stderr);
+    assert!(
+        err.contains("main.cf:") && err.contains("nothing was deployed"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_to_string(site.join("shop/site.conf"))
+            .unwrap()
+            .contains("listen 9090")
+    );
+}
+
+#[test]
+fn failures_give_a_nonzero_exit_with_their_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("project.yml"), "name: failing\nmodulepath: libs\n").unwrap();
+    let out = dir.join("out");
+    std::fs::write(
+        dir.join("main.cf"),
+        format!(
+            r#"import fs
+import exec
+host = std::Host(name="localhost", os=std::linux)
+bad = exec::Run(host=host, command="sh -c 'echo broken >&2; exit 3'")
+fs::File(host=host, path="{out}/after", content="x", requires=bad)
+fs::File(host=host, path="{out}/fine", content="y")
+"#,
+            out = out.display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(&out).unwrap();
+    let o = deploy(dir, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("failed exec::Run[localhost,command=sh -c 'echo broken >&2; exit 3']"),
+        "{t}"
+    );
+    assert!(t.contains("skipped_for_dependency fs::File"), "{t}");
+    assert!(out.join("fine").exists() && !out.join("after").exists());
+}
+
+#[test]
+fn a_killed_run_is_picked_up_by_the_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("project.yml"), "name: slow\nmodulepath: libs\n").unwrap();
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    let mut model =
+        String::from("import exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
+    for i in 0..8 {
+        let req = if i > 0 {
+            format!(", requires=s{}", i - 1)
+        } else {
+            String::new()
+        };
+        model.push_str(&format!(
+            "s{i} = exec::Run(host=host, command=\"sh -c 'sleep 0.3; echo {i} >> {}/steps'\"{req})\n",
+            out.display()
+        ));
+    }
+    std::fs::write(dir.join("main.cf"), model).unwrap();
+    let mut child = Command::new(steward_bin())
+        .args(["deploy", "-p"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let steps = || {
+        std::fs::read_to_string(out.join("steps"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while steps() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first run did not start deploying"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let again = deploy(dir, &[]);
+    assert!(again.status.success(), "{}", text(&again));
+    let all = std::fs::read_to_string(out.join("steps")).unwrap();
+    for i in 0..8 {
+        assert!(
+            all.lines().any(|l| l == i.to_string()),
+            "step {i} missing: {all}"
+        );
+    }
+    // the database stops with the run
+    std::thread::sleep(Duration::from_secs(3));
+    let pg = dir.join("data/deploy/pg/data/postmaster.pid");
+    assert!(!pg.exists(), "PostgreSQL still runs after the run ended");
+}
