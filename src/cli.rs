@@ -9,6 +9,7 @@ pub mod remote;
 pub mod render;
 mod resource;
 mod server;
+mod source;
 mod token;
 mod version;
 
@@ -29,7 +30,7 @@ use clap::{Parser, Subcommand, ValueEnum};
                   steward deploy [--dry-run]   compile and deploy on this machine (all in one)\n\n\
                   Against a server (--server, --env, --token, or STEWARD_* variables, or .steward.toml):\n  \
                   steward server               run the server\n  \
-                  steward env|version|resource|token|agent|dryrun …\n  \
+                  steward env|version|resource|token|agent|dryrun|source|compile-report …\n  \
                   steward env deploy|repair|halt|resume   deploy control of an environment"
 )]
 pub struct Cli {
@@ -46,6 +47,8 @@ pub enum LogFormat {
     Json,
 }
 
+// parsed once per run: the size of the biggest variant costs nothing
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Compile the project in the current directory (or --project).
@@ -65,6 +68,10 @@ pub enum Command {
     Resource(Remote<resource::ResourceCmd>),
     /// API tokens: create, list, revoke.
     Token(Remote<token::TokenCmd>),
+    /// The git repository an environment follows: set, show, remove, trigger, timeline.
+    Source(Remote<source::SourceCmd>),
+    /// Compiles of commits of a git-following environment: list, show.
+    CompileReport(Remote<source::CompileReportCmd>),
     /// Agents of an environment: list, pause, unpause.
     Agent(Remote<control::AgentCmd>),
     /// Dry-runs: what a deploy of a version would change, without changing anything.
@@ -129,6 +136,8 @@ pub fn main() -> ExitCode {
         Command::Version(r) => remote_command(r.remote, r.cmd, version::run),
         Command::Resource(r) => remote_command(r.remote, r.cmd, resource::run),
         Command::Token(r) => remote_command(r.remote, r.cmd, token::run),
+        Command::Source(r) => remote_command(r.remote, r.cmd, source::run_source),
+        Command::CompileReport(r) => remote_command(r.remote, r.cmd, source::run_report),
         Command::Agent(r) => remote_command(r.remote, r.cmd, control::run_agent),
         Command::Dryrun(r) => remote_command(r.remote, r.cmd, control::run_dryrun),
         Command::Executor { .. } => server::run_executor(),

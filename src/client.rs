@@ -407,4 +407,69 @@ impl Client {
         self.get(&format!("{}/versions/{version}/progress", Self::env(env)))
             .await
     }
+
+    // ---------------------------------------------------------------- git sources
+
+    pub async fn set_source(
+        &self,
+        env: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::PUT,
+            &format!("{}/source", Self::env(env)),
+            Some(body),
+        )
+        .await
+    }
+
+    pub async fn source(&self, env: &str) -> Result<serde_json::Value> {
+        self.get(&format!("{}/source", Self::env(env))).await
+    }
+
+    pub async fn delete_source(&self, env: &str) -> Result<()> {
+        self.call(
+            Method::DELETE,
+            &format!("{}/source", Self::env(env)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Fetch now and compile the branch tip or `commit`.
+    pub async fn trigger_compile(
+        &self,
+        env: &str,
+        commit: Option<&str>,
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::POST,
+            &format!("{}/source/trigger", Self::env(env)),
+            Some(&json!({"commit": commit})),
+        )
+        .await
+    }
+
+    pub async fn compiles(&self, env: &str, limit: i64) -> Result<serde_json::Value> {
+        self.get(&format!("{}/compiles?limit={limit}", Self::env(env)))
+            .await
+    }
+
+    pub async fn compile_report(&self, env: &str, id: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/compiles/{}",
+            Self::env(env),
+            encode_segment(id)
+        ))
+        .await
+    }
+
+    pub async fn commit_timeline(&self, env: &str, commit: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/commits/{}",
+            Self::env(env),
+            encode_segment(commit)
+        ))
+        .await
+    }
 }

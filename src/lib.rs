@@ -15,4 +15,5 @@ pub mod executor;
 pub mod model;
 pub mod scheduler;
 pub mod server;
+pub mod sources;
 pub mod store;

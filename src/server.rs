@@ -9,6 +9,7 @@
 pub mod api_deploy;
 pub mod api_envs;
 pub mod api_resources;
+pub mod api_sources;
 pub mod api_tokens;
 pub mod api_versions;
 pub mod auth;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub notifier: Notifier,
     /// The deploy schedulers; None when the server runs without them (`--no-scheduler`).
     pub schedulers: Option<crate::scheduler::Schedulers>,
+    /// Git sources; None when the server does not deploy.
+    pub sources: Option<crate::sources::GitSources>,
 }
 
 /// Largest accepted request body (a 10,000-resource export is a few MB).
@@ -149,6 +152,28 @@ pub fn router(state: AppState) -> Router {
             get(api_resources::list_actions).post(api_resources::report_action),
         )
         .route(&format!("{env}/audit"), get(api_tokens::audit))
+        .route(
+            &format!("{env}/source"),
+            get(api_sources::get_source)
+                .put(api_sources::set_source)
+                .delete(api_sources::delete_source),
+        )
+        .route(&format!("{env}/source/trigger"), post(api_sources::trigger))
+        .route(
+            &format!("{env}/source/webhook"),
+            post(api_sources::webhook).layer(DefaultBodyLimit::max(
+                crate::sources::webhook::MAX_WEBHOOK_BODY,
+            )),
+        )
+        .route(&format!("{env}/compiles"), get(api_sources::list_compiles))
+        .route(
+            &format!("{env}/compiles/{{id}}"),
+            get(api_sources::get_compile),
+        )
+        .route(
+            &format!("{env}/commits/{{commit}}"),
+            get(api_sources::timeline),
+        )
         .route(&format!("{env}/deploy"), post(api_deploy::deploy))
         .route(&format!("{env}/repair"), post(api_deploy::repair))
         .route(&format!("{env}/halt"), post(api_deploy::halt))

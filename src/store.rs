@@ -9,6 +9,7 @@ pub mod actions;
 pub mod audit;
 pub mod deploy;
 pub mod environments;
+pub mod sources;
 pub mod state;
 pub mod tokens;
 pub mod versions;

@@ -112,6 +112,7 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
         metrics: Arc::new(ops::Metrics::default()),
         notifier: Notifier::new(),
         schedulers: None,
+        sources: None,
     }
 }
 
@@ -127,6 +128,23 @@ pub async fn app_state_with_schedulers(
             .await;
     state.schedulers = Some(schedulers);
     state
+}
+
+/// Let the server follow git repositories: bare mirrors under `data_dir/git`, compiles run
+/// as `steward_bin compile` child processes.
+pub async fn enable_git(
+    state: &mut AppState,
+    data_dir: std::path::PathBuf,
+    steward_bin: std::path::PathBuf,
+) {
+    let sources = crate::sources::GitSources::start(
+        state.pool.clone(),
+        data_dir,
+        steward_bin,
+        &state.notifier,
+    )
+    .await;
+    state.sources = Some(sources);
 }
 
 /// Run the server until SIGINT/SIGTERM.
@@ -159,7 +177,10 @@ async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
         })?;
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
     let state = if config.scheduler {
-        app_state_with_schedulers(pool, config.no_auth, config.executor_bin.clone()).await
+        let mut s =
+            app_state_with_schedulers(pool, config.no_auth, config.executor_bin.clone()).await;
+        enable_git(&mut s, config.data_dir.clone(), config.executor_bin.clone()).await;
+        s
     } else {
         app_state(pool, config.no_auth)
     };

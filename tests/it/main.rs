@@ -9,4 +9,7 @@ mod deploy;
 mod deploy_cli;
 mod deploy_faults;
 mod embedded;
+mod gitops;
+mod gitops_feedback;
+mod gitops_support;
 mod support;

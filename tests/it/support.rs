@@ -47,6 +47,8 @@ pub struct TestServer {
     pub pool: sqlx::PgPool,
     /// Secret of a global admin token (unless --no-auth).
     pub admin: Option<String>,
+    /// The server's data dir (git mirrors).
+    _data: tempfile::TempDir,
 }
 
 impl TestServer {
@@ -90,8 +92,13 @@ impl TestServer {
             .expect("admin token");
             Some(secret)
         };
+        let data = tempfile::tempdir().expect("server data dir");
         let state = if deploying {
-            server::start::app_state_with_schedulers(pool.clone(), no_auth, steward_bin()).await
+            let mut s =
+                server::start::app_state_with_schedulers(pool.clone(), no_auth, steward_bin())
+                    .await;
+            server::start::enable_git(&mut s, data.path().to_path_buf(), steward_bin()).await;
+            s
         } else {
             server::start::app_state(pool.clone(), no_auth)
         };
@@ -108,6 +115,7 @@ impl TestServer {
             db_url,
             pool,
             admin,
+            _data: data,
         }
     }
 

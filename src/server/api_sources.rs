@@ -1,0 +1,437 @@
+//! Git sources of environments: set/show/remove the source, trigger a compile (optionally of a
+//! named commit), receive webhooks, list compile reports, and the per-commit timeline.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{Caller, Perm};
+use super::error::{ApiError, ApiResult};
+use super::extract::{ApiJson, OptionalJson, environment, parse_uuid};
+use super::{AppState, Event};
+use crate::model::settings::SourceKind;
+use crate::sources::{GitSources, SourceError, webhook};
+use crate::store::sources::SourceSpec;
+use crate::store::{self, audit};
+
+impl From<SourceError> for ApiError {
+    fn from(e: SourceError) -> ApiError {
+        match e {
+            SourceError::Store(s) => s.into(),
+            SourceError::NoSource => ApiError::not_found(e.to_string()),
+            SourceError::NotOnBranch { .. } | SourceError::NoBranch(_) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.to_string())
+            }
+            SourceError::Git(g) => ApiError::new(StatusCode::BAD_GATEWAY, g.kind(), g.to_string()),
+            SourceError::Unavailable => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+fn sources(state: &AppState) -> ApiResult<&GitSources> {
+    state.sources.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "no_git",
+            "this server does not follow git repositories (it runs without a scheduler)",
+        )
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StatusSpec {
+    /// github | gitea
+    pub kind: String,
+    /// API base (github default https://api.github.com; gitea: the server's URL)
+    #[serde(default)]
+    pub api_url: Option<String>,
+    /// owner/name on the git host
+    pub repo: String,
+    pub token: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SourceBody {
+    pub url: String,
+    #[serde(default)]
+    pub branch: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub ssh_key: Option<String>,
+    #[serde(default)]
+    pub known_hosts: Option<String>,
+    #[serde(default)]
+    pub webhook_secret: Option<String>,
+    #[serde(default)]
+    pub poll_interval: Option<i32>,
+    #[serde(default)]
+    pub compile_timeout: Option<i32>,
+    /// watch a repository on this machine for pushes (default true)
+    #[serde(default)]
+    pub watch: Option<bool>,
+    #[serde(default)]
+    pub status: Option<StatusSpec>,
+    #[serde(default)]
+    pub notify_url: Option<String>,
+    #[serde(default)]
+    pub notify_secret: Option<String>,
+}
+
+fn validate(b: SourceBody) -> ApiResult<SourceSpec> {
+    let url = b.url.trim().to_string();
+    let known_scheme = ["file://", "https://", "http://", "ssh://"]
+        .iter()
+        .any(|s| url.starts_with(s))
+        || url.starts_with('/');
+    if !known_scheme {
+        return Err(ApiError::bad_request(format!(
+            "'{url}' is not a repository URL this server follows (file://, https://, http://, ssh://, or an absolute path)"
+        )));
+    }
+    let branch = b.branch.unwrap_or_else(|| "main".into()).trim().to_string();
+    if branch.is_empty()
+        || branch.contains("..")
+        || branch.starts_with('-')
+        || branch.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(ApiError::bad_request(format!(
+            "'{branch}' is not a branch name"
+        )));
+    }
+    let path = b
+        .path
+        .unwrap_or_default()
+        .trim()
+        .trim_matches('/')
+        .to_string();
+    if path.split('/').any(|p| p == "..") {
+        return Err(ApiError::bad_request(
+            "path must stay inside the repository",
+        ));
+    }
+    if b.ssh_key.is_some() && b.known_hosts.is_none() {
+        return Err(ApiError::bad_request(
+            "an SSH key needs known_hosts: the server never trusts a host key it was not given",
+        ));
+    }
+    let poll_interval = b.poll_interval.unwrap_or(60);
+    if poll_interval < 0 {
+        return Err(ApiError::bad_request(
+            "poll_interval is seconds (0 disables polling)",
+        ));
+    }
+    let compile_timeout = b.compile_timeout.unwrap_or(600);
+    if compile_timeout < 1 {
+        return Err(ApiError::bad_request(
+            "compile_timeout must be at least 1 second",
+        ));
+    }
+    let (status_kind, status_api_url, status_repo, status_token) = match b.status {
+        None => ("none".to_string(), None, None, None),
+        Some(s) => {
+            if s.kind != "github" && s.kind != "gitea" {
+                return Err(ApiError::bad_request("status.kind is github or gitea"));
+            }
+            if s.kind == "gitea" && s.api_url.is_none() {
+                return Err(ApiError::bad_request(
+                    "a gitea status needs api_url (the Gitea server's URL)",
+                ));
+            }
+            if !s.repo.contains('/') {
+                return Err(ApiError::bad_request("status.repo is owner/name"));
+            }
+            (s.kind, s.api_url, Some(s.repo), Some(s.token))
+        }
+    };
+    let empty_none = |s: Option<String>| s.filter(|x| !x.is_empty());
+    Ok(SourceSpec {
+        url,
+        branch,
+        path,
+        token: empty_none(b.token),
+        ssh_key: empty_none(b.ssh_key),
+        known_hosts: empty_none(b.known_hosts),
+        webhook_secret: empty_none(b.webhook_secret),
+        poll_interval,
+        watch: b.watch.unwrap_or(true),
+        compile_timeout,
+        status_kind,
+        status_api_url,
+        status_repo,
+        status_token,
+        notify_url: empty_none(b.notify_url),
+        notify_secret: empty_none(b.notify_secret),
+    })
+}
+
+/// Attach (or replace) the git source: the environment then takes versions only from it.
+pub async fn set_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    ApiJson(body): ApiJson<SourceBody>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Manage, Some(env.id))?;
+    let g = sources(&state)?;
+    let spec = validate(body)?;
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    store::sources::upsert_source(&mut *tx, env.id, &spec).await?;
+    let mut settings = env.settings.clone();
+    settings.source = SourceKind::Git;
+    store::environments::set_settings(&mut *tx, env.id, &settings).await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        Some(env.id),
+        "source.set",
+        &crate::sources::compile::public_url(&spec.url),
+        json!({"branch": spec.branch, "path": spec.path, "poll_interval": spec.poll_interval}),
+    )
+    .await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    state.notifier.send(Event::Settings {
+        environment: env.id,
+    });
+    g.restart(env.id);
+    let row = store::sources::get_source(&state.pool, env.id)
+        .await?
+        .ok_or_else(|| ApiError::internal("source vanished"))?;
+    Ok(Json(json!(row.view())))
+}
+
+pub async fn get_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    let row = store::sources::get_source(&state.pool, env.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("this environment follows no git repository"))?;
+    Ok(Json(json!(row.view())))
+}
+
+/// Detach the source: the environment takes pushed versions again.
+pub async fn delete_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<StatusCode> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Manage, Some(env.id))?;
+    let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
+    store::sources::delete_source(&mut *tx, env.id).await?;
+    let mut settings = env.settings.clone();
+    settings.source = SourceKind::Push;
+    store::environments::set_settings(&mut *tx, env.id, &settings).await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        Some(env.id),
+        "source.delete",
+        &env.name,
+        json!({}),
+    )
+    .await?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    if let Some(g) = &state.sources {
+        g.stop(env.id);
+    }
+    state.notifier.send(Event::Settings {
+        environment: env.id,
+    });
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBody {
+    /// compile this commit (full or abbreviated SHA; it must be on the tracked branch)
+    #[serde(default)]
+    pub commit: Option<String>,
+}
+
+/// Fetch now and compile the branch tip, or the named commit.
+pub async fn trigger(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    OptionalJson(body): OptionalJson<TriggerBody>,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Upload, Some(env.id))?;
+    let g = sources(&state)?;
+    if let Some(c) = &body.commit
+        && (c.len() < 4 || c.len() > 64 || !c.chars().all(|x| x.is_ascii_hexdigit()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "'{c}' is not a commit id (4 to 64 hex digits)"
+        )));
+    }
+    let t = g.trigger(env.id, "api", body.commit.clone()).await?;
+    audit::record(
+        &state.pool,
+        &caller.name,
+        Some(env.id),
+        "source.trigger",
+        &t.commit,
+        json!({"status": t.status, "compile": t.compile}),
+    )
+    .await?;
+    Ok((StatusCode::ACCEPTED, Json(json!(t))))
+}
+
+/// A git host (or hooks/post-receive) says the repository changed. No token: the body must
+/// be signed with the source's webhook secret. Answers at once; the fetch follows.
+pub async fn webhook(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    let unauthorized = |m: String| ApiError::unauthorized(m);
+    let env_id = uuid::Uuid::parse_str(&key)
+        .map_err(|_| unauthorized("webhooks address an environment by its id".into()))?;
+    let Some(src) = store::sources::get_source(&state.pool, env_id).await? else {
+        // the same answer as a bad signature: nothing to learn about which ids exist
+        return Err(unauthorized("this environment takes no webhooks".into()));
+    };
+    if body.len() > webhook::MAX_WEBHOOK_BODY {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "webhook body over 1 MB",
+        ));
+    }
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let delivery = webhook::verify(header, &body, src.webhook_secret.as_deref())
+        .map_err(|e| unauthorized(e.to_string()))?;
+    if !store::sources::record_delivery(&state.pool, env_id, &delivery.id).await? {
+        return Ok((
+            StatusCode::OK,
+            Json(json!({"status": "duplicate", "delivery": delivery.id})),
+        ));
+    }
+    if !webhook::is_push(&delivery) {
+        return Ok((
+            StatusCode::OK,
+            Json(json!({"status": "ignored", "event": delivery.event})),
+        ));
+    }
+    let hint = webhook::push_hint(&body);
+    if let Some(b) = &hint.branch
+        && b != &src.branch
+    {
+        return Ok((
+            StatusCode::OK,
+            Json(
+                json!({"status": "ignored", "reason": format!("push to {b}, not {}", src.branch)}),
+            ),
+        ));
+    }
+    let g = sources(&state)?;
+    let kind = if delivery.provider == webhook::Provider::Generic {
+        "hook"
+    } else {
+        "webhook"
+    };
+    g.hint(env_id, kind);
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(
+            json!({"status": "accepted", "delivery": delivery.id, "provider": delivery.provider.as_str()}),
+        ),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    pub limit: Option<i64>,
+}
+
+pub async fn list_compiles(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    let rows =
+        store::sources::list_compiles(&state.pool, env.id, q.limit.unwrap_or(50).clamp(1, 1000))
+            .await?;
+    // the list leaves the bulky output out
+    let items: Vec<serde_json::Value> = rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "id": r.id, "commit": r.commit, "branch": r.branch, "trigger": r.trigger, "status": r.status,
+                "superseded_by": r.superseded_by, "requested_at": r.requested_at, "started_at": r.started_at,
+                "finished_at": r.finished_at, "version": r.version, "error": r.error, "exit_code": r.exit_code,
+            })
+        })
+        .collect();
+    Ok(Json(json!(items)))
+}
+
+pub async fn get_compile(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((key, id)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    let id = parse_uuid("compile", &id)?;
+    Ok(Json(json!(
+        store::sources::get_compile(&state.pool, env.id, id).await?
+    )))
+}
+
+/// What happened to a commit: received → compiled → version → released → deployed.
+pub async fn timeline(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((key, commit)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    if commit.len() < 4 || !commit.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request(format!(
+            "'{commit}' is not a commit id (at least 4 hex digits)"
+        )));
+    }
+    let events = store::sources::events(&state.pool, env.id, &commit.to_lowercase()).await?;
+    let commits: std::collections::BTreeSet<&str> =
+        events.iter().map(|e| e.commit.as_str()).collect();
+    if commits.len() > 1 {
+        return Err(ApiError::conflict(format!(
+            "'{commit}' is ambiguous: {} commits start with it",
+            commits.len()
+        )));
+    }
+    let Some(full) = commits.into_iter().next() else {
+        return Err(ApiError::not_found(format!(
+            "nothing is known of commit {commit} in this environment"
+        )));
+    };
+    let last = events.last().map(|e| e.event.clone());
+    Ok(Json(
+        json!({"commit": full, "state": last, "events": events}),
+    ))
+}

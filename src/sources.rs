@@ -1,0 +1,759 @@
+//! Git sources: environments that follow a branch (GITOPS.md §5, §6).
+//!
+//! Per environment with a source, a *fetcher* task turns triggers (webhooks, polls with
+//! jitter, the API, hooks/post-receive, a filesystem watch of file:// repositories) into
+//! queued compiles: it fetches the repository into its bare mirror, resolves the branch
+//! itself (a trigger is only a hint), and queues the tip — or the commit the API named, once
+//! it is known to be on the branch. A newer commit supersedes queued older ones (recorded);
+//! a commit compiled before is not compiled again. A *compiler* task runs the queue one at a
+//! time, never while the environment is halted. Versions from commits are released by the
+//! environment's policy; a deploy watcher reports the deploy of each released commit.
+//! Everything is in PostgreSQL: a restart re-queues interrupted compiles.
+
+pub mod compile;
+pub mod feedback;
+pub mod git;
+pub mod webhook;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::server::{Event, Notifier};
+use crate::store::sources::SourceRow;
+use crate::store::{self, StoreError};
+use feedback::{Feedback, State};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Git(#[from] git::GitError),
+    #[error("this environment follows no git repository")]
+    NoSource,
+    #[error("branch '{0}' does not exist in the repository")]
+    NoBranch(String),
+    #[error("commit {commit} is not on branch '{branch}'")]
+    NotOnBranch { commit: String, branch: String },
+    #[error("the git worker of this environment is not answering; try again")]
+    Unavailable,
+}
+
+/// What a trigger led to.
+#[derive(Clone, Debug, Serialize)]
+pub struct Triggered {
+    pub commit: String,
+    /// queued | already_compiled
+    pub status: String,
+    pub compile: Uuid,
+    pub superseded: Vec<Uuid>,
+}
+
+enum Msg {
+    Trigger {
+        kind: String,
+        commit: Option<String>,
+        reply: Option<oneshot::Sender<Result<Triggered, SourceError>>>,
+    },
+}
+
+struct EnvWorker {
+    tx: mpsc::UnboundedSender<Msg>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for EnvWorker {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+struct Inner {
+    pool: PgPool,
+    data_dir: PathBuf,
+    steward_bin: PathBuf,
+    notifier: Notifier,
+    feedback: Feedback,
+    workers: Mutex<HashMap<Uuid, EnvWorker>>,
+    mirror_locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Handle on the git side of a server (cheap to clone).
+#[derive(Clone)]
+pub struct GitSources(Arc<Inner>);
+
+impl GitSources {
+    /// Start workers for every environment with a source and follow `notifier`.
+    pub async fn start(
+        pool: PgPool,
+        data_dir: PathBuf,
+        steward_bin: PathBuf,
+        notifier: &Notifier,
+    ) -> GitSources {
+        let s = GitSources(Arc::new(Inner {
+            pool,
+            data_dir,
+            steward_bin,
+            notifier: notifier.clone(),
+            feedback: Feedback::default(),
+            workers: Mutex::new(HashMap::new()),
+            mirror_locks: Mutex::new(HashMap::new()),
+        }));
+        let events = notifier.subscribe();
+        match store::sources::requeue_interrupted(&s.0.pool).await {
+            Ok(n) if n > 0 => tracing::info!(
+                compiles = n,
+                "compiles interrupted by a stop are queued again"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "re-queueing interrupted compiles failed"),
+        }
+        match store::sources::list_sources(&s.0.pool).await {
+            Ok(list) => {
+                for src in list {
+                    s.restart(src.environment_id);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "listing git sources failed; they start when next changed")
+            }
+        }
+        tokio::spawn(s.clone().follow(events));
+        s
+    }
+
+    /// The bare mirror of a repository URL.
+    pub fn mirror_of(&self, url: &str) -> PathBuf {
+        use sha2::Digest;
+        let digest = hex::encode(sha2::Sha256::digest(url.as_bytes()));
+        self.0
+            .data_dir
+            .join("git")
+            .join(format!("{}.git", &digest[..16]))
+    }
+
+    fn mirror_lock(&self, mirror: &Path) -> Arc<tokio::sync::Mutex<()>> {
+        self.0
+            .mirror_locks
+            .lock()
+            .expect("locks")
+            .entry(mirror.to_path_buf())
+            .or_default()
+            .clone()
+    }
+
+    /// (Re)start the workers of an environment from its stored source (none: stop them), and
+    /// look at the branch now.
+    pub fn restart(&self, env: Uuid) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(Notify::new());
+        let tasks = vec![
+            tokio::spawn(self.clone().fetcher(env, rx, queued.clone())),
+            tokio::spawn(self.clone().compiler(env, queued)),
+        ];
+        let _ = tx.send(Msg::Trigger {
+            kind: "startup".into(),
+            commit: None,
+            reply: None,
+        });
+        self.0
+            .workers
+            .lock()
+            .expect("workers")
+            .insert(env, EnvWorker { tx, tasks });
+    }
+
+    pub fn stop(&self, env: Uuid) {
+        self.0.workers.lock().expect("workers").remove(&env);
+    }
+
+    /// A trigger without an answer (webhooks, hooks): queued for the fetcher.
+    pub fn hint(&self, env: Uuid, kind: &str) {
+        let tx = self
+            .0
+            .workers
+            .lock()
+            .expect("workers")
+            .get(&env)
+            .map(|w| w.tx.clone());
+        if let Some(tx) = tx {
+            let _ = tx.send(Msg::Trigger {
+                kind: kind.into(),
+                commit: None,
+                reply: None,
+            });
+        }
+    }
+
+    /// A trigger that waits for the fetch: which commit was queued (or was compiled before).
+    pub async fn trigger(
+        &self,
+        env: Uuid,
+        kind: &str,
+        commit: Option<String>,
+    ) -> Result<Triggered, SourceError> {
+        let tx = self
+            .0
+            .workers
+            .lock()
+            .expect("workers")
+            .get(&env)
+            .map(|w| w.tx.clone())
+            .ok_or(SourceError::NoSource)?;
+        let (reply, rx) = oneshot::channel();
+        tx.send(Msg::Trigger {
+            kind: kind.into(),
+            commit,
+            reply: Some(reply),
+        })
+        .map_err(|_| SourceError::Unavailable)?;
+        tokio::time::timeout(Duration::from_secs(300), rx)
+            .await
+            .map_err(|_| SourceError::Unavailable)?
+            .map_err(|_| SourceError::Unavailable)?
+    }
+
+    async fn follow(self, mut events: broadcast::Receiver<Event>) {
+        loop {
+            match events.recv().await {
+                Ok(Event::Released {
+                    environment,
+                    version,
+                }) => {
+                    let s = self.clone();
+                    tokio::spawn(async move { s.watch_deploy(environment, version).await });
+                }
+                Ok(Event::Deleted { environment }) => self.stop(environment),
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "git sources fell behind on server events")
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ fetcher
+
+    async fn fetcher(self, env: Uuid, mut rx: mpsc::UnboundedReceiver<Msg>, queued: Arc<Notify>) {
+        let source = match store::sources::get_source(&self.0.pool, env).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(environment = %env, error = %e, "loading the git source failed");
+                return;
+            }
+        };
+        let (watch_tx, mut watch_rx) = mpsc::unbounded_channel();
+        let _watcher = if source.watch {
+            watch_local_repository(&source.url, watch_tx)
+        } else {
+            None
+        };
+        let mut next_poll = next_poll_at(source.poll_interval);
+        let mut pending: std::collections::VecDeque<Msg> = std::collections::VecDeque::new();
+        loop {
+            let sleep = next_poll
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(3600));
+            let msg = match pending.pop_front() {
+                Some(m) => m,
+                None => tokio::select! {
+                    m = rx.recv() => match m {
+                        Some(m) => m,
+                        None => return,
+                    },
+                    Some(()) = watch_rx.recv() => {
+                        // a burst of ref updates is one push
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        while watch_rx.try_recv().is_ok() {}
+                        Msg::Trigger { kind: "watch".into(), commit: None, reply: None }
+                    }
+                    _ = tokio::time::sleep(sleep) => {
+                        next_poll = next_poll_at(source.poll_interval);
+                        Msg::Trigger { kind: "poll".into(), commit: None, reply: None }
+                    }
+                },
+            };
+            let Msg::Trigger {
+                kind,
+                commit,
+                reply,
+            } = msg;
+            // triggers for the tip that arrived meanwhile are answered by this one fetch;
+            // one naming a commit waits its turn
+            let mut replies: Vec<oneshot::Sender<Result<Triggered, SourceError>>> =
+                reply.into_iter().collect();
+            let mut kind = kind;
+            if commit.is_none() {
+                while let Ok(m) = rx.try_recv() {
+                    match m {
+                        Msg::Trigger {
+                            kind: k,
+                            commit: None,
+                            reply,
+                        } => {
+                            if kind == "poll" || kind == "startup" {
+                                kind = k;
+                            }
+                            replies.extend(reply);
+                        }
+                        named => pending.push_back(named),
+                    }
+                }
+            }
+            let r = self.fetch_and_queue(&source, &kind, commit).await;
+            if let Ok(t) = &r
+                && t.status == "queued"
+            {
+                queued.notify_one();
+            }
+            if let Err(e) = &r
+                && (!matches!(kind.as_str(), "poll" | "startup")
+                    || !matches!(e, SourceError::Git(_)))
+            {
+                tracing::warn!(environment = %env, trigger = %kind, error = %e, "git trigger failed");
+            }
+            for reply in replies {
+                let _ = reply.send(match &r {
+                    Ok(t) => Ok(t.clone()),
+                    Err(e) => Err(clone_error(e)),
+                });
+            }
+        }
+    }
+
+    /// Fetch, resolve, and queue the commit to compile.
+    async fn fetch_and_queue(
+        &self,
+        src: &SourceRow,
+        kind: &str,
+        commit: Option<String>,
+    ) -> Result<Triggered, SourceError> {
+        let env = src.environment_id;
+        let mirror = self.mirror_of(&src.url);
+        let started = Utc::now();
+        let t = Instant::now();
+        let fetched = {
+            let lock = self.mirror_lock(&mirror);
+            let _guard = lock.lock().await;
+            let (mirror, url, auth, branch) = (
+                mirror.clone(),
+                src.url.clone(),
+                git::Auth::of(src),
+                src.branch.clone(),
+            );
+            tokio::task::spawn_blocking(move || -> Result<Option<String>, git::GitError> {
+                git::ensure_mirror(&mirror, &url, &auth)?;
+                git::resolve_branch(&mirror, &branch)
+            })
+            .await
+            .map_err(|e| git::GitError::Other(format!("fetch crashed: {e}")))?
+        };
+        let tip = match fetched {
+            Ok(Some(tip)) => tip,
+            Ok(None) => {
+                let e = SourceError::NoBranch(src.branch.clone());
+                let _ = store::sources::record_fetch(&self.0.pool, env, None, Some(&e.to_string()))
+                    .await;
+                return Err(e);
+            }
+            Err(e) => {
+                let _ = store::sources::record_fetch(&self.0.pool, env, None, Some(&e.to_string()))
+                    .await;
+                return Err(e.into());
+            }
+        };
+        store::sources::record_fetch(&self.0.pool, env, Some(&tip), None).await?;
+        let fetch_ms = t.elapsed();
+        let target = match commit {
+            None => tip.clone(),
+            Some(c) => {
+                let (mirror, branch, c2) = (mirror.clone(), src.branch.clone(), c.clone());
+                let resolved = tokio::task::spawn_blocking(move || {
+                    git::commit_on_branch(&mirror, &c2, &branch)
+                })
+                .await
+                .map_err(|e| git::GitError::Other(format!("lookup crashed: {e}")))??;
+                match resolved {
+                    Some(full) => full,
+                    None => {
+                        return Err(SourceError::NotOnBranch {
+                            commit: c,
+                            branch: src.branch.clone(),
+                        });
+                    }
+                }
+            }
+        };
+        if let Some(done) = store::sources::existing_compile(&self.0.pool, env, &target).await? {
+            return Ok(Triggered {
+                commit: target,
+                status: "already_compiled".into(),
+                compile: done.id,
+                superseded: vec![],
+            });
+        }
+        let fetch_stage = compile::stage(
+            "fetch",
+            started,
+            fetch_ms,
+            true,
+            &format!("{} at {}", src.branch, &tip[..tip.len().min(12)]),
+        );
+        let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+        let (id, superseded) =
+            store::sources::enqueue(&mut tx, env, &target, &src.branch, kind, fetch_stage).await?;
+        store::sources::add_event(
+            &mut *tx,
+            env,
+            &target,
+            "received",
+            json!({"trigger": kind, "compile": id}),
+        )
+        .await?;
+        for (old, old_commit) in &superseded {
+            store::sources::add_event(
+                &mut *tx,
+                env,
+                old_commit,
+                "superseded",
+                json!({"compile": old, "by": id, "by_commit": target}),
+            )
+            .await?;
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        tracing::info!(environment = %env, commit = %target, trigger = kind, superseded = superseded.len(), "commit queued for compile");
+        self.0.feedback.commit_status(
+            src,
+            &target,
+            "steward/compile",
+            State::Pending,
+            "queued for compile",
+        );
+        for (_, old_commit) in &superseded {
+            self.0.feedback.commit_status(
+                src,
+                old_commit,
+                "steward/compile",
+                State::Failure,
+                "superseded by a newer commit before it compiled",
+            );
+        }
+        self.0.feedback.notify(
+            src,
+            "received",
+            json!({"commit": target, "compile": id, "trigger": kind}),
+        );
+        Ok(Triggered {
+            commit: target,
+            status: "queued".into(),
+            compile: id,
+            superseded: superseded.into_iter().map(|(i, _)| i).collect(),
+        })
+    }
+
+    // ------------------------------------------------------------------ compiler
+
+    async fn compiler(self, env: Uuid, queued: Arc<Notify>) {
+        loop {
+            let ran = self.compile_next(env).await;
+            match ran {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(environment = %env, error = %e, "running the compile queue failed; retrying")
+                }
+            }
+            // woken by a queued commit, or look again (a halted environment resumed, the
+            // database came back)
+            let _ = tokio::time::timeout(Duration::from_secs(1), queued.notified()).await;
+        }
+    }
+
+    /// Run the next queued compile; false when there is none (or the environment is halted).
+    async fn compile_next(&self, env: Uuid) -> Result<bool, SourceError> {
+        let pool = &self.0.pool;
+        let Some(job) = store::sources::next_queued(pool, env).await? else {
+            return Ok(false);
+        };
+        if store::environments::get_environment(pool, env)
+            .await?
+            .halted
+        {
+            return Ok(false);
+        }
+        let Some(src) = store::sources::get_source(pool, env).await? else {
+            return Ok(false);
+        };
+        if !store::sources::start_compile(pool, job.id).await? {
+            return Ok(true);
+        }
+        store::sources::add_event(
+            pool,
+            env,
+            &job.commit,
+            "compile_started",
+            json!({"compile": job.id}),
+        )
+        .await?;
+        let mirror = self.mirror_of(&src.url);
+        let r = compile::run(pool, &job, &src, &mirror, &self.0.steward_bin).await;
+        store::sources::finish_compile(
+            pool,
+            job.id,
+            &store::sources::CompileEnd {
+                success: r.success,
+                stages: &r.stages,
+                exit_code: r.exit_code,
+                stdout: &r.stdout,
+                stderr: &r.stderr,
+                diagnostics: &r.diagnostics,
+                error: r.error.as_deref(),
+                version: r.version,
+            },
+        )
+        .await?;
+        let fb = &self.0.feedback;
+        if r.success {
+            let v = r.version.unwrap_or(0);
+            store::sources::add_event(
+                pool,
+                env,
+                &job.commit,
+                "compiled",
+                json!({"compile": job.id, "version": v}),
+            )
+            .await?;
+            store::sources::add_event(
+                pool,
+                env,
+                &job.commit,
+                "version",
+                json!({"version": v, "auto_released": r.auto_released}),
+            )
+            .await?;
+            tracing::info!(environment = %env, commit = %job.commit, version = v, auto_released = r.auto_released, "commit compiled");
+            fb.commit_status(
+                &src,
+                &job.commit,
+                "steward/compile",
+                State::Success,
+                &format!("compiled into version {v}"),
+            );
+            fb.notify(&src, "compiled", json!({"commit": job.commit, "compile": job.id, "version": v, "auto_released": r.auto_released}));
+            if r.auto_released {
+                self.0.notifier.send(Event::Released {
+                    environment: env,
+                    version: v,
+                });
+            } else {
+                store::sources::add_event(
+                    pool,
+                    env,
+                    &job.commit,
+                    "waiting_for_approval",
+                    json!({"version": v}),
+                )
+                .await?;
+                fb.commit_status(
+                    &src,
+                    &job.commit,
+                    "steward/deploy",
+                    State::Pending,
+                    &format!("version {v} waits for approval"),
+                );
+            }
+        } else {
+            let error = r.error.clone().unwrap_or_default();
+            store::sources::add_event(
+                pool,
+                env,
+                &job.commit,
+                "compile_failed",
+                json!({"compile": job.id, "error": error}),
+            )
+            .await?;
+            tracing::warn!(environment = %env, commit = %job.commit, error = %error, "commit did not compile; the active version stays");
+            fb.commit_status(&src, &job.commit, "steward/compile", State::Failure, &error);
+            fb.notify(&src, "compile_failed", json!({"commit": job.commit, "compile": job.id, "error": error, "diagnostics": r.diagnostics}));
+        }
+        Ok(true)
+    }
+
+    // ------------------------------------------------------------------ deploy feedback
+
+    /// A version was released: if it came from a commit, report its release and, once the
+    /// deploy settles, its outcome.
+    async fn watch_deploy(&self, env: Uuid, version: i32) {
+        let pool = &self.0.pool;
+        let Ok(Some(src)) = store::sources::get_source(pool, env).await else {
+            return;
+        };
+        let Ok(info) = store::versions::get(pool, env, version).await else {
+            return;
+        };
+        let Some(commit) = info.provenance["commit"].as_str().map(str::to_string) else {
+            return;
+        };
+        let _ =
+            store::sources::add_event(pool, env, &commit, "released", json!({"version": version}))
+                .await;
+        self.0.feedback.notify(
+            &src,
+            "released",
+            json!({"commit": commit, "version": version}),
+        );
+        let deadline = Instant::now() + Duration::from_secs(6 * 3600);
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if Instant::now() > deadline {
+                return;
+            }
+            // a newer release takes over the reporting
+            match store::versions::active(pool, env).await {
+                Ok(Some(a)) if a != version => return,
+                Ok(_) => {}
+                Err(_) => continue,
+            }
+            let Ok(counts) = store::state::status_counts(pool, env, version).await else {
+                continue;
+            };
+            let pending: i64 = counts
+                .iter()
+                .filter(|(s, _)| s == "available" || s == "deploying")
+                .map(|(_, n)| n)
+                .sum();
+            if pending > 0 {
+                continue;
+            }
+            let failed: i64 = counts
+                .iter()
+                .filter(|(s, _)| {
+                    matches!(
+                        s.as_str(),
+                        "failed"
+                            | "unavailable"
+                            | "timed_out"
+                            | "skipped"
+                            | "skipped_for_dependency"
+                    )
+                })
+                .map(|(_, n)| n)
+                .sum();
+            let total: i64 = counts.iter().map(|(_, n)| n).sum();
+            let by_status: serde_json::Map<String, serde_json::Value> =
+                counts.into_iter().map(|(s, n)| (s, json!(n))).collect();
+            let ok = failed == 0;
+            let event = if ok { "deployed" } else { "deploy_failed" };
+            let _ = store::sources::add_event(
+                pool,
+                env,
+                &commit,
+                event,
+                json!({"version": version, "by_status": by_status}),
+            )
+            .await;
+            let text = if ok {
+                format!("version {version} deployed: {total} resources")
+            } else {
+                format!("version {version}: {failed} of {total} resources failed")
+            };
+            self.0.feedback.commit_status(
+                &src,
+                &commit,
+                "steward/deploy",
+                if ok { State::Success } else { State::Failure },
+                &text,
+            );
+            self.0.feedback.notify(
+                &src,
+                event,
+                json!({"commit": commit, "version": version, "by_status": by_status}),
+            );
+            return;
+        }
+    }
+}
+
+fn clone_error(e: &SourceError) -> SourceError {
+    match e {
+        SourceError::Store(s) => SourceError::Store(match s {
+            StoreError::NotFound(m) => StoreError::NotFound(m.clone()),
+            StoreError::Conflict(m) => StoreError::Conflict(m.clone()),
+            StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
+            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+            StoreError::Database(m) => StoreError::Database(m.clone()),
+        }),
+        SourceError::Git(g) => SourceError::Git(g.clone()),
+        SourceError::NoSource => SourceError::NoSource,
+        SourceError::NoBranch(b) => SourceError::NoBranch(b.clone()),
+        SourceError::NotOnBranch { commit, branch } => SourceError::NotOnBranch {
+            commit: commit.clone(),
+            branch: branch.clone(),
+        },
+        SourceError::Unavailable => SourceError::Unavailable,
+    }
+}
+
+/// The next poll: the interval ± 10 % (so many sources do not poll in step); none at 0.
+fn next_poll_at(interval: i32) -> Option<Instant> {
+    if interval <= 0 {
+        return None;
+    }
+    let base = interval as f64;
+    // jitter from the clock's nanoseconds: cheap, and different per source and per poll
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let jitter = (nanos as f64 / 1e9 - 0.5) * 0.2 * base;
+    Some(Instant::now() + Duration::from_secs_f64((base + jitter).max(1.0)))
+}
+
+/// For a repository on this machine (file:// or a path), watch its refs: a push shows up as a
+/// ref update. Returns the watcher, which must be kept alive.
+fn watch_local_repository(
+    url: &str,
+    tx: mpsc::UnboundedSender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::{RecursiveMode, Watcher};
+    let path = match url.strip_prefix("file://") {
+        Some(p) => PathBuf::from(p),
+        None if url.starts_with('/') => PathBuf::from(url),
+        None => return None,
+    };
+    let git_dir = if path.join(".git").is_dir() {
+        path.join(".git")
+    } else {
+        path
+    };
+    if !git_dir.join("refs").is_dir() {
+        return None;
+    }
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if let Ok(ev) = res
+            && (ev.kind.is_create() || ev.kind.is_modify() || ev.kind.is_remove())
+        {
+            let _ = tx.send(());
+        }
+    })
+    .ok()?;
+    watcher
+        .watch(&git_dir.join("refs"), RecursiveMode::Recursive)
+        .ok()?;
+    // packed refs are rewritten in place of loose ones (git gc, some pushes)
+    let _ = watcher.watch(&git_dir, RecursiveMode::NonRecursive);
+    Some(watcher)
+}
