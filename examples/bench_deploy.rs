@@ -49,6 +49,7 @@ fn export(dir: &Path, n: usize, changed: Option<usize>) -> ExportFile {
         resources,
         undefined: vec![],
         metadata: ExportMetadata::default(),
+        ..Default::default()
     }
 }
 
@@ -91,7 +92,8 @@ async fn run(n: usize) {
         .expect("connect");
     steward::store::migrate(&pool).await.expect("migrate");
     let me = std::env::current_exe().expect("own path");
-    let state = steward::server::start::app_state_with_schedulers(pool.clone(), true, me).await;
+    let state =
+        steward::server::start::app_state_with_schedulers(pool.clone(), true, me, tmp.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let schedulers = state.schedulers.clone().unwrap();

@@ -66,8 +66,13 @@ async fn run(n: usize) {
         .expect("connect");
     steward::store::migrate(&pool).await.expect("migrate");
     let me = std::env::current_exe().expect("own path");
-    let mut state =
-        steward::server::start::app_state_with_schedulers(pool.clone(), true, me.clone()).await;
+    let mut state = steward::server::start::app_state_with_schedulers(
+        pool.clone(),
+        true,
+        me.clone(),
+        tmp.path(),
+    )
+    .await;
     steward::server::start::enable_git(&mut state, tmp.path().join("server"), me).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

@@ -51,6 +51,7 @@ fn export(n: usize, tag: &str, changed_every: usize) -> ExportFile {
         resources,
         undefined: vec![],
         metadata: ExportMetadata::default(),
+        ..Default::default()
     }
 }
 

@@ -11,6 +11,7 @@ pub mod define;
 pub mod diagnostics;
 pub mod eval;
 pub mod export;
+pub mod handler_code;
 pub mod ir;
 pub mod lexer;
 pub mod lower;

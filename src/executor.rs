@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod context;
+pub mod external;
 pub mod handler;
 pub mod handlers;
 pub mod protocol;
@@ -21,8 +22,13 @@ use cache::Cache;
 use context::Context;
 use protocol::{ActionKind, Outcome, Reply, Request, WorkItem, WorkResult};
 
-/// Run one work item with the built-in handlers.
-pub fn execute(cache: &mut Cache, item: &WorkItem) -> WorkResult {
+/// Run one work item: with the module's handler process when it ships one, else with the
+/// built-in handler of its type.
+pub fn execute(
+    cache: &mut Cache,
+    external: &mut external::ExternalPool,
+    item: &WorkItem,
+) -> WorkResult {
     let started_at = Utc::now();
     cache.tick(item.version);
     let dry_run = item.kind == ActionKind::Dryrun;
@@ -33,15 +39,17 @@ pub fn execute(cache: &mut Cache, item: &WorkItem) -> WorkResult {
         item.version,
         cache,
     );
-    let outcome = match handlers::builtin(&item.resource.type_name) {
-        None => {
+    let builtin = handlers::builtin(&item.resource.type_name);
+    let outcome = match (&item.handler, builtin) {
+        (Some(h), _) => external.execute(&mut ctx, item, h),
+        (None, None) => {
             ctx.error(
                 format!("no handler for resource type {}", item.resource.type_name),
                 &[("type", serde_json::json!(item.resource.type_name))],
             );
             Outcome::Unavailable
         }
-        Some(h) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
+        (None, Some(h)) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
             h.execute(&mut ctx, &item.resource.attributes)
         })) {
             Ok(o) => o,
@@ -77,6 +85,7 @@ pub fn main_loop() -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut cache = Cache::default();
+    let mut external = external::ExternalPool::default();
     writeln!(
         out,
         "{}",
@@ -101,7 +110,7 @@ pub fn main_loop() -> std::io::Result<()> {
         match req {
             Request::Shutdown => break,
             Request::Work(item) => {
-                let result = execute(&mut cache, &item);
+                let result = execute(&mut cache, &mut external, &item);
                 writeln!(
                     out,
                     "{}",
@@ -111,6 +120,7 @@ pub fn main_loop() -> std::io::Result<()> {
             }
         }
     }
+    external.shutdown();
     cache.clear();
     Ok(())
 }

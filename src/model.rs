@@ -114,8 +114,47 @@ pub struct ExportMetadata {
     pub modules: BTreeMap<String, String>,
 }
 
+/// One file of a module's handler code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeFile {
+    /// SHA-256 of the content, hex.
+    pub hash: String,
+    #[serde(default)]
+    pub executable: bool,
+}
+
+/// The handler a module ships for a resource type: its files (paths inside the module) and
+/// the entry point that runs. `digest` names this exact code (entry + files): executors keep
+/// one handler process per agent and digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerCode {
+    pub module: String,
+    pub entry: String,
+    pub files: BTreeMap<String, CodeFile>,
+    pub digest: String,
+}
+
+impl HandlerCode {
+    /// The digest of an entry and its files.
+    pub fn compute_digest(entry: &str, files: &BTreeMap<String, CodeFile>) -> String {
+        let mut h = Sha256::new();
+        h.update(entry.as_bytes());
+        h.update([0]);
+        for (path, f) in files {
+            h.update(path.as_bytes());
+            h.update([0]);
+            h.update(f.hash.as_bytes());
+            h.update([u8::from(f.executable), b'\n']);
+        }
+        hex::encode(h.finalize())
+    }
+}
+
 /// What `steward compile --export FILE` writes and the server stores as a version.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// Beyond DESIGN.md §3: `handlers` (resource type -> the module code handling it) and `code`
+/// (content hash -> file content, hex): handler code travels with the version it belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExportFile {
     pub format: u32,
     pub resources: Vec<Resource>,
@@ -123,6 +162,10 @@ pub struct ExportFile {
     #[serde(default)]
     pub undefined: Vec<ResourceId>,
     pub metadata: ExportMetadata,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub handlers: BTreeMap<String, HandlerCode>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub code: BTreeMap<String, String>,
 }
 
 pub const EXPORT_FORMAT: u32 = 1;

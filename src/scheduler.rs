@@ -8,6 +8,7 @@
 //! a pause that must be acknowledged, a status). A scheduler rebuilds everything from
 //! PostgreSQL when it starts, so a task that died is simply started again.
 
+pub mod code;
 pub mod env;
 pub mod executors;
 pub mod model;
@@ -38,6 +39,8 @@ pub enum SchedulerError {
 struct Inner {
     pool: PgPool,
     executor_bin: PathBuf,
+    /// Where handler code of versions is materialized for executors (one dir per digest).
+    code_dir: PathBuf,
     running: Mutex<HashMap<Uuid, mpsc::UnboundedSender<Control>>>,
 }
 
@@ -51,10 +54,16 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 impl Schedulers {
     /// Start the schedulers of all environments with a released version and follow
     /// `notifier` from now on.
-    pub async fn start(pool: PgPool, executor_bin: PathBuf, notifier: &Notifier) -> Schedulers {
+    pub async fn start(
+        pool: PgPool,
+        executor_bin: PathBuf,
+        code_dir: PathBuf,
+        notifier: &Notifier,
+    ) -> Schedulers {
         let s = Schedulers(Arc::new(Inner {
             pool,
             executor_bin,
+            code_dir,
             running: Mutex::new(HashMap::new()),
         }));
         // subscribe before scanning, so no release falls between the two
@@ -101,7 +110,8 @@ impl Schedulers {
         let (tx, rx) = mpsc::unbounded_channel();
         let pool = self.0.pool.clone();
         let bin = self.0.executor_bin.clone();
-        tokio::spawn(env::EnvScheduler::run(env, pool, bin, rx));
+        let code = self.0.code_dir.clone();
+        tokio::spawn(env::EnvScheduler::run(env, pool, bin, code, rx));
         running.insert(env, tx.clone());
         tx
     }

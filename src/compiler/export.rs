@@ -163,8 +163,10 @@ pub fn export(
     let p = rt.p;
     // resource type of every entity: its own declaration or the nearest ancestor's
     let mut declared: HashMap<EntityId, (String, ResourceDef)> = HashMap::new();
+    let mut module_of_type: HashMap<String, &ModuleInfo> = HashMap::new();
     for m in modules.values() {
         for (type_name, def) in &m.yml.resources {
+            module_of_type.insert(type_name.clone(), m);
             let (ns, name) = type_name.rsplit_once("::").unwrap_or(("", type_name));
             if let Some(nsd) = p.namespaces.iter().find(|n| n.name == ns)
                 && let Some(super::types::TypeRef::Entity(e)) = nsd.types.get(name)
@@ -312,12 +314,45 @@ pub fn export(
             ),
         ));
     }
+    // the code of the handlers the exported resource types use travels with the version
+    let mut handlers = BTreeMap::new();
+    let mut code = BTreeMap::new();
+    let used: std::collections::BTreeSet<&str> =
+        resources.iter().map(|r| r.type_name.as_str()).collect();
+    for type_name in used {
+        let Some(m) = module_of_type.get(type_name) else {
+            continue;
+        };
+        let Some(entry) = m
+            .yml
+            .resources
+            .get(type_name)
+            .and_then(|d| d.handler.as_deref())
+        else {
+            continue;
+        };
+        match super::handler_code::collect(m, entry) {
+            Ok((h, files)) => {
+                code.extend(files);
+                handlers.insert(type_name.to_string(), h);
+            }
+            Err(message) => errors.push(Diagnostic::error(
+                "handler",
+                format!(
+                    "module {} declares handler '{entry}' for {type_name}: {message}",
+                    m.name
+                ),
+            )),
+        }
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
     resources.sort_by(|a, b| a.id.cmp(&b.id));
     undefined.sort();
     Ok(ExportFile {
+        handlers,
+        code,
         format: EXPORT_FORMAT,
         resources,
         undefined,

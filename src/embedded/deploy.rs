@@ -110,9 +110,13 @@ impl Runtime {
             None,
         )
         .await?;
-        let state =
-            crate::server::start::app_state_with_schedulers(pool.clone(), false, executor_bin)
-                .await;
+        let state = crate::server::start::app_state_with_schedulers(
+            pool.clone(),
+            false,
+            executor_bin,
+            data_dir,
+        )
+        .await;
         let schedulers = state.schedulers.clone().expect("schedulers");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

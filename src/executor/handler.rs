@@ -162,14 +162,25 @@ fn crud_steps<H: CrudHandler + ?Sized>(
         }
         return Ok(Outcome::Dry);
     }
+    // what was done, unless the handler said more precisely
+    let unset = |ctx: &Context| ctx.change() == super::protocol::Change::Nochange;
     if changes.contains_key("purged") {
         if want_purged {
             h.delete(ctx, desired)?;
+            if unset(ctx) {
+                ctx.set_purged();
+            }
         } else {
             h.create(ctx, desired)?;
+            if unset(ctx) {
+                ctx.set_created();
+            }
         }
     } else if !want_purged && !changes.is_empty() {
         h.update(ctx, &changes, desired)?;
+        if unset(ctx) {
+            ctx.set_updated();
+        }
     }
     if ctx.reload && h.can_reload() && !want_purged {
         ctx.info("a requirement changed: reloading", &[]);

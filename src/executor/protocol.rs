@@ -89,6 +89,22 @@ pub struct WorkItem {
     /// A requirement with events changed since this resource last deployed successfully.
     #[serde(default)]
     pub reload: bool,
+    /// The module code handling this resource type, when it is not built in.
+    #[serde(default)]
+    pub handler: Option<ExternalHandler>,
+    /// Seconds the action may take (the environment's handler timeout).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// Handler code shipped by a module, materialized on this machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExternalHandler {
+    /// Directory holding the module's handler files (one per code digest).
+    pub dir: std::path::PathBuf,
+    /// The entry point, relative to `dir`.
+    pub entry: String,
+    pub digest: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

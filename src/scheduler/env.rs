@@ -3,7 +3,7 @@
 //! State is rebuilt from PostgreSQL when it starts; every change it makes is written back in
 //! batches by a writer task that retries until the database takes them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,15 +13,22 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
+mod control;
+mod persist;
+
+use super::code::CodeCache;
 use super::executors::{Pool, PoolEvent, ProcId};
-use super::model::{Blocked, Compliance, Intent, Model, RState};
+use super::model::{Blocked, Compliance, Intent, Model};
 use super::queue::{Priority, Queue, TaskKey};
 use super::timers::{Cron, TimerKind, Timers, backoff};
-use crate::executor::protocol::{ActionKind, Change, Outcome, Reply, WorkItem, WorkResult};
+use crate::executor::protocol::{
+    ActionKind, ExternalHandler, Outcome, Reply, WorkItem, WorkResult,
+};
 use crate::model::settings::{EnvSettings, Interval};
-use crate::model::{Resource, ResourceId};
-use crate::store::deploy::{Batch, StateRow};
+use crate::model::{HandlerCode, Resource, ResourceId};
+use crate::store::deploy::Batch;
 use crate::store::{self, actions::ActionRecord};
+use persist::{action_record, intent_of, state_from_row, synthetic, writer};
 
 /// What the rest of the server asks of a scheduler.
 pub enum Control {
@@ -83,6 +90,7 @@ struct RunInfo {
 struct DryrunCtx {
     version: i32,
     intents: HashMap<String, Intent>,
+    handlers: BTreeMap<String, HandlerCode>,
 }
 
 pub struct EnvScheduler {
@@ -100,107 +108,16 @@ pub struct EnvScheduler {
     dirty_states: HashSet<String>,
     writer: mpsc::UnboundedSender<Batch>,
     dryruns: HashMap<Uuid, DryrunCtx>,
-    /// removed resources to delete on their target (opt-in), by id
-    tombstones: HashMap<String, Intent>,
+    /// removed resources to delete on their target (opt-in), by id, with the handler code
+    /// of the version they were in
+    tombstones: HashMap<String, (Intent, Option<HandlerCode>)>,
+    /// resource type -> module handler code, for the model's version
+    handlers: BTreeMap<String, HandlerCode>,
+    code: CodeCache,
     next_deploy_sweep: Option<DateTime<Utc>>,
     next_repair_sweep: Option<DateTime<Utc>>,
     /// a repair sweep was pre-empted by new intent: run it again once that deployed
     repair_pending: bool,
-}
-
-fn intent_of(r: &store::versions::StoredResource) -> Intent {
-    Intent {
-        id: r.resource_id.clone(),
-        type_name: r.resource_type.clone(),
-        agent: r.agent.clone(),
-        hash: r.hash.clone(),
-        attributes: r.attributes.as_object().cloned().unwrap_or_default(),
-        requires: r.requires.clone(),
-        undefined: r.undefined,
-    }
-}
-
-fn parse_outcome(s: &str) -> Option<Outcome> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
-}
-
-fn state_from_row(row: &StateRow) -> RState {
-    RState {
-        compliance: Compliance::parse(&row.compliance),
-        last_run: super::model::LastRun::parse(&row.last_run),
-        last_result: row.last_result.as_deref().and_then(parse_outcome),
-        last_message: row.last_message.clone(),
-        blocked: Blocked::parse(&row.blocked),
-        blocked_reason: row.blocked_reason.clone(),
-        last_run_hash: row.last_run_hash.clone(),
-        last_attempt: row.last_attempt,
-        last_deployed: row.last_deployed,
-        last_success: row.last_success,
-        last_produced_events: row.last_produced_events,
-        last_change: None,
-        failure_count: row.failure_count.max(0) as u32,
-        next_retry: row.next_retry,
-    }
-}
-
-/// Write batches in order; retry while the database is away (nothing is dropped).
-async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedReceiver<Batch>) {
-    while let Some(mut batch) = rx.recv().await {
-        // merge what queued up meanwhile into one transaction
-        while let Ok(more) = rx.try_recv() {
-            batch.states.extend(more.states);
-            batch.actions.extend(more.actions);
-            batch.orphaned.extend(more.orphaned);
-            batch.dryrun_results.extend(more.dryrun_results);
-            if more.progress.is_some() {
-                batch.progress = more.progress;
-            }
-        }
-        // later rows win: one row per resource, per action (start then end), per dry-run result
-        let mut seen = HashSet::new();
-        batch.states.reverse();
-        batch.states.retain(|s| seen.insert(s.resource_id.clone()));
-        let mut seen = HashSet::new();
-        batch.actions.reverse();
-        batch.actions.retain(|a| seen.insert(a.id));
-        let mut seen = HashSet::new();
-        batch.dryrun_results.reverse();
-        batch
-            .dryrun_results
-            .retain(|r| seen.insert((r.0, r.1.clone())));
-        let mut delay = Duration::from_millis(200);
-        let mut refused = 0;
-        loop {
-            let r = async {
-                let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
-                store::deploy::write_batch(&mut tx, env, &batch).await?;
-                tx.commit().await.map_err(store::StoreError::from)
-            }
-            .await;
-            match r {
-                Ok(()) => break,
-                // the database is away: wait for it, however long it takes
-                Err(e @ store::StoreError::Unavailable(_)) => {
-                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
-                }
-                // the database refuses the batch (e.g. the environment was deleted): a few
-                // tries, then it is dropped so later state still gets through
-                Err(e) => {
-                    refused += 1;
-                    if refused >= 5 {
-                        tracing::error!(
-                            environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
-                            "the database refuses this deploy state; dropping it"
-                        );
-                        break;
-                    }
-                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
-                }
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-    }
 }
 
 impl EnvScheduler {
@@ -209,6 +126,7 @@ impl EnvScheduler {
         env: Uuid,
         pool: PgPool,
         executor_bin: PathBuf,
+        code_dir: PathBuf,
         mut control: mpsc::UnboundedReceiver<Control>,
     ) {
         let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
@@ -230,6 +148,8 @@ impl EnvScheduler {
             writer: wtx,
             dryruns: HashMap::new(),
             tombstones: HashMap::new(),
+            handlers: BTreeMap::new(),
+            code: CodeCache::new(code_dir),
             next_deploy_sweep: None,
             next_repair_sweep: None,
             repair_pending: false,
@@ -312,6 +232,7 @@ impl EnvScheduler {
                 .map(|(k, r)| (k.clone(), state_from_row(r)))
                 .collect();
             self.model = Model::restore(v, resources.iter().map(intent_of).collect(), states);
+            self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
         }
         self.arm_sweeps(Utc::now());
         let active = store::versions::active(&self.pool, self.env).await?;
@@ -424,6 +345,8 @@ impl EnvScheduler {
             return Ok(());
         }
         let intents = self.load_intents(version).await?;
+        let new_handlers = store::code::handlers_of(&self.pool, self.env, version).await?;
+        let old_handlers = std::mem::replace(&mut self.handlers, new_handlers);
         let old_version = self.model.version;
         let merged = self.model.merge(version, intents);
         let agents: HashSet<String> = self.model.intents.iter().map(|i| i.agent.clone()).collect();
@@ -446,7 +369,8 @@ impl EnvScheduler {
                 t.attributes
                     .insert("purged".into(), serde_json::Value::Bool(true));
                 t.requires.clear();
-                self.tombstones.insert(t.id.clone(), t.clone());
+                let code = old_handlers.get(&t.type_name).cloned();
+                self.tombstones.insert(t.id.clone(), (t.clone(), code));
                 self.queue.schedule(
                     TaskKey::Deploy(t.id.clone()),
                     &t.agent,
@@ -530,213 +454,6 @@ impl EnvScheduler {
             force,
         );
         self.timers.cancel(&id);
-    }
-
-    /// Remember to persist the state of resource `r`.
-    fn mark_state(&mut self, r: usize) {
-        self.dirty_states.insert(self.model.intents[r].id.clone());
-    }
-
-    fn state_row(&self, r: usize) -> StateRow {
-        let i = &self.model.intents[r];
-        let s = &self.model.states[r];
-        let deploying = self
-            .running
-            .get(&TaskKey::Deploy(i.id.clone()))
-            .filter(|x| x.kind == ActionKind::Deploy)
-            .map(|x| x.started);
-        StateRow {
-            resource_id: i.id.clone(),
-            agent: i.agent.clone(),
-            intent_version: self.model.version,
-            intent_hash: Some(i.hash.clone()),
-            undefined: i.undefined,
-            compliance: s.compliance.as_str().into(),
-            last_run: s.last_run.as_str().into(),
-            last_result: s.last_result.map(|o| o.as_str().to_string()),
-            last_message: s.last_message.clone(),
-            blocked: s.blocked.as_str().into(),
-            blocked_reason: s.blocked_reason.clone(),
-            last_run_hash: s.last_run_hash.clone(),
-            last_attempt: s.last_attempt,
-            last_deployed: s.last_deployed,
-            last_success: s.last_success,
-            last_produced_events: s.last_produced_events,
-            failure_count: s.failure_count as i32,
-            next_retry: s.next_retry,
-            deploying_since: deploying,
-            orphaned_after: None,
-        }
-    }
-
-    /// Hand pending writes to the writer.
-    fn flush(&mut self) {
-        let ids: Vec<String> = self.dirty_states.drain().collect();
-        for id in ids {
-            if let Some(r) = self.model.get(&id) {
-                let row = self.state_row(r);
-                self.batch.states.push(row);
-            }
-        }
-        if !self.batch.is_empty() {
-            let b = std::mem::take(&mut self.batch);
-            let _ = self.writer.send(b);
-        }
-    }
-
-    async fn on_control(&mut self, c: Control) {
-        match c {
-            Control::Released(v) => {
-                if let Err(e) = self.merge_version(v).await {
-                    tracing::error!(environment = %self.env, version = v, error = %e, "merging a released version failed");
-                }
-            }
-            Control::Settings => {
-                if let Ok(env) = store::environments::get_environment(&self.pool, self.env).await {
-                    self.settings = env.settings;
-                    let now = Utc::now();
-                    self.arm_sweeps(now);
-                    for r in 0..self.model.len() {
-                        self.arm_timer(r, now);
-                    }
-                }
-            }
-            Control::Trigger {
-                repair,
-                agent,
-                resource,
-                ack,
-            } => {
-                let n = self.trigger(repair, agent.as_deref(), resource.as_deref());
-                let _ = ack.send(n);
-            }
-            Control::Dryrun { id, version } => self.start_dryrun(id, version).await,
-            Control::Pause { agent, paused, ack } => {
-                if paused {
-                    self.paused.insert(agent);
-                } else {
-                    self.paused.remove(&agent);
-                }
-                let _ = ack.send(());
-            }
-            Control::Halt { halted, ack } => {
-                self.halted = halted;
-                let _ = ack.send(());
-            }
-            Control::Status(ack) => {
-                let _ = ack.send(self.status());
-            }
-            Control::Stop => {}
-        }
-    }
-
-    fn status(&self) -> Status {
-        let mut agents: HashMap<String, AgentStatus> = HashMap::new();
-        for i in &self.model.intents {
-            agents
-                .entry(i.agent.clone())
-                .or_insert_with(|| AgentStatus {
-                    name: i.agent.clone(),
-                    ..Default::default()
-                });
-        }
-        for p in &self.paused {
-            agents.entry(p.clone()).or_insert_with(|| AgentStatus {
-                name: p.clone(),
-                ..Default::default()
-            });
-        }
-        for (name, a) in agents.iter_mut() {
-            a.paused = self.paused.contains(name);
-            a.queued = self.queue.queued_count(name);
-            a.running = self.queue.running_count(name);
-            a.executors = self.executors.pids(name);
-        }
-        let mut agents: Vec<AgentStatus> = agents.into_values().collect();
-        agents.sort_by(|a, b| a.name.cmp(&b.name));
-        Status {
-            version: self.model.version,
-            halted: self.halted,
-            agents,
-            dirty: self.model.dirty.len(),
-            queued: self.queue.len(),
-            running: self.running.len(),
-        }
-    }
-
-    fn trigger(&mut self, repair: bool, agent: Option<&str>, resource: Option<&str>) -> usize {
-        let picked: Vec<usize> = (0..self.model.len())
-            .filter(|&r| agent.is_none_or(|a| self.model.intents[r].agent == a))
-            .filter(|&r| resource.is_none_or(|id| self.model.intents[r].id == id))
-            .filter(|&r| self.model.states[r].blocked != Blocked::Blocked)
-            .filter(|&r| repair || self.model.dirty.contains(&r))
-            .collect();
-        for &r in &picked {
-            if repair {
-                if self.model.states[r].blocked == Blocked::Temporarily {
-                    self.model.states[r].blocked = Blocked::NotBlocked;
-                }
-                self.schedule(r, Priority::UserRepair, "user requested a repair", false);
-            } else {
-                self.schedule(r, Priority::UserDeploy, "user requested a deploy", false);
-            }
-        }
-        picked.len()
-    }
-
-    async fn start_dryrun(&mut self, id: Uuid, version: i32) {
-        let resources = match store::versions::resources(&self.pool, self.env, version).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(environment = %self.env, error = %e, "dry-run: loading the version failed");
-                return;
-            }
-        };
-        // blocked resources of that version are reported without running anything
-        let mut m = Model::default();
-        m.merge(version, resources.iter().map(intent_of).collect());
-        let mut intents = HashMap::new();
-        for r in 0..m.len() {
-            let i = m.intents[r].clone();
-            if m.states[r].blocked == Blocked::Blocked {
-                let outcome = if i.undefined {
-                    "undefined"
-                } else {
-                    "skipped_for_undefined"
-                };
-                let msg = serde_json::json!([{"level": "info", "message": m.states[r].blocked_reason, "fields": {}, "at": Utc::now()}]);
-                self.batch.dryrun_results.push((
-                    id,
-                    i.id.clone(),
-                    outcome.into(),
-                    serde_json::json!({}),
-                    msg,
-                ));
-                continue;
-            }
-            if self.paused.contains(&i.agent) {
-                let msg = serde_json::json!([{"level": "info", "message": "the agent is paused", "fields": {}, "at": Utc::now()}]);
-                self.batch.dryrun_results.push((
-                    id,
-                    i.id.clone(),
-                    "agent_paused".into(),
-                    serde_json::json!({}),
-                    msg,
-                ));
-                continue;
-            }
-            self.queue.schedule(
-                TaskKey::Dryrun(id, i.id.clone()),
-                &i.agent,
-                Priority::Dryrun,
-                "dry-run",
-                &[],
-                &[],
-                false,
-            );
-            intents.insert(i.id.clone(), i);
-        }
-        self.dryruns.insert(id, DryrunCtx { version, intents });
     }
 
     fn on_time(&mut self, now: DateTime<Utc>) {
@@ -839,31 +556,37 @@ impl EnvScheduler {
 
     async fn start(&mut self, key: TaskKey, agent: &str, reason: String) {
         let now = Utc::now();
-        let (kind, intent, version, r) = match &key {
+        let (kind, intent, version, r, code) = match &key {
             TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
-                (Some(r), _) => (
-                    ActionKind::Deploy,
-                    self.model.intents[r].clone(),
-                    self.model.version.unwrap_or(0),
-                    Some(r),
-                ),
-                (None, Some(t)) => (
+                (Some(r), _) => {
+                    let intent = self.model.intents[r].clone();
+                    let code = self.handlers.get(&intent.type_name).cloned();
+                    (
+                        ActionKind::Deploy,
+                        intent,
+                        self.model.version.unwrap_or(0),
+                        Some(r),
+                        code,
+                    )
+                }
+                (None, Some((t, code))) => (
                     ActionKind::Deploy,
                     t.clone(),
                     self.model.version.unwrap_or(0),
                     None,
+                    code.clone(),
                 ),
                 (None, None) => {
                     self.queue.finish(&key);
                     return;
                 }
             },
-            TaskKey::Dryrun(id, rid) => match self
-                .dryruns
-                .get(id)
-                .and_then(|d| d.intents.get(rid).map(|i| (d.version, i.clone())))
-            {
-                Some((v, i)) => (ActionKind::Dryrun, i, v, None),
+            TaskKey::Dryrun(id, rid) => match self.dryruns.get(id).and_then(|d| {
+                d.intents
+                    .get(rid)
+                    .map(|i| (d.version, i.clone(), d.handlers.get(&i.type_name).cloned()))
+            }) {
+                Some((v, i, code)) => (ActionKind::Dryrun, i, v, None, code),
                 None => {
                     self.queue.finish(&key);
                     return;
@@ -905,6 +628,38 @@ impl EnvScheduler {
             }
         }
         let reload = r.is_some_and(|r| self.model.needs_reload(r));
+        // module handler code: on disk for the executor, as this version has it
+        let handler = match &code {
+            None => None,
+            Some(c) => match self.code.ensure(&self.pool, c).await {
+                Ok(dir) => Some(ExternalHandler {
+                    dir,
+                    entry: c.entry.clone(),
+                    digest: c.digest.clone(),
+                }),
+                Err(e) => {
+                    let msg = format!(
+                        "the handler code of module {} is not available: {e}",
+                        c.module
+                    );
+                    tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
+                    let res = synthetic(action_id, Outcome::Unavailable, &msg, now);
+                    self.running.insert(
+                        key.clone(),
+                        RunInfo {
+                            proc: 0,
+                            action_id,
+                            started: now,
+                            deadline: tokio::time::Instant::now(),
+                            version,
+                            kind,
+                        },
+                    );
+                    self.finish(key, res);
+                    return;
+                }
+            },
+        };
         let item = WorkItem {
             action_id,
             kind,
@@ -921,6 +676,8 @@ impl EnvScheduler {
             },
             version,
             reload,
+            handler,
+            timeout: Some(self.settings.handler_timeout),
         };
         let proc = match self.executors.acquire(agent) {
             Ok(p) => p,
@@ -1106,55 +863,5 @@ impl EnvScheduler {
                 self.mark_state(r);
             }
         }
-    }
-}
-
-fn synthetic(
-    action_id: Uuid,
-    outcome: Outcome,
-    message: &str,
-    started: DateTime<Utc>,
-) -> WorkResult {
-    let now = Utc::now();
-    WorkResult {
-        action_id,
-        outcome,
-        change: Change::Nochange,
-        changes: Default::default(),
-        messages: vec![crate::executor::protocol::LogLine {
-            level: if matches!(outcome, Outcome::SkippedForDependency) {
-                "info".into()
-            } else {
-                "error".into()
-            },
-            message: message.to_string(),
-            fields: Default::default(),
-            at: now,
-        }],
-        started_at: started,
-        finished_at: now,
-        state: None,
-    }
-}
-
-fn action_record(
-    env: Uuid,
-    version: i32,
-    rid: &str,
-    action: &str,
-    res: &WorkResult,
-) -> ActionRecord {
-    ActionRecord {
-        id: res.action_id,
-        environment_id: env,
-        version,
-        resource_id: rid.to_string(),
-        action: action.into(),
-        started_at: res.started_at,
-        finished_at: Some(res.finished_at),
-        status: res.outcome.as_str().into(),
-        change: res.change.as_str().into(),
-        changes: serde_json::to_value(&res.changes).unwrap_or_default(),
-        messages: serde_json::to_value(&res.messages).unwrap_or_default(),
     }
 }

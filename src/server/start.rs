@@ -117,15 +117,21 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
 }
 
 /// The shared state of a server that also deploys: schedulers follow its notifier.
+/// Handler code of versions is materialized under `data_dir/code` for the executors.
 pub async fn app_state_with_schedulers(
     pool: sqlx::PgPool,
     no_auth: bool,
     executor_bin: std::path::PathBuf,
+    data_dir: &std::path::Path,
 ) -> AppState {
     let mut state = app_state(pool, no_auth);
-    let schedulers =
-        crate::scheduler::Schedulers::start(state.pool.clone(), executor_bin, &state.notifier)
-            .await;
+    let schedulers = crate::scheduler::Schedulers::start(
+        state.pool.clone(),
+        executor_bin,
+        data_dir.join("code"),
+        &state.notifier,
+    )
+    .await;
     state.schedulers = Some(schedulers);
     state
 }
@@ -177,8 +183,13 @@ async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
         })?;
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
     let state = if config.scheduler {
-        let mut s =
-            app_state_with_schedulers(pool, config.no_auth, config.executor_bin.clone()).await;
+        let mut s = app_state_with_schedulers(
+            pool,
+            config.no_auth,
+            config.executor_bin.clone(),
+            &config.data_dir,
+        )
+        .await;
         enable_git(&mut s, config.data_dir.clone(), config.executor_bin.clone()).await;
         s
     } else {

@@ -167,6 +167,7 @@ pub fn validate_export(export: &ExportFile) -> Result<()> {
 /// Store a new version (see the module doc).
 pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Result<Stored> {
     validate_export(nv.export)?;
+    super::code::validate(nv.export)?;
     let env = environments::lock(&mut *c, env_id).await?;
     let (prev,): (Option<i32>,) =
         sqlx::query_as("SELECT max(number) FROM versions WHERE environment_id = $1")
@@ -182,7 +183,7 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
         .iter()
         .map(|r| r.requires.iter().map(|q| q.0.clone()).collect())
         .collect();
-    let content_hash = diff::content_hash(res.iter().enumerate().map(|(i, r)| {
+    let mut content_hash = diff::content_hash(res.iter().enumerate().map(|(i, r)| {
         (
             r.id.0.as_str(),
             hashes[i].as_str(),
@@ -190,6 +191,16 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
             undefined.contains(r.id.0.as_str()),
         )
     }));
+    // an approval covers the handler code too: other code, another content hash
+    if !nv.export.handlers.is_empty() {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(content_hash.as_bytes());
+        for (ty, code) in &nv.export.handlers {
+            h.update(format!("\n{ty}={}", code.digest).as_bytes());
+        }
+        content_hash = hex::encode(h.finalize());
+    }
     // attributes, content-addressed
     // most attributes are stored already (a new version changes a few resources): send only
     // the blobs the database does not have
@@ -256,6 +267,7 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
     .bind(&undef)
     .execute(&mut *c)
     .await?;
+    super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
     // diff against the previous version
     let new_digests: BTreeMap<String, ResourceDigest> = res
         .iter()
@@ -553,6 +565,16 @@ pub async fn attributes_by_hash(
 pub async fn export_of(c: &mut PgConnection, env: Uuid, number: i32) -> Result<ExportFile> {
     let info = get(&mut *c, env, number).await?;
     let res = resources(&mut *c, env, number).await?;
+    let handlers = super::code::handlers_of(&mut *c, env, number).await?;
+    let hashes: Vec<String> = handlers
+        .values()
+        .flat_map(|h| h.files.values().map(|f| f.hash.clone()))
+        .collect();
+    let code = super::code::blobs(&mut *c, &hashes)
+        .await?
+        .into_iter()
+        .map(|(h, content)| (h, hex::encode(content)))
+        .collect();
     Ok(ExportFile {
         format: crate::model::EXPORT_FORMAT,
         undefined: res
@@ -562,6 +584,8 @@ pub async fn export_of(c: &mut PgConnection, env: Uuid, number: i32) -> Result<E
             .collect(),
         resources: res.iter().map(StoredResource::to_resource).collect(),
         metadata: serde_json::from_value(info.metadata).unwrap_or_default(),
+        handlers,
+        code,
     })
 }
 

@@ -5,22 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use crate::support::steward_bin;
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            if e.file_name() != "data" {
-                copy_dir(&e.path(), &target);
-            }
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
+use crate::support::{copy_dir, steward_bin};
 
 /// A copy of the quickstart in a temp dir.
 fn quickstart() -> (tempfile::TempDir, PathBuf) {

@@ -12,4 +12,5 @@ mod embedded;
 mod gitops;
 mod gitops_feedback;
 mod gitops_support;
+mod integration;
 mod support;

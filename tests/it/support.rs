@@ -94,9 +94,13 @@ impl TestServer {
         };
         let data = tempfile::tempdir().expect("server data dir");
         let state = if deploying {
-            let mut s =
-                server::start::app_state_with_schedulers(pool.clone(), no_auth, steward_bin())
-                    .await;
+            let mut s = server::start::app_state_with_schedulers(
+                pool.clone(),
+                no_auth,
+                steward_bin(),
+                data.path(),
+            )
+            .await;
             server::start::enable_git(&mut s, data.path().to_path_buf(), steward_bin()).await;
             s
         } else {
@@ -196,6 +200,7 @@ pub fn null_export(n: usize, changed: Option<usize>) -> steward::model::ExportFi
             compiler: "test".into(),
             modules: Default::default(),
         },
+        ..Default::default()
     }
 }
 
@@ -261,6 +266,7 @@ pub fn export_of(resources: Vec<steward::model::Resource>) -> steward::model::Ex
             compiler: "test".into(),
             modules: Default::default(),
         },
+        ..Default::default()
     }
 }
 
@@ -331,4 +337,21 @@ pub fn spawn_server(
         )
         .spawn()
         .expect("spawn steward server")
+}
+
+/// Copy a project directory (leaving out its data/).
+#[allow(dead_code)]
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            if e.file_name() != "data" {
+                copy_dir(&e.path(), &target);
+            }
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
 }

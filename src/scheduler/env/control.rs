@@ -1,0 +1,189 @@
+//! What the rest of the server asks of a scheduler: releases, settings, user deploys and
+//! repairs, dry-runs, pauses, halts, status.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::persist::intent_of;
+use super::{AgentStatus, Control, DryrunCtx, EnvScheduler, Status};
+use crate::scheduler::model::{Blocked, Model};
+use crate::scheduler::queue::{Priority, TaskKey};
+use crate::store;
+
+impl EnvScheduler {
+    pub(super) async fn on_control(&mut self, c: Control) {
+        match c {
+            Control::Released(v) => {
+                if let Err(e) = self.merge_version(v).await {
+                    tracing::error!(environment = %self.env, version = v, error = %e, "merging a released version failed");
+                }
+            }
+            Control::Settings => {
+                if let Ok(env) = store::environments::get_environment(&self.pool, self.env).await {
+                    self.settings = env.settings;
+                    let now = Utc::now();
+                    self.arm_sweeps(now);
+                    for r in 0..self.model.len() {
+                        self.arm_timer(r, now);
+                    }
+                }
+            }
+            Control::Trigger {
+                repair,
+                agent,
+                resource,
+                ack,
+            } => {
+                let n = self.trigger(repair, agent.as_deref(), resource.as_deref());
+                let _ = ack.send(n);
+            }
+            Control::Dryrun { id, version } => self.start_dryrun(id, version).await,
+            Control::Pause { agent, paused, ack } => {
+                if paused {
+                    self.paused.insert(agent);
+                } else {
+                    self.paused.remove(&agent);
+                }
+                let _ = ack.send(());
+            }
+            Control::Halt { halted, ack } => {
+                self.halted = halted;
+                let _ = ack.send(());
+            }
+            Control::Status(ack) => {
+                let _ = ack.send(self.status());
+            }
+            Control::Stop => {}
+        }
+    }
+
+    pub(super) fn status(&self) -> Status {
+        let mut agents: HashMap<String, AgentStatus> = HashMap::new();
+        for i in &self.model.intents {
+            agents
+                .entry(i.agent.clone())
+                .or_insert_with(|| AgentStatus {
+                    name: i.agent.clone(),
+                    ..Default::default()
+                });
+        }
+        for p in &self.paused {
+            agents.entry(p.clone()).or_insert_with(|| AgentStatus {
+                name: p.clone(),
+                ..Default::default()
+            });
+        }
+        for (name, a) in agents.iter_mut() {
+            a.paused = self.paused.contains(name);
+            a.queued = self.queue.queued_count(name);
+            a.running = self.queue.running_count(name);
+            a.executors = self.executors.pids(name);
+        }
+        let mut agents: Vec<AgentStatus> = agents.into_values().collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        Status {
+            version: self.model.version,
+            halted: self.halted,
+            agents,
+            dirty: self.model.dirty.len(),
+            queued: self.queue.len(),
+            running: self.running.len(),
+        }
+    }
+
+    pub(super) fn trigger(
+        &mut self,
+        repair: bool,
+        agent: Option<&str>,
+        resource: Option<&str>,
+    ) -> usize {
+        let picked: Vec<usize> = (0..self.model.len())
+            .filter(|&r| agent.is_none_or(|a| self.model.intents[r].agent == a))
+            .filter(|&r| resource.is_none_or(|id| self.model.intents[r].id == id))
+            .filter(|&r| self.model.states[r].blocked != Blocked::Blocked)
+            .filter(|&r| repair || self.model.dirty.contains(&r))
+            .collect();
+        for &r in &picked {
+            if repair {
+                if self.model.states[r].blocked == Blocked::Temporarily {
+                    self.model.states[r].blocked = Blocked::NotBlocked;
+                }
+                self.schedule(r, Priority::UserRepair, "user requested a repair", false);
+            } else {
+                self.schedule(r, Priority::UserDeploy, "user requested a deploy", false);
+            }
+        }
+        picked.len()
+    }
+
+    pub(super) async fn start_dryrun(&mut self, id: Uuid, version: i32) {
+        let resources = match store::versions::resources(&self.pool, self.env, version).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(environment = %self.env, error = %e, "dry-run: loading the version failed");
+                return;
+            }
+        };
+        // blocked resources of that version are reported without running anything
+        let mut m = Model::default();
+        m.merge(version, resources.iter().map(intent_of).collect());
+        let mut intents = HashMap::new();
+        for r in 0..m.len() {
+            let i = m.intents[r].clone();
+            if m.states[r].blocked == Blocked::Blocked {
+                let outcome = if i.undefined {
+                    "undefined"
+                } else {
+                    "skipped_for_undefined"
+                };
+                let msg = serde_json::json!([{"level": "info", "message": m.states[r].blocked_reason, "fields": {}, "at": Utc::now()}]);
+                self.batch.dryrun_results.push((
+                    id,
+                    i.id.clone(),
+                    outcome.into(),
+                    serde_json::json!({}),
+                    msg,
+                ));
+                continue;
+            }
+            if self.paused.contains(&i.agent) {
+                let msg = serde_json::json!([{"level": "info", "message": "the agent is paused", "fields": {}, "at": Utc::now()}]);
+                self.batch.dryrun_results.push((
+                    id,
+                    i.id.clone(),
+                    "agent_paused".into(),
+                    serde_json::json!({}),
+                    msg,
+                ));
+                continue;
+            }
+            self.queue.schedule(
+                TaskKey::Dryrun(id, i.id.clone()),
+                &i.agent,
+                Priority::Dryrun,
+                "dry-run",
+                &[],
+                &[],
+                false,
+            );
+            intents.insert(i.id.clone(), i);
+        }
+        let handlers = match store::code::handlers_of(&self.pool, self.env, version).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(environment = %self.env, error = %e, "dry-run: loading the handler code failed");
+                BTreeMap::new()
+            }
+        };
+        self.dryruns.insert(
+            id,
+            DryrunCtx {
+                version,
+                intents,
+                handlers,
+            },
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! Persistence of a scheduler: rows from and to the database, the writer task that applies
+//! batches in order (retrying while the database is away), and synthetic results.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::EnvScheduler;
+use crate::executor::protocol::{ActionKind, Change, Outcome, WorkResult};
+use crate::scheduler::model::{Blocked, Compliance, Intent, RState};
+use crate::scheduler::queue::TaskKey;
+use crate::store::deploy::{Batch, StateRow};
+use crate::store::{self, actions::ActionRecord};
+
+pub(super) fn intent_of(r: &store::versions::StoredResource) -> Intent {
+    Intent {
+        id: r.resource_id.clone(),
+        type_name: r.resource_type.clone(),
+        agent: r.agent.clone(),
+        hash: r.hash.clone(),
+        attributes: r.attributes.as_object().cloned().unwrap_or_default(),
+        requires: r.requires.clone(),
+        undefined: r.undefined,
+    }
+}
+
+pub(super) fn parse_outcome(s: &str) -> Option<Outcome> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+pub(super) fn state_from_row(row: &StateRow) -> RState {
+    RState {
+        compliance: Compliance::parse(&row.compliance),
+        last_run: crate::scheduler::model::LastRun::parse(&row.last_run),
+        last_result: row.last_result.as_deref().and_then(parse_outcome),
+        last_message: row.last_message.clone(),
+        blocked: Blocked::parse(&row.blocked),
+        blocked_reason: row.blocked_reason.clone(),
+        last_run_hash: row.last_run_hash.clone(),
+        last_attempt: row.last_attempt,
+        last_deployed: row.last_deployed,
+        last_success: row.last_success,
+        last_produced_events: row.last_produced_events,
+        last_change: None,
+        failure_count: row.failure_count.max(0) as u32,
+        next_retry: row.next_retry,
+    }
+}
+
+/// Write batches in order; retry while the database is away (nothing is dropped).
+pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedReceiver<Batch>) {
+    while let Some(mut batch) = rx.recv().await {
+        // merge what queued up meanwhile into one transaction
+        while let Ok(more) = rx.try_recv() {
+            batch.states.extend(more.states);
+            batch.actions.extend(more.actions);
+            batch.orphaned.extend(more.orphaned);
+            batch.dryrun_results.extend(more.dryrun_results);
+            if more.progress.is_some() {
+                batch.progress = more.progress;
+            }
+        }
+        // later rows win: one row per resource, per action (start then end), per dry-run result
+        let mut seen = HashSet::new();
+        batch.states.reverse();
+        batch.states.retain(|s| seen.insert(s.resource_id.clone()));
+        let mut seen = HashSet::new();
+        batch.actions.reverse();
+        batch.actions.retain(|a| seen.insert(a.id));
+        let mut seen = HashSet::new();
+        batch.dryrun_results.reverse();
+        batch
+            .dryrun_results
+            .retain(|r| seen.insert((r.0, r.1.clone())));
+        let mut delay = Duration::from_millis(200);
+        let mut refused = 0;
+        loop {
+            let r = async {
+                let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
+                store::deploy::write_batch(&mut tx, env, &batch).await?;
+                tx.commit().await.map_err(store::StoreError::from)
+            }
+            .await;
+            match r {
+                Ok(()) => break,
+                // the database is away: wait for it, however long it takes
+                Err(e @ store::StoreError::Unavailable(_)) => {
+                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
+                }
+                // the database refuses the batch (e.g. the environment was deleted): a few
+                // tries, then it is dropped so later state still gets through
+                Err(e) => {
+                    refused += 1;
+                    if refused >= 5 {
+                        tracing::error!(
+                            environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
+                            "the database refuses this deploy state; dropping it"
+                        );
+                        break;
+                    }
+                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+pub(super) fn synthetic(
+    action_id: Uuid,
+    outcome: Outcome,
+    message: &str,
+    started: DateTime<Utc>,
+) -> WorkResult {
+    let now = Utc::now();
+    WorkResult {
+        action_id,
+        outcome,
+        change: Change::Nochange,
+        changes: Default::default(),
+        messages: vec![crate::executor::protocol::LogLine {
+            level: if matches!(outcome, Outcome::SkippedForDependency) {
+                "info".into()
+            } else {
+                "error".into()
+            },
+            message: message.to_string(),
+            fields: Default::default(),
+            at: now,
+        }],
+        started_at: started,
+        finished_at: now,
+        state: None,
+    }
+}
+
+pub(super) fn action_record(
+    env: Uuid,
+    version: i32,
+    rid: &str,
+    action: &str,
+    res: &WorkResult,
+) -> ActionRecord {
+    ActionRecord {
+        id: res.action_id,
+        environment_id: env,
+        version,
+        resource_id: rid.to_string(),
+        action: action.into(),
+        started_at: res.started_at,
+        finished_at: Some(res.finished_at),
+        status: res.outcome.as_str().into(),
+        change: res.change.as_str().into(),
+        changes: serde_json::to_value(&res.changes).unwrap_or_default(),
+        messages: serde_json::to_value(&res.messages).unwrap_or_default(),
+    }
+}
+
+impl EnvScheduler {
+    /// Remember to persist the state of resource `r`.
+    pub(super) fn mark_state(&mut self, r: usize) {
+        self.dirty_states.insert(self.model.intents[r].id.clone());
+    }
+
+    pub(super) fn state_row(&self, r: usize) -> StateRow {
+        let i = &self.model.intents[r];
+        let s = &self.model.states[r];
+        let deploying = self
+            .running
+            .get(&TaskKey::Deploy(i.id.clone()))
+            .filter(|x| x.kind == ActionKind::Deploy)
+            .map(|x| x.started);
+        StateRow {
+            resource_id: i.id.clone(),
+            agent: i.agent.clone(),
+            intent_version: self.model.version,
+            intent_hash: Some(i.hash.clone()),
+            undefined: i.undefined,
+            compliance: s.compliance.as_str().into(),
+            last_run: s.last_run.as_str().into(),
+            last_result: s.last_result.map(|o| o.as_str().to_string()),
+            last_message: s.last_message.clone(),
+            blocked: s.blocked.as_str().into(),
+            blocked_reason: s.blocked_reason.clone(),
+            last_run_hash: s.last_run_hash.clone(),
+            last_attempt: s.last_attempt,
+            last_deployed: s.last_deployed,
+            last_success: s.last_success,
+            last_produced_events: s.last_produced_events,
+            failure_count: s.failure_count as i32,
+            next_retry: s.next_retry,
+            deploying_since: deploying,
+            orphaned_after: None,
+        }
+    }
+
+    /// Hand pending writes to the writer.
+    pub(super) fn flush(&mut self) {
+        let ids: Vec<String> = self.dirty_states.drain().collect();
+        for id in ids {
+            if let Some(r) = self.model.get(&id) {
+                let row = self.state_row(r);
+                self.batch.states.push(row);
+            }
+        }
+        if !self.batch.is_empty() {
+            let b = std::mem::take(&mut self.batch);
+            let _ = self.writer.send(b);
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Handler code of versions: content-addressed blobs (shared by every version and environment
+//! using the same file) and, per version, which code handles which resource type.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::{Result, StoreError};
+use crate::model::{ExportFile, HandlerCode};
+
+/// Check the code of an export: every file is present (in the export or stored before) with
+/// the content its hash says, every digest matches its files.
+pub fn validate(export: &ExportFile) -> Result<()> {
+    for (hash, hexed) in &export.code {
+        let content = hex::decode(hexed)
+            .map_err(|_| StoreError::Invalid(format!("code {hash} is not hex")))?;
+        if hex::encode(Sha256::digest(&content)) != *hash {
+            return Err(StoreError::Invalid(format!(
+                "code {hash} does not match its content"
+            )));
+        }
+    }
+    for (ty, h) in &export.handlers {
+        if HandlerCode::compute_digest(&h.entry, &h.files) != h.digest {
+            return Err(StoreError::Invalid(format!(
+                "the handler of {ty}: its digest does not match its files"
+            )));
+        }
+        if !h.files.contains_key(&h.entry) {
+            return Err(StoreError::Invalid(format!(
+                "the handler of {ty}: entry {} is not among its files",
+                h.entry
+            )));
+        }
+        for (path, f) in &h.files {
+            if path.starts_with('/') || path.split('/').any(|p| p == ".." || p.is_empty()) {
+                return Err(StoreError::Invalid(format!(
+                    "the handler of {ty}: bad file path '{path}'"
+                )));
+            }
+            let _ = f;
+        }
+    }
+    Ok(())
+}
+
+/// Store the handlers of a new version (its row exists) and the code they need.
+pub async fn store_version_code(
+    c: &mut PgConnection,
+    env: Uuid,
+    version: i32,
+    export: &ExportFile,
+) -> Result<()> {
+    if export.handlers.is_empty() {
+        return Ok(());
+    }
+    let needed: HashSet<&str> = export
+        .handlers
+        .values()
+        .flat_map(|h| h.files.values().map(|f| f.hash.as_str()))
+        .collect();
+    let needed: Vec<&str> = needed.into_iter().collect();
+    let known: HashSet<String> =
+        sqlx::query_scalar("SELECT hash FROM code_blobs WHERE hash = ANY($1)")
+            .bind(&needed)
+            .fetch_all(&mut *c)
+            .await?
+            .into_iter()
+            .collect();
+    let mut hashes = Vec::new();
+    let mut contents = Vec::new();
+    for h in needed {
+        if known.contains(h) {
+            continue;
+        }
+        let hexed = export.code.get(h).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "handler file {h} is missing from the export's code"
+            ))
+        })?;
+        hashes.push(h.to_string());
+        contents.push(
+            hex::decode(hexed).map_err(|_| StoreError::Invalid(format!("code {h} is not hex")))?,
+        );
+    }
+    if !hashes.is_empty() {
+        sqlx::query("INSERT INTO code_blobs (hash, content) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT DO NOTHING")
+            .bind(&hashes)
+            .bind(&contents)
+            .execute(&mut *c)
+            .await?;
+    }
+    for (ty, h) in &export.handlers {
+        sqlx::query(
+            "INSERT INTO version_handlers (environment_id, version, resource_type, module, entry, files, digest) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(env)
+        .bind(version)
+        .bind(ty)
+        .bind(&h.module)
+        .bind(&h.entry)
+        .bind(serde_json::to_value(&h.files).unwrap_or_default())
+        .bind(&h.digest)
+        .execute(&mut *c)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Resource type -> its handler code, for a version.
+pub async fn handlers_of(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+) -> Result<BTreeMap<String, HandlerCode>> {
+    let rows: Vec<(String, String, String, serde_json::Value, String)> = sqlx::query_as(
+        "SELECT resource_type, module, entry, files, digest FROM version_handlers WHERE environment_id = $1 AND version = $2",
+    )
+    .bind(env)
+    .bind(version)
+    .fetch_all(e)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(ty, module, entry, files, digest)| {
+            (
+                ty,
+                HandlerCode {
+                    module,
+                    entry,
+                    files: serde_json::from_value(files).unwrap_or_default(),
+                    digest,
+                },
+            )
+        })
+        .collect())
+}
+
+/// File contents by hash.
+pub async fn blobs(e: impl PgExecutor<'_>, hashes: &[String]) -> Result<HashMap<String, Vec<u8>>> {
+    let rows: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT hash, content FROM code_blobs WHERE hash = ANY($1)")
+            .bind(hashes)
+            .fetch_all(e)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
