@@ -629,3 +629,35 @@ async fn source_and_compile_reports_from_the_command_line() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(c.source(&env).await.unwrap_err().status(), Some(404));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_with_its_own_handler_deploys_from_a_push() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    // the integration example, committed: its module carries the handler
+    crate::support::copy_dir(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/integration"),
+        &repo.work,
+    );
+    let ini = repo.out.join("app.ini");
+    let main = std::fs::read_to_string(repo.work.join("main.cf")).unwrap();
+    let main = main.replace(
+        "ini = std::get_env(\"INTEGRATION_INI\", \"{{project_dir}}/data/app.ini\")",
+        &format!("ini = \"{}\"", ini.display()),
+    );
+    std::fs::write(repo.work.join("main.cf"), main).unwrap();
+    crate::gitops_support::git_ok(&repo.work, &["add", "-A"]);
+    crate::gitops_support::git_ok(&repo.work, &["commit", "-q", "-m", "ini settings"]);
+    let commit = crate::gitops_support::git_ok(&repo.work, &["rev-parse", "HEAD"]);
+    repo.push_ok();
+    let env = follow(&c, "module", &repo, json!({})).await;
+    let r = compiled(&c, &env, &commit, 30).await;
+    assert_eq!(r["status"], "success", "{r:#}");
+    crate::support::wait_deployed(&c, &env, r["version"].as_i64().unwrap() as i32, 60).await;
+    let text = read(&ini).unwrap_or_default();
+    assert!(
+        text.contains("host = db.internal") && text.contains("(inifile handler 1)"),
+        "{text}"
+    );
+}
