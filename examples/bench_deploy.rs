@@ -16,9 +16,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+#[path = "common/mod.rs"]
+mod common;
+
 use serde_json::json;
 use steward::client::Client;
-use steward::embedded::postgres::PgCluster;
 use steward::model::*;
 
 fn export(dir: &Path, n: usize, changed: Option<usize>) -> ExportFile {
@@ -69,7 +71,6 @@ async fn wait_done(c: &Client, env: &str, version: i32) {
 
 async fn run(n: usize) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    let root = tmp.path().join("pg");
     // BENCH_DIR: where the files go (default: the temp dir), e.g. /dev/shm to take the
     // disk's file-creation cost out of the figures
     let files_parent = std::env::var_os("BENCH_DIR").map(std::path::PathBuf::from);
@@ -79,27 +80,12 @@ async fn run(n: usize) {
     };
     let files = files_tmp.path().join("files");
     std::fs::create_dir(&files).unwrap();
-    let cluster = tokio::task::spawn_blocking(move || {
-        let c = PgCluster::new(&root).expect("cluster");
-        c.start(true).expect("start PostgreSQL");
-        c.ensure_database("bench").expect("database");
-        c
-    })
-    .await
-    .unwrap();
-    let pool = steward::store::connect(&cluster.url("bench"), 16)
-        .await
-        .expect("connect");
-    steward::store::migrate(&pool).await.expect("migrate");
+    let (cluster, pool) = common::database(tmp.path(), 16).await;
     let me = std::env::current_exe().expect("own path");
     let state =
         steward::server::start::app_state_with_schedulers(pool.clone(), true, me, tmp.path()).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let schedulers = state.schedulers.clone().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, steward::server::router(state)).await;
-    });
+    let url = common::serve(state).await;
     let c = Client::new(&url, None);
     let env = c
         .create_environment("bench", "deploy", None)

@@ -13,9 +13,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "common/mod.rs"]
+mod common;
+
 use serde_json::json;
 use steward::client::Client;
-use steward::embedded::postgres::PgCluster;
 
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -52,19 +54,7 @@ fn model(out: &Path, n: usize, changed: Option<(usize, usize)>) -> String {
 
 async fn run(n: usize) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    let root = tmp.path().join("pg");
-    let cluster = tokio::task::spawn_blocking(move || {
-        let c = PgCluster::new(&root).expect("cluster");
-        c.start(true).expect("start PostgreSQL");
-        c.ensure_database("bench").expect("database");
-        c
-    })
-    .await
-    .unwrap();
-    let pool = steward::store::connect(&cluster.url("bench"), 16)
-        .await
-        .expect("connect");
-    steward::store::migrate(&pool).await.expect("migrate");
+    let (cluster, pool) = common::database(tmp.path(), 16).await;
     let me = std::env::current_exe().expect("own path");
     let mut state = steward::server::start::app_state_with_schedulers(
         pool.clone(),
@@ -74,11 +64,7 @@ async fn run(n: usize) {
     )
     .await;
     steward::server::start::enable_git(&mut state, tmp.path().join("server"), me).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, steward::server::router(state)).await;
-    });
+    let url = common::serve(state).await;
     let c = Client::new(&url, None);
 
     // the repository, as on a git host, with the hook installed

@@ -7,8 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "common/mod.rs"]
+mod common;
+
 use serde_json::json;
-use steward::embedded::postgres::PgCluster;
 use steward::model::*;
 
 fn export(n: usize, tag: &str, changed_every: usize) -> ExportFile {
@@ -67,25 +69,9 @@ async fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(10_000);
     let dir = tempfile::tempdir().expect("temp dir");
-    let root = dir.path().join("pg");
-    let cluster = tokio::task::spawn_blocking(move || {
-        let c = PgCluster::new(&root).expect("cluster");
-        c.start(true).expect("start PostgreSQL");
-        c.ensure_database("bench").expect("database");
-        c
-    })
-    .await
-    .unwrap();
-    let pool = steward::store::connect(&cluster.url("bench"), 32)
-        .await
-        .expect("connect");
-    steward::store::migrate(&pool).await.expect("migrate");
+    let (cluster, pool) = common::database(dir.path(), 32).await;
     let state = steward::server::start::app_state(pool.clone(), true);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, steward::server::router(state)).await;
-    });
+    let url = common::serve(state).await;
     let client = steward::client::Client::new(&url, None);
     let env = client
         .create_environment("bench", "store", None)

@@ -610,20 +610,15 @@ impl EnvScheduler {
                         .map(|o| o.as_str())
                         .unwrap_or("not deployed yet")
                 );
-                let res = synthetic(action_id, Outcome::SkippedForDependency, &msg, now);
                 self.model.states[r].blocked_reason = Some(msg.clone());
-                self.running.insert(
-                    key.clone(),
-                    RunInfo {
-                        proc: 0,
-                        action_id,
-                        started: now,
-                        deadline: tokio::time::Instant::now(),
-                        version,
-                        kind,
-                    },
+                self.finish_at_once(
+                    key,
+                    action_id,
+                    version,
+                    kind,
+                    Outcome::SkippedForDependency,
+                    &msg,
                 );
-                self.finish(key, res);
                 return;
             }
         }
@@ -643,19 +638,7 @@ impl EnvScheduler {
                         c.module
                     );
                     tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
-                    let res = synthetic(action_id, Outcome::Unavailable, &msg, now);
-                    self.running.insert(
-                        key.clone(),
-                        RunInfo {
-                            proc: 0,
-                            action_id,
-                            started: now,
-                            deadline: tokio::time::Instant::now(),
-                            version,
-                            kind,
-                        },
-                    );
-                    self.finish(key, res);
+                    self.finish_at_once(key, action_id, version, kind, Outcome::Unavailable, &msg);
                     return;
                 }
             },
@@ -683,24 +666,14 @@ impl EnvScheduler {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(environment = %self.env, error = %e, "no executor");
-                let res = synthetic(
+                self.finish_at_once(
+                    key,
                     action_id,
+                    version,
+                    kind,
                     Outcome::Unavailable,
                     &format!("no executor: {e}"),
-                    now,
                 );
-                self.running.insert(
-                    key.clone(),
-                    RunInfo {
-                        proc: 0,
-                        action_id,
-                        started: now,
-                        deadline: tokio::time::Instant::now(),
-                        version,
-                        kind,
-                    },
-                );
-                self.finish(key, res);
                 return;
             }
         };
@@ -747,6 +720,33 @@ impl EnvScheduler {
             );
             self.finish(key, res);
         }
+    }
+
+    /// End an action that never reached an executor (skipped for a dependency, no code, no
+    /// executor): recorded like any other.
+    fn finish_at_once(
+        &mut self,
+        key: TaskKey,
+        action_id: Uuid,
+        version: i32,
+        kind: ActionKind,
+        outcome: Outcome,
+        message: &str,
+    ) {
+        let now = Utc::now();
+        let res = synthetic(action_id, outcome, message, now);
+        self.running.insert(
+            key.clone(),
+            RunInfo {
+                proc: 0,
+                action_id,
+                started: now,
+                deadline: tokio::time::Instant::now(),
+                version,
+                kind,
+            },
+        );
+        self.finish(key, res);
     }
 
     fn on_pool_event(&mut self, ev: PoolEvent) {

@@ -70,6 +70,39 @@ fn cap(mut s: String) -> String {
     s
 }
 
+/// The report of a compile as it goes: timed stages, then the result.
+struct Report {
+    stages: Vec<Value>,
+    result: CompileResult,
+}
+
+/// When a stage started: wall clock for the report, monotonic for its duration.
+type Start = (chrono::DateTime<Utc>, Instant);
+
+fn begin() -> Start {
+    (Utc::now(), Instant::now())
+}
+
+impl Report {
+    fn passed(&mut self, name: &str, at: Start, detail: &str) {
+        self.stages
+            .push(stage(name, at.0, at.1.elapsed(), true, detail));
+    }
+
+    /// The stage failed: the compile ends here.
+    fn failed(mut self, name: &str, at: Start, error: String) -> CompileResult {
+        self.stages
+            .push(stage(name, at.0, at.1.elapsed(), false, &error));
+        self.result.error = Some(error);
+        self.done()
+    }
+
+    fn done(mut self) -> CompileResult {
+        self.result.stages = json!(self.stages);
+        self.result
+    }
+}
+
 /// Run the compile of `job` (a queued compile that was just marked running).
 pub async fn run(
     pool: &sqlx::PgPool,
@@ -78,39 +111,29 @@ pub async fn run(
     mirror: &Path,
     steward_bin: &Path,
 ) -> CompileResult {
-    let mut stages: Vec<Value> = job.stages.as_array().cloned().unwrap_or_default();
-    let mut result = CompileResult {
-        success: false,
-        stages: Value::Null,
-        exit_code: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        diagnostics: json!([]),
-        error: None,
-        version: None,
-        auto_released: false,
+    let mut report = Report {
+        stages: job.stages.as_array().cloned().unwrap_or_default(),
+        result: CompileResult {
+            success: false,
+            stages: Value::Null,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            diagnostics: json!([]),
+            error: None,
+            version: None,
+            auto_released: false,
+        },
     };
 
     // checkout
-    let started = Utc::now();
-    let t = Instant::now();
+    let at = begin();
     let workdir = match tempfile::Builder::new()
         .prefix("steward-compile-")
         .tempdir()
     {
         Ok(d) => d,
-        Err(e) => {
-            result.error = Some(format!("can not make a workdir: {e}"));
-            stages.push(stage(
-                "checkout",
-                started,
-                t.elapsed(),
-                false,
-                result.error.as_deref().unwrap_or(""),
-            ));
-            result.stages = json!(stages);
-            return result;
-        }
+        Err(e) => return report.failed("checkout", at, format!("can not make a workdir: {e}")),
     };
     let project = workdir.path().join("project");
     let subpath = (!source.path.is_empty()).then(|| source.path.clone());
@@ -122,123 +145,73 @@ pub async fn run(
         .await
     };
     match checkout {
-        Ok(Ok(())) => stages.push(stage(
-            "checkout",
-            started,
-            t.elapsed(),
-            true,
-            &format!("commit {}", job.commit),
-        )),
+        Ok(Ok(())) => report.passed("checkout", at, &format!("commit {}", job.commit)),
         Ok(Err(e)) => {
-            result.error = Some(format!("checkout of {} failed: {e}", job.commit));
-            stages.push(stage(
+            return report.failed(
                 "checkout",
-                started,
-                t.elapsed(),
-                false,
-                result.error.as_deref().unwrap_or(""),
-            ));
-            result.stages = json!(stages);
-            return result;
+                at,
+                format!("checkout of {} failed: {e}", job.commit),
+            );
         }
-        Err(e) => {
-            result.error = Some(format!("checkout crashed: {e}"));
-            stages.push(stage(
-                "checkout",
-                started,
-                t.elapsed(),
-                false,
-                result.error.as_deref().unwrap_or(""),
-            ));
-            result.stages = json!(stages);
-            return result;
-        }
+        Err(e) => return report.failed("checkout", at, format!("checkout crashed: {e}")),
     }
 
     // compile, in a child process
-    let started = Utc::now();
-    let t = Instant::now();
+    let at = begin();
     let export_file = workdir.path().join("export.json");
     let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
-    let ran = run_compiler(steward_bin, &project, &export_file, timeout).await;
-    let export = match ran {
+    let out = match run_compiler(steward_bin, &project, &export_file, timeout).await {
+        Ok(out) => out,
+        Err(e) => return report.failed("compile", at, e),
+    };
+    report.result.exit_code = out.code;
+    report.result.stdout = cap(out.stdout);
+    report.result.stderr = cap(out.stderr.clone());
+    // `compile --json` reports on stderr as one JSON document
+    let doc = out.stderr.lines().rev().find_map(|l| {
+        serde_json::from_str::<Value>(l)
+            .ok()
+            .filter(|v| v.get("diagnostics").is_some())
+    });
+    if let Some(d) = &doc {
+        report.result.diagnostics = d["diagnostics"].clone();
+    }
+    if out.code != Some(0) {
+        let first = &report.result.diagnostics[0];
+        let error = match (first["message"].as_str(), first["primary"]["file"].as_str()) {
+            (Some(m), Some(file)) => {
+                format!(
+                    "the model does not compile: {file}:{}:{}: {m}",
+                    first["primary"]["line"], first["primary"]["column"]
+                )
+            }
+            (Some(m), None) => format!("the model does not compile: {m}"),
+            _ => format!("the compiler failed (exit status {:?})", out.code),
+        };
+        return report.failed("compile", at, error);
+    }
+    let export = match std::fs::read(&export_file)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice::<ExportFile>(&b).map_err(|e| e.to_string()))
+    {
+        Ok(x) => x,
         Err(e) => {
-            result.error = Some(e);
-            stages.push(stage(
+            return report.failed(
                 "compile",
-                started,
-                t.elapsed(),
-                false,
-                result.error.as_deref().unwrap_or(""),
-            ));
-            result.stages = json!(stages);
-            return result;
-        }
-        Ok(out) => {
-            result.exit_code = out.code;
-            result.stdout = cap(out.stdout);
-            result.stderr = cap(out.stderr.clone());
-            // `compile --json` reports on stderr as one JSON document
-            let report = out.stderr.lines().rev().find_map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .ok()
-                    .filter(|v| v.get("diagnostics").is_some())
-            });
-            if let Some(r) = &report {
-                result.diagnostics = r["diagnostics"].clone();
-            }
-            if out.code != Some(0) {
-                let first = result.diagnostics[0]["message"]
-                    .as_str()
-                    .map(str::to_string);
-                result.error = Some(match first {
-                    Some(m) => format!("the model does not compile: {m}"),
-                    None => format!("the compiler failed (exit status {:?})", out.code),
-                });
-                stages.push(stage(
-                    "compile",
-                    started,
-                    t.elapsed(),
-                    false,
-                    result.error.as_deref().unwrap_or(""),
-                ));
-                result.stages = json!(stages);
-                return result;
-            }
-            let read = std::fs::read(&export_file)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<ExportFile>(&b).map_err(|e| e.to_string()));
-            match read {
-                Ok(x) => {
-                    stages.push(stage(
-                        "compile",
-                        started,
-                        t.elapsed(),
-                        true,
-                        &format!("{} resources", x.resources.len()),
-                    ));
-                    x
-                }
-                Err(e) => {
-                    result.error = Some(format!("the compiler's export is unreadable: {e}"));
-                    stages.push(stage(
-                        "compile",
-                        started,
-                        t.elapsed(),
-                        false,
-                        result.error.as_deref().unwrap_or(""),
-                    ));
-                    result.stages = json!(stages);
-                    return result;
-                }
-            }
+                at,
+                format!("the compiler's export is unreadable: {e}"),
+            );
         }
     };
+    report.passed(
+        "compile",
+        at,
+        &format!("{} resources", export.resources.len()),
+    );
     drop(workdir);
 
     // store as a version
-    let started = Utc::now();
-    let t = Instant::now();
+    let at = begin();
     let provenance = json!({
         "repository": public_url(&source.url),
         "branch": job.branch,
@@ -275,30 +248,14 @@ pub async fn run(
     .await;
     match stored {
         Ok(s) => {
-            stages.push(stage(
-                "store",
-                started,
-                t.elapsed(),
-                true,
-                &format!("version {}", s.info.number),
-            ));
-            result.success = true;
-            result.version = Some(s.info.number);
-            result.auto_released = s.auto_released;
+            report.passed("store", at, &format!("version {}", s.info.number));
+            report.result.success = true;
+            report.result.version = Some(s.info.number);
+            report.result.auto_released = s.auto_released;
+            report.done()
         }
-        Err(e) => {
-            result.error = Some(format!("storing the version failed: {e}"));
-            stages.push(stage(
-                "store",
-                started,
-                t.elapsed(),
-                false,
-                result.error.as_deref().unwrap_or(""),
-            ));
-        }
+        Err(e) => report.failed("store", at, format!("storing the version failed: {e}")),
     }
-    result.stages = json!(stages);
-    result
 }
 
 struct Ran {

@@ -19,6 +19,17 @@ pub async fn env_with(c: &Client, name: &str, settings: serde_json::Value) -> St
         .to_string()
 }
 
+/// A deploying server, an admin client, a new environment with `settings`, and a temp dir.
+pub async fn deploying_env(
+    name: &str,
+    settings: serde_json::Value,
+) -> (TestServer, Client, String, tempfile::TempDir) {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let env = env_with(&c, name, settings).await;
+    (srv, c, env, tempfile::tempdir().unwrap())
+}
+
 pub async fn upload(c: &Client, env: &str, resources: Vec<Resource>) -> i32 {
     let v = c
         .upload(env, &export_of(resources), json!({}))
@@ -71,10 +82,7 @@ pub async fn state_of(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deploys_only_what_changed() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "basic", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("basic", json!({})).await;
     let d = dir.path();
 
     // first deploy: everything, in requires order
@@ -166,10 +174,7 @@ async fn deploys_only_what_changed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn requires_order_holds_across_agents() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "agents", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("agents", json!({})).await;
     let d = dir.path().display().to_string();
     // agent b's command needs the file of agent a: it fails when run too early
     let file = fs_file("a", &format!("{d}/input"), "data\n", &[]);
@@ -195,15 +200,11 @@ async fn requires_order_holds_across_agents() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failure_skips_dependents_until_it_recovers() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(
-        &c,
+    let (_srv, c, env, dir) = deploying_env(
         "fail",
         json!({"retry_backoff": {"initial": 1, "factor": 1.0, "max": 1}}),
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // the parent directory is missing: the file fails, its dependent is skipped
     let missing = d.join("later");
@@ -242,10 +243,7 @@ async fn failure_skips_dependents_until_it_recovers() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn repair_restores_drift() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "drift", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("drift", json!({})).await;
     let d = dir.path();
     let v = upload(&c, &env, chain(d, 3, |i| format!("c{i}\n"))).await;
     wait_deployed(&c, &env, v, 30).await;
@@ -306,10 +304,7 @@ async fn repair_restores_drift() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dryrun_reports_changes_and_changes_nothing() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "dry", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("dry", json!({})).await;
     let d = dir.path();
     let v1 = upload(&c, &env, chain(d, 3, |i| format!("c{i}\n"))).await;
     wait_deployed(&c, &env, v1, 30).await;
@@ -373,10 +368,7 @@ async fn dryrun_reports_changes_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pause_and_halt_stop_new_work() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "pause", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("pause", json!({})).await;
     let d = dir.path().display().to_string();
     let v1 = upload(
         &c,
@@ -443,10 +435,7 @@ async fn pause_and_halt_stop_new_work() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn events_reach_reload_only_commands() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "events", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("events", json!({})).await;
     let d = dir.path().display().to_string();
     let model = |content: &str| {
         let conf = fs_file(AGENT, &format!("{d}/app.conf"), content, &[]);
@@ -482,10 +471,7 @@ async fn events_reach_reload_only_commands() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn removed_resources_are_orphaned_or_deleted_when_asked() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "orphans", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("orphans", json!({})).await;
     let d = dir.path().display().to_string();
     let v1 = upload(
         &c,
@@ -528,10 +514,7 @@ async fn removed_resources_are_orphaned_or_deleted_when_asked() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn undefined_resources_block_their_dependents() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "undef", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("undef", json!({})).await;
     let d = dir.path().display().to_string();
     let a = fs_file(AGENT, &format!("{d}/a"), "a", &[]);
     let b = fs_file(AGENT, &format!("{d}/b"), "b", &[&a.id.0]);
@@ -555,10 +538,7 @@ async fn undefined_resources_block_their_dependents() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn new_intent_preempts_a_running_repair() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "preempt", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_srv, c, env, dir) = deploying_env("preempt", json!({})).await;
     let d = dir.path().display().to_string();
     // 30 slow steps: a repair of all of them takes ~6 s on one agent
     let steps = |marker: &str| {

@@ -5,7 +5,7 @@ use std::process::Output;
 
 use serde_json::json;
 
-use crate::deploy::{env_with, upload};
+use crate::deploy::{deploying_env, upload};
 use crate::support::{TestServer, fs_file, steward_bin, wait_deployed};
 
 fn cli(srv: &TestServer, env: &str, args: &[&str]) -> Output {
@@ -30,10 +30,7 @@ fn ok(o: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deploy_control_from_the_command_line() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(&c, "cli", json!({})).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (srv, c, env, dir) = deploying_env("cli", json!({})).await;
     let d = dir.path().display().to_string();
     let v1 = upload(
         &c,

@@ -5,10 +5,10 @@ use std::time::Duration;
 use serde_json::json;
 use steward::client::Client;
 
-use crate::deploy::{deploy_actions, env_with, state_of, upload};
+use crate::deploy::{deploy_actions, deploying_env, env_with, state_of, upload};
 use crate::support::{
-    TestServer, eventually, exec_run, free_port, fs_file, new_database, spawn_server,
-    wait_deployed, wait_healthy,
+    eventually, exec_run, free_port, fs_file, new_database, spawn_server, wait_deployed,
+    wait_healthy,
 };
 
 const AGENT: &str = "localhost";
@@ -24,15 +24,11 @@ fn kill9(pid: u32) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn crashed_executor_is_reported_respawned_and_retried() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(
-        &c,
+    let (_srv, c, env, dir) = deploying_env(
         "crash",
         json!({"retry_backoff": {"initial": 1, "factor": 1.0, "max": 1}}),
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let cmd = format!("sh -c 'sleep 2; echo done >> {d}/out'");
     let run = exec_run(AGENT, &cmd, json!({}), &[]);
@@ -78,15 +74,11 @@ async fn crashed_executor_is_reported_respawned_and_retried() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hung_handler_times_out_and_the_agent_goes_on() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let env = env_with(
-        &c,
+    let (_srv, c, env, dir) = deploying_env(
         "hung",
         json!({"handler_timeout": 2, "retry_backoff": {"initial": 600, "factor": 1.0, "max": 600}}),
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let marker = format!("{d}/hung-started");
     let hang = exec_run(
