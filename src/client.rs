@@ -259,11 +259,9 @@ impl Client {
     // ---------------------------------------------------------------- resources
 
     pub async fn resources(&self, env: &str) -> Result<(Option<i32>, Vec<ResourceWithState>)> {
-        let v: serde_json::Value = self.get(&format!("{}/resources", Self::env(env))).await?;
-        let version = v["version"].as_i64().map(|n| n as i32);
-        let rows = serde_json::from_value(v["resources"].clone())
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
-        Ok((version, rows))
+        let list: crate::store::state::ResourceList =
+            self.get(&format!("{}/resources", Self::env(env))).await?;
+        Ok((list.version, list.resources))
     }
 
     pub async fn resource(&self, env: &str, id: &str) -> Result<serde_json::Value> {

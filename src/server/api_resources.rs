@@ -29,13 +29,18 @@ pub async fn list(
     caller: Caller,
     Path(key): Path<String>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<store::state::ResourceList>> {
     let env = environment(&state, &caller, &key).await?;
     let version = match q.version {
         Some(v) => v,
         None => match versions::active(&state.pool, env.id).await? {
             Some(v) => v,
-            None => return Ok(Json(json!({"version": null, "resources": []}))),
+            None => {
+                return Ok(Json(store::state::ResourceList {
+                    version: None,
+                    resources: vec![],
+                }));
+            }
         },
     };
     let mut rows = store::state::list(&state.pool, env.id, version).await?;
@@ -45,7 +50,11 @@ pub async fn list(
     if let Some(s) = &q.status {
         rows.retain(|r| &r.status == s);
     }
-    Ok(Json(json!({"version": version, "resources": rows})))
+    // serialized straight from the rows: 10,000 resources are a few MB
+    Ok(Json(store::state::ResourceList {
+        version: Some(version),
+        resources: rows,
+    }))
 }
 
 pub async fn get(

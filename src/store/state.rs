@@ -31,6 +31,13 @@ pub struct ResourceWithState {
     pub next_retry: Option<DateTime<Utc>>,
 }
 
+/// The resources of a version with their state, as the API lists them.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct ResourceList {
+    pub version: Option<i32>,
+    pub resources: Vec<ResourceWithState>,
+}
+
 /// The REST status, first match wins.
 pub const STATUS_SQL: &str = "CASE \
     WHEN s.orphaned_after IS NOT NULL THEN 'orphaned' \
