@@ -32,7 +32,7 @@ use crate::store::sources::SourceRow;
 use crate::store::{self, StoreError};
 use feedback::{Feedback, State};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum SourceError {
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -328,7 +328,7 @@ impl GitSources {
             for reply in replies {
                 let _ = reply.send(match &r {
                     Ok(t) => Ok(t.clone()),
-                    Err(e) => Err(clone_error(e)),
+                    Err(e) => Err(e.clone()),
                 });
             }
         }
@@ -684,26 +684,6 @@ impl GitSources {
             );
             return;
         }
-    }
-}
-
-fn clone_error(e: &SourceError) -> SourceError {
-    match e {
-        SourceError::Store(s) => SourceError::Store(match s {
-            StoreError::NotFound(m) => StoreError::NotFound(m.clone()),
-            StoreError::Conflict(m) => StoreError::Conflict(m.clone()),
-            StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
-            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-            StoreError::Database(m) => StoreError::Database(m.clone()),
-        }),
-        SourceError::Git(g) => SourceError::Git(g.clone()),
-        SourceError::NoSource => SourceError::NoSource,
-        SourceError::NoBranch(b) => SourceError::NoBranch(b.clone()),
-        SourceError::NotOnBranch { commit, branch } => SourceError::NotOnBranch {
-            commit: commit.clone(),
-            branch: branch.clone(),
-        },
-        SourceError::Unavailable => SourceError::Unavailable,
     }
 }
 
