@@ -69,6 +69,8 @@ struct HandlerProc {
     stdin: ChildStdin,
     lines: Receiver<std::io::Result<String>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
+    /// The thread collecting stderr: done once the process is gone and the pipe drained.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
     next_id: u64,
     can_reload: bool,
     last_use: Instant,
@@ -97,6 +99,19 @@ impl HandlerProc {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // its own process group, so stopping it stops what it started too; and it dies with
+        // the executor (a killed executor must not leave a hung handler behind)
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+            // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("can not start the handler {}: {e}", entry.display()))?;
@@ -127,7 +142,7 @@ impl HandlerProc {
             .map_err(|e| format!("can not start a reader thread: {e}"))?;
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
         let sink = tail.clone();
-        let _ = std::thread::Builder::new()
+        let stderr_reader = std::thread::Builder::new()
             .name("handler-stderr".into())
             .spawn(move || {
                 let mut buf = [0u8; 1024];
@@ -149,16 +164,21 @@ impl HandlerProc {
             stdin,
             lines,
             stderr: tail,
+            stderr_reader: stderr_reader.ok(),
             next_id: 1,
             can_reload: false,
             last_use: Instant::now(),
         };
-        let hello = p
-            .call(
-                json!({"op": "hello", "protocol": PROTOCOL}),
-                Instant::now() + START_TIMEOUT,
-            )
-            .map_err(|e| format!("the handler did not start: {e}"))?;
+        let hello = match p.call(
+            json!({"op": "hello", "protocol": PROTOCOL}),
+            Instant::now() + START_TIMEOUT,
+        ) {
+            Ok(h) => h,
+            Err(e) => {
+                p.stop();
+                return Err(format!("the handler did not start: {e}"));
+            }
+        };
         if hello.get("ok") != Some(&Value::Bool(true)) {
             let why = hello
                 .get("error")
@@ -195,6 +215,13 @@ impl HandlerProc {
                 _ => break None,
             }
         };
+        // what it said last is still in the pipe: let the reader drain it
+        if let Some(reader) = self.stderr_reader.take() {
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while !reader.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let status = match status {
             Some(s) => match s.code() {
                 Some(c) => format!("exit status {c}"),
@@ -269,6 +296,10 @@ impl HandlerProc {
     }
 
     fn stop(&mut self) {
+        // SAFETY: kill(2) on the process group created for this handler
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

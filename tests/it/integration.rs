@@ -239,9 +239,9 @@ fn broken_project(dir: &Path, out: &Path) {
         // dies at once, saying why
         ("Crash", "#!/bin/sh\necho 'cannot connect to the device API' >&2\nexit 3\n".to_string()),
         // not the protocol at all
-        ("Garbage", "#!/bin/sh\necho 'Welcome to my handler!'\nsleep 30\n".to_string()),
+        ("Garbage", "#!/bin/sh\necho 'Welcome to my handler!'\nsleep 318\n".to_string()),
         // says hello, then never answers
-        ("Hang", "#!/bin/sh\nread line\necho '{\"id\": 1, \"ok\": true}'\nread line\nsleep 300\n".to_string()),
+        ("Hang", "#!/bin/sh\nread line\necho '{\"id\": 1, \"ok\": true}'\nread line\nsleep 317\n".to_string()),
         // says hello, then dies on the first real request
         ("Die", "#!/bin/sh\nread line\necho '{\"id\": 1, \"ok\": true}'\nread line\necho 'segfault, sort of' >&2\nexit 139\n".to_string()),
     ] {
@@ -338,6 +338,19 @@ async fn misbehaving_handlers_fail_clearly_and_the_executor_goes_on() {
     let buggy = state_of(&c, &env, "broken::Buggy[localhost,name=b]").await;
     assert_eq!(buggy.status, "failed", "{buggy:?}");
     assert!(msg(&buggy).contains("ZeroDivisionError"), "{}", msg(&buggy));
+
+    // stopped handlers leave nothing running behind them
+    for marker in ["sleep 317", "sleep 318"] {
+        let out = std::process::Command::new("pgrep")
+            .args(["-f", marker])
+            .output()
+            .unwrap();
+        assert!(
+            out.stdout.is_empty(),
+            "{marker} still runs: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 
     // the executor is alive and serves the next request at once
     std::fs::remove_file(out.join("fine")).unwrap();
