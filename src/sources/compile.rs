@@ -44,16 +44,13 @@ pub fn stage(
 
 /// The repository URL without credentials, for provenance and logs.
 pub fn public_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((_, host))
-                if !rest.split('/').next().unwrap_or("").is_empty()
-                    && rest.find('@') < rest.find('/') =>
-            {
-                format!("{scheme}://{host}")
-            }
-            _ => url.to_string(),
-        },
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    // credentials live in the authority: before the first '/'
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://{host}{}", &rest[end..]),
         None => url.to_string(),
     }
 }
@@ -347,5 +344,6 @@ mod tests {
         assert_eq!(public_url("ssh://git@host/repo.git"), "ssh://host/repo.git");
         assert_eq!(public_url("file:///srv/git/x.git"), "file:///srv/git/x.git");
         assert_eq!(public_url("https://host/a@b"), "https://host/a@b");
+        assert_eq!(public_url("https://user:tok@host"), "https://host");
     }
 }
