@@ -627,34 +627,13 @@ impl GitSources {
                 Ok(_) => {}
                 Err(_) => continue,
             }
-            let Ok(counts) = store::state::status_counts(pool, env, version).await else {
+            let Ok(summary) = store::state::deploy_summary(pool, env, version).await else {
                 continue;
             };
-            let pending: i64 = counts
-                .iter()
-                .filter(|(s, _)| s == "available" || s == "deploying")
-                .map(|(_, n)| n)
-                .sum();
-            if pending > 0 {
+            if summary.pending > 0 {
                 continue;
             }
-            let failed: i64 = counts
-                .iter()
-                .filter(|(s, _)| {
-                    matches!(
-                        s.as_str(),
-                        "failed"
-                            | "unavailable"
-                            | "timed_out"
-                            | "skipped"
-                            | "skipped_for_dependency"
-                    )
-                })
-                .map(|(_, n)| n)
-                .sum();
-            let total: i64 = counts.iter().map(|(_, n)| n).sum();
-            let by_status: serde_json::Map<String, serde_json::Value> =
-                counts.into_iter().map(|(s, n)| (s, json!(n))).collect();
+            let (failed, total, by_status) = (summary.failed, summary.total, summary.by_status);
             let ok = failed == 0;
             let event = if ok { "deployed" } else { "deploy_failed" };
             let _ = store::sources::add_event(

@@ -119,6 +119,21 @@ pub enum DryrunCmd {
     Show { id: String },
 }
 
+/// The report of dry-run `id`, once every resource of it is done.
+pub(super) async fn wait_dryrun(
+    c: &crate::client::Client,
+    env: &str,
+    id: &str,
+) -> anyhow::Result<serde_json::Value> {
+    loop {
+        let d = c.dryrun(env, id).await?;
+        if d["complete"] == true {
+            return Ok(d);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub(super) fn print_dryrun(d: &serde_json::Value) {
     let run = &d["dryrun"];
     println!(
@@ -172,13 +187,7 @@ pub async fn run_dryrun(remote: Remote, cmd: DryrunCmd) -> anyhow::Result<ExitCo
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let report = loop {
-                let d = c.dryrun(&env, &id).await?;
-                if d["complete"] == true {
-                    break d;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            };
+            let report = wait_dryrun(c, &env, &id).await?;
             if remote.json {
                 print_json(&report);
             } else {

@@ -37,14 +37,7 @@ pub struct DeployArgs {
     pub data_dir: Option<PathBuf>,
 }
 
-/// Statuses that make a deploy unsuccessful.
-const FAILED: [&str; 5] = [
-    "failed",
-    "unavailable",
-    "timed_out",
-    "skipped",
-    "skipped_for_dependency",
-];
+use crate::store::state::FAILED;
 
 pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     let project = args
@@ -139,13 +132,7 @@ async fn environment(c: &Client, project: &str) -> anyhow::Result<String> {
 async fn dry_run(c: &Client, env: &str, number: i32) -> anyhow::Result<ExitCode> {
     let started = c.start_dryrun(env, Some(number)).await?;
     let id = started["id"].as_str().unwrap_or("").to_string();
-    let report = loop {
-        let d = c.dryrun(env, &id).await?;
-        if d["complete"] == true {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let report = super::control::wait_dryrun(c, env, &id).await?;
     super::control::print_dryrun(&report);
     // kept (not released), so the report stays next to the version it describes
     eprintln!("version {number} was stored for this dry-run and not released");

@@ -57,13 +57,12 @@ async fn trigger(
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     let s = schedulers(&state)?;
-    if versions::active(&state.pool, env.id).await?.is_none() {
+    let Some(active) = versions::active(&state.pool, env.id).await? else {
         return Err(ApiError::conflict(
             "no version of this environment is released yet: nothing to deploy",
         ));
-    }
+    };
     if let Some(rid) = &body.resource {
-        let active = versions::active(&state.pool, env.id).await?.unwrap_or(0);
         versions::resource_in(&state.pool, env.id, active, rid)
             .await
             .map_err(|_| {
@@ -318,23 +317,15 @@ pub async fn progress(
     let env = environment(&state, &caller, &key).await?;
     let number = parse_number(&number)?;
     let info = versions::get(&state.pool, env.id, number).await?;
-    let counts = store::state::status_counts(&state.pool, env.id, number).await?;
-    let total: i64 = counts.iter().map(|(_, n)| n).sum();
-    // settled: nothing waiting for a first or new deploy, nothing running
-    let pending: i64 = counts
-        .iter()
-        .filter(|(s, _)| matches!(s.as_str(), "available" | "deploying"))
-        .map(|(_, n)| n)
-        .sum();
-    let by_status: serde_json::Map<String, serde_json::Value> =
-        counts.into_iter().map(|(s, n)| (s, json!(n))).collect();
+    let summary = store::state::deploy_summary(&state.pool, env.id, number).await?;
     let active = versions::active(&state.pool, env.id).await?;
     Ok(Json(json!({
         "version": number,
         "status": info.status,
         "active": active == Some(number),
-        "total": total,
-        "by_status": by_status,
-        "done": active == Some(number) && pending == 0,
+        "total": summary.total,
+        "by_status": summary.by_status,
+        // settled: nothing waiting for a first or new deploy, nothing running
+        "done": active == Some(number) && summary.pending == 0,
     })))
 }

@@ -91,3 +91,44 @@ pub async fn status_counts(
         .fetch_all(e)
         .await?)
 }
+
+/// Statuses of resources whose deploy is still to come or under way.
+pub const PENDING: [&str; 2] = ["available", "deploying"];
+
+/// Statuses that make a deploy unsuccessful.
+pub const FAILED: [&str; 5] = [
+    "failed",
+    "unavailable",
+    "timed_out",
+    "skipped",
+    "skipped_for_dependency",
+];
+
+/// Where the deploy of a version stands.
+#[derive(Clone, Debug, Default)]
+pub struct DeploySummary {
+    pub total: i64,
+    pub pending: i64,
+    pub failed: i64,
+    pub by_status: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Counts of `version`'s resources by status, with what is still pending and what failed.
+pub async fn deploy_summary(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+) -> Result<DeploySummary> {
+    let mut s = DeploySummary::default();
+    for (status, n) in status_counts(e, env, version).await? {
+        s.total += n;
+        if PENDING.contains(&status.as_str()) {
+            s.pending += n;
+        }
+        if FAILED.contains(&status.as_str()) {
+            s.failed += n;
+        }
+        s.by_status.insert(status, serde_json::json!(n));
+    }
+    Ok(s)
+}
