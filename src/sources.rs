@@ -12,6 +12,7 @@
 
 pub mod compile;
 pub mod feedback;
+mod pipeline;
 pub mod git;
 pub mod webhook;
 
@@ -30,7 +31,7 @@ use uuid::Uuid;
 use crate::server::{Event, Notifier};
 use crate::store::sources::SourceRow;
 use crate::store::{self, StoreError};
-use feedback::{Feedback, State};
+use feedback::{Feedback, Outgoing, State};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum SourceError {
@@ -85,6 +86,8 @@ struct Inner {
     steward_bin: PathBuf,
     notifier: Notifier,
     feedback: Feedback,
+    /// wakes the deploy reporter (a version was released)
+    released: Arc<Notify>,
     workers: Mutex<HashMap<Uuid, EnvWorker>>,
     mirror_locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -107,6 +110,7 @@ impl GitSources {
             steward_bin,
             notifier: notifier.clone(),
             feedback: Feedback::default(),
+            released: Arc::new(Notify::new()),
             workers: Mutex::new(HashMap::new()),
             mirror_locks: Mutex::new(HashMap::new()),
         }));
@@ -130,6 +134,8 @@ impl GitSources {
             }
         }
         tokio::spawn(s.clone().follow(events));
+        tokio::spawn(s.0.feedback.clone().deliver(s.0.pool.clone()));
+        tokio::spawn(s.clone().report_deploys(s.0.released.clone()));
         s
     }
 
@@ -227,13 +233,7 @@ impl GitSources {
     async fn follow(self, mut events: broadcast::Receiver<Event>) {
         loop {
             match events.recv().await {
-                Ok(Event::Released {
-                    environment,
-                    version,
-                }) => {
-                    let s = self.clone();
-                    tokio::spawn(async move { s.watch_deploy(environment, version).await });
-                }
+                Ok(Event::Released { .. }) => self.0.released.notify_one(),
                 Ok(Event::Deleted { environment }) => self.stop(environment),
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -377,6 +377,7 @@ impl GitSources {
         };
         store::sources::record_fetch(&self.0.pool, env, Some(&tip), None).await?;
         let fetch_ms = t.elapsed();
+        let commit_named = commit.is_some();
         let target = match commit {
             None => tip.clone(),
             Some(c) => {
@@ -397,7 +398,11 @@ impl GitSources {
                 }
             }
         };
-        if let Some(done) = store::sources::existing_compile(&self.0.pool, env, &target).await? {
+        // only someone naming a commit may compile a failed one again
+        let named = commit_named;
+        if let Some(done) =
+            store::sources::existing_compile(&self.0.pool, env, &target, named).await?
+        {
             return Ok(Triggered {
                 commit: target,
                 status: "already_compiled".into(),
@@ -412,9 +417,31 @@ impl GitSources {
             true,
             &format!("{} at {}", src.branch, &tip[..tip.len().min(12)]),
         );
+        // commits that reached the branch with this one (two quick pushes, a push of
+        // several commits) are not compiled, but each leaves a trace
+        let skipped = if commit_named {
+            Vec::new()
+        } else {
+            match store::sources::last_compiled_commit(&self.0.pool, env).await? {
+                Some(last) if last != target => {
+                    let (mirror, tip, last) = (mirror.clone(), target.clone(), last.clone());
+                    tokio::task::spawn_blocking(move || {
+                        git::commits_between(&mirror, &tip, &last, 100)
+                    })
+                    .await
+                    .map_err(|e| git::GitError::Other(format!("history walk crashed: {e}")))?
+                    .unwrap_or_default()
+                }
+                _ => Vec::new(),
+            }
+        };
+        let mut out = Outgoing::default();
         let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
-        let (id, superseded) =
+        let (id, mut superseded) =
             store::sources::enqueue(&mut tx, env, &target, &src.branch, kind, fetch_stage).await?;
+        let skipped_ids =
+            store::sources::record_skipped(&mut tx, env, &skipped, &src.branch, kind, id).await?;
+        superseded.extend(skipped_ids.into_iter().zip(skipped));
         store::sources::add_event(
             &mut *tx,
             env,
@@ -423,6 +450,12 @@ impl GitSources {
             json!({"trigger": kind, "compile": id}),
         )
         .await?;
+        out.status(src, &target, "steward/compile", State::Pending, "queued for compile");
+        out.notify(
+            src,
+            "received",
+            json!({"commit": target, "compile": id, "trigger": kind}),
+        );
         for (old, old_commit) in &superseded {
             store::sources::add_event(
                 &mut *tx,
@@ -432,30 +465,25 @@ impl GitSources {
                 json!({"compile": old, "by": id, "by_commit": target}),
             )
             .await?;
-        }
-        tx.commit().await.map_err(StoreError::from)?;
-        tracing::info!(environment = %env, commit = %target, trigger = kind, superseded = superseded.len(), "commit queued for compile");
-        self.0.feedback.commit_status(
-            src,
-            &target,
-            "steward/compile",
-            State::Pending,
-            "queued for compile",
-        );
-        for (_, old_commit) in &superseded {
-            self.0.feedback.commit_status(
+            out.status(
                 src,
                 old_commit,
                 "steward/compile",
-                State::Failure,
+                State::Error,
                 "superseded by a newer commit before it compiled",
             );
+            out.notify(
+                src,
+                "superseded",
+                json!({"commit": old_commit, "compile": old, "by_commit": target}),
+            );
         }
-        self.0.feedback.notify(
-            src,
-            "received",
-            json!({"commit": target, "compile": id, "trigger": kind}),
-        );
+        let queued = out.write(&mut tx, env).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        if queued {
+            self.0.feedback.wake();
+        }
+        tracing::info!(environment = %env, commit = %target, trigger = kind, superseded = superseded.len(), "commit queued for compile");
         Ok(Triggered {
             commit: target,
             status: "queued".into(),
@@ -525,49 +553,27 @@ impl GitSources {
             },
         )
         .await?;
-        let fb = &self.0.feedback;
+        let mut out = Outgoing::default();
+        let mut events: Vec<(&str, &str, serde_json::Value)> = Vec::new();
         if r.success {
             let v = r.version.unwrap_or(0);
-            store::sources::add_event(
-                pool,
-                env,
-                &job.commit,
-                "compiled",
-                json!({"compile": job.id, "version": v}),
-            )
-            .await?;
-            store::sources::add_event(
-                pool,
-                env,
+            events.push((&job.commit, "compiled", json!({"compile": job.id, "version": v})));
+            events.push((
                 &job.commit,
                 "version",
                 json!({"version": v, "auto_released": r.auto_released}),
-            )
-            .await?;
-            tracing::info!(environment = %env, commit = %job.commit, version = v, auto_released = r.auto_released, "commit compiled");
-            fb.commit_status(
+            ));
+            out.status(
                 &src,
                 &job.commit,
                 "steward/compile",
                 State::Success,
                 &format!("compiled into version {v}"),
             );
-            fb.notify(&src, "compiled", json!({"commit": job.commit, "compile": job.id, "version": v, "auto_released": r.auto_released}));
-            if r.auto_released {
-                self.0.notifier.send(Event::Released {
-                    environment: env,
-                    version: v,
-                });
-            } else {
-                store::sources::add_event(
-                    pool,
-                    env,
-                    &job.commit,
-                    "waiting_for_approval",
-                    json!({"version": v}),
-                )
-                .await?;
-                fb.commit_status(
+            out.notify(&src, "compiled", json!({"commit": job.commit, "compile": job.id, "version": v, "auto_released": r.auto_released}));
+            if !r.auto_released {
+                events.push((&job.commit, "waiting_for_approval", json!({"version": v})));
+                out.status(
                     &src,
                     &job.commit,
                     "steward/deploy",
@@ -575,94 +581,27 @@ impl GitSources {
                     &format!("version {v} waits for approval"),
                 );
             }
+            self.record(&src, &events, out).await?;
+            tracing::info!(environment = %env, commit = %job.commit, version = v, auto_released = r.auto_released, "commit compiled");
+            if r.auto_released {
+                self.0.notifier.send(Event::Released {
+                    environment: env,
+                    version: v,
+                });
+            }
         } else {
             let error = r.error.clone().unwrap_or_default();
-            store::sources::add_event(
-                pool,
-                env,
+            events.push((
                 &job.commit,
                 "compile_failed",
                 json!({"compile": job.id, "error": error}),
-            )
-            .await?;
+            ));
+            out.status(&src, &job.commit, "steward/compile", State::Failure, &error);
+            out.notify(&src, "compile_failed", json!({"commit": job.commit, "compile": job.id, "error": error, "diagnostics": r.diagnostics}));
+            self.record(&src, &events, out).await?;
             tracing::warn!(environment = %env, commit = %job.commit, error = %error, "commit did not compile; the active version stays");
-            fb.commit_status(&src, &job.commit, "steward/compile", State::Failure, &error);
-            fb.notify(&src, "compile_failed", json!({"commit": job.commit, "compile": job.id, "error": error, "diagnostics": r.diagnostics}));
         }
         Ok(true)
-    }
-
-    // ------------------------------------------------------------------ deploy feedback
-
-    /// A version was released: if it came from a commit, report its release and, once the
-    /// deploy settles, its outcome.
-    async fn watch_deploy(&self, env: Uuid, version: i32) {
-        let pool = &self.0.pool;
-        let Ok(Some(src)) = store::sources::get_source(pool, env).await else {
-            return;
-        };
-        let Ok(info) = store::versions::get(pool, env, version).await else {
-            return;
-        };
-        let Some(commit) = info.provenance["commit"].as_str().map(str::to_string) else {
-            return;
-        };
-        let _ =
-            store::sources::add_event(pool, env, &commit, "released", json!({"version": version}))
-                .await;
-        self.0.feedback.notify(
-            &src,
-            "released",
-            json!({"commit": commit, "version": version}),
-        );
-        let deadline = Instant::now() + Duration::from_secs(6 * 3600);
-        loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if Instant::now() > deadline {
-                return;
-            }
-            // a newer release takes over the reporting
-            match store::versions::active(pool, env).await {
-                Ok(Some(a)) if a != version => return,
-                Ok(_) => {}
-                Err(_) => continue,
-            }
-            let Ok(summary) = store::state::deploy_summary(pool, env, version).await else {
-                continue;
-            };
-            if summary.pending > 0 {
-                continue;
-            }
-            let (failed, total, by_status) = (summary.failed, summary.total, summary.by_status);
-            let ok = failed == 0;
-            let event = if ok { "deployed" } else { "deploy_failed" };
-            let _ = store::sources::add_event(
-                pool,
-                env,
-                &commit,
-                event,
-                json!({"version": version, "by_status": by_status}),
-            )
-            .await;
-            let text = if ok {
-                format!("version {version} deployed: {total} resources")
-            } else {
-                format!("version {version}: {failed} of {total} resources failed")
-            };
-            self.0.feedback.commit_status(
-                &src,
-                &commit,
-                "steward/deploy",
-                if ok { State::Success } else { State::Failure },
-                &text,
-            );
-            self.0.feedback.notify(
-                &src,
-                event,
-                json!({"commit": commit, "version": version, "by_status": by_status}),
-            );
-            return;
-        }
     }
 }
 

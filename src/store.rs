@@ -10,6 +10,7 @@ pub mod audit;
 pub mod code;
 pub mod deploy;
 pub mod environments;
+pub mod outbox;
 pub mod sources;
 pub mod state;
 pub mod tokens;

@@ -20,7 +20,7 @@ use super::code::CodeCache;
 use super::executors::{Pool, PoolEvent, ProcId};
 use super::model::{Blocked, Compliance, Intent, Model};
 use super::queue::{Priority, Queue, TaskKey};
-use super::timers::{Cron, TimerKind, Timers, backoff};
+use super::timers::{Cron, TimerKind, Timers, jittered};
 use crate::executor::protocol::{
     ActionKind, ExternalHandler, Outcome, Reply, WorkItem, WorkResult,
 };
@@ -283,10 +283,22 @@ impl EnvScheduler {
             return;
         }
         if s.compliance == Compliance::NonCompliant && s.blocked == Blocked::NotBlocked {
-            let base = s.last_deployed.unwrap_or(now);
-            let at = s
-                .next_retry
-                .unwrap_or(base + backoff(&self.settings.retry_backoff, s.failure_count.max(1)));
+            // a persisted retry time (from before a restart) is kept; a finished attempt
+            // clears it, so every failure moves the next retry one step up the schedule
+            let at = match s.next_retry {
+                Some(at) => at,
+                None => {
+                    let failures = s.failure_count.max(1);
+                    let at = s.last_deployed.unwrap_or(now)
+                        + jittered(&self.settings.retry_backoff, failures);
+                    tracing::info!(
+                        environment = %self.env, resource = %id, failures,
+                        retry_in_s = (at - now).num_milliseconds() as f64 / 1000.0,
+                        "not deployed; retry scheduled"
+                    );
+                    at
+                }
+            };
             self.model.states[r].next_retry = Some(at);
             self.timers.set(&id, at, TimerKind::Retry);
             return;

@@ -444,15 +444,20 @@ impl Model {
                 s.blocked = Blocked::Temporarily;
                 self.dirty.remove(&r);
             }
+            // a skip is retried like a failure, so it backs off like one
             Outcome::Skipped => {
                 s.last_run = LastRun::Skipped;
                 s.compliance = Compliance::NonCompliant;
+                s.failure_count += 1;
+                // the next retry is computed anew from this attempt (see arm_timer)
+                s.next_retry = None;
                 self.dirty.insert(r);
             }
             Outcome::Failed | Outcome::Unavailable | Outcome::TimedOut => {
                 s.last_run = LastRun::Failed;
                 s.compliance = Compliance::NonCompliant;
                 s.failure_count += 1;
+                s.next_retry = None;
                 self.dirty.insert(r);
             }
             Outcome::Dry => {}

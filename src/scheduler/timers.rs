@@ -70,11 +70,26 @@ impl Timers {
     }
 }
 
-/// Delay before retry number `failures` (1 = first retry).
+/// Delay before retry number `failures` (1 = first retry): initial × factor^(n-1), capped at
+/// max. Exact, so schedules can be reasoned about; see [`jittered`] for what is armed.
 pub fn backoff(b: &RetryBackoff, failures: u32) -> Duration {
     let exp = failures.saturating_sub(1).min(40) as i32;
     let secs = (b.initial as f64) * b.factor.powi(exp);
     Duration::milliseconds((secs.min(b.max as f64) * 1000.0) as i64)
+}
+
+/// Share of a retry delay that is random: failures that started together (a host down, a
+/// bad release) spread out instead of retrying in lockstep.
+pub const JITTER: f64 = 0.1;
+
+/// The backoff delay less up to [`JITTER`] of it, at random: never later than the schedule
+/// (the cap stays a cap), never earlier than 90 % of it.
+pub fn jittered(b: &RetryBackoff, failures: u32) -> Duration {
+    let exact = backoff(b, failures);
+    // 16 random bits are plenty here: no extra dependency for a random number
+    let bits = uuid::Uuid::new_v4().as_u128() as u16;
+    let share = JITTER * (bits as f64 / u16::MAX as f64);
+    exact - Duration::milliseconds((exact.num_milliseconds() as f64 * share) as i64)
 }
 
 /// A 5-field cron schedule (minute hour day-of-month month day-of-week), in UTC.
@@ -284,5 +299,10 @@ mod tests {
         assert_eq!(backoff(&b, 2).num_seconds(), 20);
         assert_eq!(backoff(&b, 3).num_seconds(), 40);
         assert_eq!(backoff(&b, 9).num_seconds(), 60);
+        for n in 1..12 {
+            let j = jittered(&b, n);
+            assert!(j <= backoff(&b, n), "jitter never delays past the schedule");
+            assert!(j.num_milliseconds() as f64 >= 0.9 * backoff(&b, n).num_milliseconds() as f64);
+        }
     }
 }

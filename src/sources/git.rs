@@ -578,6 +578,46 @@ pub fn is_ancestor_or_equal(
     Ok(base.is_some_and(|b| b.detach() == id))
 }
 
+/// The commits after `since` up to `tip` (both exclusive), oldest first, following first
+/// parents (the commits a push brought to the branch, as the branch saw them). Empty when
+/// `since` is not among the `limit` first-parent ancestors of `tip` (a force push, or a
+/// branch that moved far): then there is no "in between" to speak of.
+pub fn commits_between(
+    mirror_dir: &Path,
+    tip: &str,
+    since: &str,
+    limit: usize,
+) -> Result<Vec<String>, GitError> {
+    let repo = open_mirror(mirror_dir)?;
+    let since = Some(parse_commit_id(since)?);
+    let mut at = parse_commit_id(tip)?;
+    let mut between = Vec::new();
+    loop {
+        let commit = match repo
+            .try_find_object(at)
+            .map_err(other(format_args!("cannot read {at}")))?
+        {
+            Some(obj) => obj
+                .try_into_commit()
+                .map_err(other(format_args!("{at} is not a commit")))?,
+            None => break,
+        };
+        let Some(parent) = commit.parent_ids().next().map(|p| p.detach()) else {
+            break;
+        };
+        if Some(parent) == since {
+            between.reverse();
+            return Ok(between);
+        }
+        if between.len() >= limit {
+            break;
+        }
+        between.push(parent.to_string());
+        at = parent;
+    }
+    Ok(Vec::new())
+}
+
 /// Resolve a full or abbreviated commit id and check it is on `branch`: its full id, or
 /// `None` when it is unknown or not reachable from the branch tip.
 pub fn commit_on_branch(

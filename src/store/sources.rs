@@ -236,21 +236,67 @@ pub struct CompileRow {
 const COMPILE_COLUMNS: &str = "id, environment_id, commit, branch, trigger, status, superseded_by, requested_at, started_at, \
     finished_at, stages, exit_code, stdout, stderr, diagnostics, error, version";
 
-/// A compile of `commit` that makes another one pointless: queued, running or done well.
+/// A compile of `commit` that makes another one pointless: queued, running or done well,
+/// and, unless `retry_failed` (someone asked for this commit by name), failed too: a commit
+/// is compiled once, and the same tree would fail the same way on every poll.
 pub async fn existing_compile(
     e: impl PgExecutor<'_>,
     env: Uuid,
     commit: &str,
+    retry_failed: bool,
 ) -> Result<Option<CompileRow>> {
     let sql = format!(
         "SELECT {COMPILE_COLUMNS} FROM compiles WHERE environment_id = $1 AND commit = $2 \
-         AND status IN ('queued', 'running', 'success') ORDER BY requested_at DESC LIMIT 1"
+         AND (status IN ('queued', 'running', 'success') OR (status = 'failed' AND NOT $3)) \
+         ORDER BY requested_at DESC LIMIT 1"
     );
     Ok(sqlx::query_as::<_, CompileRow>(sqlx::AssertSqlSafe(sql))
         .bind(env)
         .bind(commit)
+        .bind(retry_failed)
         .fetch_optional(e)
         .await?)
+}
+
+/// The commit of the newest compile of an environment (whatever became of it): where the
+/// commits a fetch brings in start.
+pub async fn last_compiled_commit(e: impl PgExecutor<'_>, env: Uuid) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT commit FROM compiles WHERE environment_id = $1 ORDER BY requested_at DESC LIMIT 1",
+    )
+    .bind(env)
+    .fetch_optional(e)
+    .await?)
+}
+
+/// Record commits that reached the branch together with a newer one and were never
+/// compiled: each gets a finished compile row, `superseded` by `by`, so it leaves a trace.
+pub async fn record_skipped(
+    c: &mut PgConnection,
+    env: Uuid,
+    commits: &[String],
+    branch: &str,
+    trigger: &str,
+    by: Uuid,
+) -> Result<Vec<Uuid>> {
+    let mut ids = Vec::with_capacity(commits.len());
+    for commit in commits {
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO compiles (id, environment_id, commit, branch, trigger, status, superseded_by, finished_at, error) \
+             VALUES ($1, $2, $3, $4, $5, 'superseded', $6, now(), 'a newer commit arrived in the same push or fetch; only the newest is compiled')",
+        )
+        .bind(id)
+        .bind(env)
+        .bind(commit)
+        .bind(branch)
+        .bind(trigger)
+        .bind(by)
+        .execute(&mut *c)
+        .await?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// Queue a compile of `commit`; queued compiles of older commits are superseded by it (and
@@ -422,6 +468,62 @@ pub async fn events(e: impl PgExecutor<'_>, env: Uuid, prefix: &str) -> Result<V
     )
     .bind(env)
     .bind(pattern)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Names of the events of `commit` that concern `version` (their detail names it).
+pub async fn version_events(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    commit: &str,
+    version: i32,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT event FROM commit_events WHERE environment_id = $1 AND commit = $2 \
+         AND detail->>'version' = $3::text",
+    )
+    .bind(env)
+    .bind(commit)
+    .bind(version)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Versions made from a commit, released in the last day, whose release is not in their
+/// commit's timeline yet (a crash, or two releases in quick succession): (version, commit).
+pub async fn unreported_releases(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<(i32, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT v.number, v.provenance->>'commit' FROM versions v \
+         WHERE v.environment_id = $1 AND v.status = 'released' AND v.provenance ? 'commit' \
+         AND v.released_at > now() - interval '1 day' \
+         AND NOT EXISTS (SELECT 1 FROM commit_events c WHERE c.environment_id = v.environment_id \
+             AND c.commit = v.provenance->>'commit' AND c.event = 'released' \
+             AND c.detail->>'version' = v.number::text) \
+         ORDER BY v.number",
+    )
+    .bind(env)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Released versions other than `active` whose deploy never settled (they were replaced by
+/// a newer release first): (version, commit).
+pub async fn unsettled_releases(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    active: i32,
+) -> Result<Vec<(i32, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT (r.detail->>'version')::int, r.commit FROM commit_events r \
+         WHERE r.environment_id = $1 AND r.event = 'released' AND r.detail->>'version' <> $2::text \
+         AND NOT EXISTS (SELECT 1 FROM commit_events t WHERE t.environment_id = r.environment_id \
+             AND t.commit = r.commit AND t.event IN ('deployed', 'deploy_failed', 'replaced') \
+             AND t.detail->>'version' = r.detail->>'version') \
+         ORDER BY 1",
+    )
+    .bind(env)
+    .bind(active)
     .fetch_all(e)
     .await?)
 }
