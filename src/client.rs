@@ -247,6 +247,16 @@ impl Client {
         .await
     }
 
+    /// Lift the hold a rollback put on automatic release.
+    pub async fn resume_auto_release(&self, env: &str) -> Result<serde_json::Value> {
+        self.call(
+            Method::POST,
+            &format!("{}/auto-release/resume", Self::env(env)),
+            None::<&()>,
+        )
+        .await
+    }
+
     pub async fn delete_version(&self, env: &str, n: i32) -> Result<()> {
         self.call(
             Method::DELETE,
@@ -415,6 +425,20 @@ impl Client {
     ) -> Result<serde_json::Value> {
         self.call(
             Method::PUT,
+            &format!("{}/source", Self::env(env)),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Change only the given options of the source (attach it if there is none).
+    pub async fn patch_source(
+        &self,
+        env: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::PATCH,
             &format!("{}/source", Self::env(env)),
             Some(body),
         )

@@ -145,6 +145,10 @@ pub fn router(state: AppState) -> Router {
             post(api_versions::rollback),
         )
         .route(&format!("{env}/diff"), get(api_versions::diff_between))
+        .route(
+            &format!("{env}/auto-release/resume"),
+            post(api_versions::resume_auto_release),
+        )
         .route(&format!("{env}/resources"), get(api_resources::list))
         .route(&format!("{env}/resources/{{*id}}"), get(api_resources::get))
         .route(
@@ -156,6 +160,7 @@ pub fn router(state: AppState) -> Router {
             &format!("{env}/source"),
             get(api_sources::get_source)
                 .put(api_sources::set_source)
+                .patch(api_sources::patch_source)
                 .delete(api_sources::delete_source),
         )
         .route(&format!("{env}/source/trigger"), post(api_sources::trigger))

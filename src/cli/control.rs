@@ -241,29 +241,66 @@ pub async fn run_dryrun(remote: Remote, cmd: DryrunCmd) -> anyhow::Result<ExitCo
 /// `steward version progress N [--wait]`.
 pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Result<ExitCode> {
     let env = remote.env()?;
+    let mut told = None;
     let p = loop {
         let p = remote.client.progress(env, version).await?;
-        if !wait || p["done"] == true || p["active"] != true {
+        let phase = p["phase"].as_str().unwrap_or_default().to_string();
+        // still moving: a deploy running, or a version that an approver may release
+        let moving = matches!(phase.as_str(), "deploying" | "waiting_for_approval" | "halted");
+        if !wait || !moving {
             break p;
+        }
+        if told.as_deref() != Some(phase.as_str()) && !remote.json {
+            match phase.as_str() {
+                "waiting_for_approval" => eprintln!(
+                    "version {version} waits for approval (steward version release {version}); waiting…"
+                ),
+                "halted" => eprintln!(
+                    "the environment is halted (steward env resume); waiting…"
+                ),
+                _ => {}
+            }
+            told = Some(phase);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    let phase = p["phase"].as_str().unwrap_or_default();
+    // failures are what a person wants to see next
+    let failed = p["by_status"]["failed"].as_i64().unwrap_or(0)
+        + p["by_status"]["unavailable"].as_i64().unwrap_or(0);
+    // a wait that ends without the version deployed did not succeed
+    let not_deployed = wait && matches!(phase, "rejected" | "replaced");
+    let code = if failed > 0 || not_deployed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    };
     if remote.json {
         print_json(&p);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
-    println!(
-        "version {} ({}{}): {} resources, {}",
-        p["version"],
-        p["status"].as_str().unwrap_or(""),
-        if p["active"] == true { ", active" } else { "" },
-        p["total"],
-        if p["done"] == true {
-            "deploy done"
-        } else {
-            "deploy in progress"
-        }
-    );
+    {
+        let said = match phase {
+            "waiting_for_approval" => format!(
+                "waiting for approval (steward version release {version})"
+            ),
+            "rejected" => "rejected: it will not be deployed".to_string(),
+            "replaced" => format!(
+                "not deployed: version {} is active",
+                p["active_version"]
+            ),
+            "halted" => "deploy halted (steward env resume)".to_string(),
+            "deploying" => "deploy in progress".to_string(),
+            _ => "deploy done".to_string(),
+        };
+        println!(
+            "version {} ({}{}): {} resources, {said}",
+            p["version"],
+            p["status"].as_str().unwrap_or(""),
+            if p["active"] == true { ", active" } else { "" },
+            p["total"],
+        );
+    }
     let rows = p["by_status"]
         .as_object()
         .map(|m| {
@@ -273,12 +310,5 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
         })
         .unwrap_or_default();
     print!("{}", table(&["status", "resources"], rows));
-    // failures are what a person wants to see next
-    let failed = p["by_status"]["failed"].as_i64().unwrap_or(0)
-        + p["by_status"]["unavailable"].as_i64().unwrap_or(0);
-    Ok(if failed > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(code)
 }

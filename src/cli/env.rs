@@ -34,6 +34,18 @@ pub enum EnvCmd {
     Halt,
     /// Resume a halted environment.
     Resume,
+    /// Lift the hold a rollback puts on automatic release: new versions are released as they
+    /// arrive again (when `auto_release` is on).
+    ResumeAutoRelease,
+}
+
+/// How automatic release is shown: on, off, or on but held by a rollback.
+fn auto_release_shown(on: bool, held: bool) -> String {
+    match (on, held) {
+        (false, _) => "off".into(),
+        (true, false) => "on".into(),
+        (true, true) => "held (rollback; steward env resume-auto-release)".into(),
+    }
 }
 
 /// `key=value` pairs into a JSON object; values are JSON when they parse as JSON.
@@ -82,7 +94,7 @@ pub async fn run(remote: Remote, cmd: EnvCmd) -> anyhow::Result<ExitCode> {
                             e.project.clone(),
                             e.name.clone(),
                             format!("{:?}", e.settings.source).to_lowercase(),
-                            e.settings.auto_release.to_string(),
+                            auto_release_shown(e.settings.auto_release, e.auto_release_held),
                         ]
                     })
                     .collect();
@@ -102,9 +114,18 @@ pub async fn run(remote: Remote, cmd: EnvCmd) -> anyhow::Result<ExitCode> {
             if remote.json {
                 print_json(&s);
             } else if let Some(obj) = s.as_object() {
+                let held = c.environment(env).await?["auto_release_held"] == true;
                 let rows = obj
                     .iter()
-                    .map(|(k, v)| vec![k.clone(), v.to_string()])
+                    .map(|(k, v)| {
+                        let shown = match (k.as_str(), v) {
+                            ("auto_release", serde_json::Value::Bool(on)) => {
+                                auto_release_shown(*on, held)
+                            }
+                            _ => v.to_string(),
+                        };
+                        vec![k.clone(), shown]
+                    })
                     .collect();
                 print!("{}", table(&["setting", "value"], rows));
             }
@@ -118,6 +139,19 @@ pub async fn run(remote: Remote, cmd: EnvCmd) -> anyhow::Result<ExitCode> {
         EnvCmd::Repair(args) => return super::control::trigger(&remote, true, args).await,
         EnvCmd::Halt => return super::control::set_halted(&remote, true).await,
         EnvCmd::Resume => return super::control::set_halted(&remote, false).await,
+        EnvCmd::ResumeAutoRelease => {
+            let env = remote.env()?;
+            let r = c.resume_auto_release(env).await?;
+            if remote.json {
+                print_json(&r);
+            } else if r["was_held"] != true {
+                println!("automatic release was not held");
+            } else if r["auto_release"] == true {
+                println!("automatic release resumed: new versions are released as they arrive");
+            } else {
+                println!("hold lifted (auto_release is off: versions still wait for a release)");
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -15,14 +15,16 @@ use super::remote::{Remote, print_json, table};
 #[derive(Subcommand, Debug)]
 pub enum SourceCmd {
     /// Follow a git branch: only committed models reach the environment from then on.
+    /// On a source that exists, only the options given change; the others keep their values.
     Set {
         /// Repository: file:///path, /path, https://host/repo.git, ssh://git@host/repo.git
         url: String,
-        #[arg(long, default_value = "main")]
-        branch: String,
-        /// Sub-directory holding the project (monorepos).
-        #[arg(long, default_value = "")]
-        path: String,
+        /// Branch to follow (default main).
+        #[arg(long)]
+        branch: Option<String>,
+        /// Sub-directory holding the project (monorepos; default the repository root).
+        #[arg(long)]
+        path: Option<String>,
         /// HTTPS token (read from this file; never shown again).
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
@@ -35,15 +37,18 @@ pub enum SourceCmd {
         /// Secret that webhooks must be signed with (omit: webhooks are refused).
         #[arg(long, env = "STEWARD_WEBHOOK_SECRET", hide_env_values = true)]
         webhook_secret: Option<String>,
-        /// Seconds between polls of the branch (0: no polling).
-        #[arg(long, default_value_t = 60)]
-        poll_interval: i32,
-        /// Do not watch a repository on this machine for pushes (file:// and paths).
+        /// Seconds between polls of the branch (0: no polling; default 60).
         #[arg(long)]
+        poll_interval: Option<i32>,
+        /// Do not watch a repository on this machine for pushes (file:// and paths).
+        #[arg(long, conflicts_with = "watch")]
         no_watch: bool,
-        /// Seconds a compile may take.
-        #[arg(long, default_value_t = 600)]
-        compile_timeout: i32,
+        /// Watch a repository on this machine for pushes again (the default).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds a compile may take (default 600).
+        #[arg(long)]
+        compile_timeout: Option<i32>,
         /// Commit status on the git host: github or gitea.
         #[arg(long, requires_all = ["status_repo", "status_token_file"])]
         status_kind: Option<String>,
@@ -114,6 +119,7 @@ pub async fn run_source(remote: Remote, cmd: SourceCmd) -> anyhow::Result<ExitCo
             webhook_secret,
             poll_interval,
             no_watch,
+            watch,
             compile_timeout,
             status_kind,
             status_api_url,
@@ -122,19 +128,35 @@ pub async fn run_source(remote: Remote, cmd: SourceCmd) -> anyhow::Result<ExitCo
             notify_url,
             notify_secret,
         } => {
-            let mut body = json!({
-                "url": url, "branch": branch, "path": path, "poll_interval": poll_interval, "watch": !no_watch,
-                "compile_timeout": compile_timeout, "token": read_secret(&token_file)?,
-                "ssh_key": read_secret(&ssh_key_file)?, "known_hosts": read_secret(&known_hosts)?,
-                "webhook_secret": webhook_secret, "notify_url": notify_url, "notify_secret": notify_secret,
-            });
+            // only what is given changes: an update keeps the other options as they are
+            let mut body = serde_json::Map::new();
+            let mut put = |k: &str, v: serde_json::Value| {
+                if !v.is_null() {
+                    body.insert(k.into(), v);
+                }
+            };
+            put("url", json!(url));
+            put("branch", json!(branch));
+            put("path", json!(path));
+            put("poll_interval", json!(poll_interval));
+            put("compile_timeout", json!(compile_timeout));
+            put("watch", if no_watch { json!(false) } else if watch { json!(true) } else { json!(null) });
+            put("token", json!(read_secret(&token_file)?));
+            put("ssh_key", json!(read_secret(&ssh_key_file)?));
+            put("known_hosts", json!(read_secret(&known_hosts)?));
+            put("webhook_secret", json!(webhook_secret));
+            put("notify_url", json!(notify_url));
+            put("notify_secret", json!(notify_secret));
             if let Some(kind) = status_kind {
-                body["status"] = json!({
-                    "kind": kind, "api_url": status_api_url, "repo": status_repo,
-                    "token": read_secret(&status_token_file)?.unwrap_or_default(),
-                });
+                put(
+                    "status",
+                    json!({
+                        "kind": kind, "api_url": status_api_url, "repo": status_repo,
+                        "token": read_secret(&status_token_file)?.unwrap_or_default(),
+                    }),
+                );
             }
-            let s = c.set_source(&env, &body).await?;
+            let s = c.patch_source(&env, &serde_json::Value::Object(body)).await?;
             if remote.json {
                 print_json(&s);
             } else {

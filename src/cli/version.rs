@@ -41,7 +41,8 @@ pub enum VersionCmd {
     /// Deploy progress of a version: resources by state (exit 1 when some failed).
     Progress {
         number: i32,
-        /// Wait until the deploy of the version is done.
+        /// Wait until the deploy of the version is done (also while it waits for approval
+        /// or the environment is halted; exit 1 if it is rejected or replaced meanwhile).
         #[arg(long)]
         wait: bool,
     },
@@ -208,7 +209,7 @@ pub async fn run(remote: Remote, cmd: VersionCmd) -> anyhow::Result<ExitCode> {
                 print_json(&v);
             } else {
                 println!(
-                    "rolled back: version {} has the content of version {number} and is released; automatic release is held until a newer version is released",
+                    "rolled back: version {} has the content of version {number} and is released; automatic release is now held: new versions wait for `steward version release N` until `steward env resume-auto-release`",
                     v.number
                 );
             }

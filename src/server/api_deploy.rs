@@ -319,13 +319,29 @@ pub async fn progress(
     let info = versions::get(&state.pool, env.id, number).await?;
     let summary = store::state::deploy_summary(&state.pool, env.id, number).await?;
     let active = versions::active(&state.pool, env.id).await?;
+    let is_active = active == Some(number);
+    let done = is_active && summary.pending == 0;
+    // one word for where the version is, so a client need not combine the fields
+    let phase = match info.status.as_str() {
+        "new" => "waiting_for_approval",
+        "rejected" => "rejected",
+        _ if !is_active => "replaced",
+        _ if !done && env.halted => "halted",
+        _ if !done => "deploying",
+        _ if summary.failed > 0 => "failed",
+        _ => "deployed",
+    };
     Ok(Json(json!({
         "version": number,
         "status": info.status,
-        "active": active == Some(number),
+        "active": is_active,
+        "active_version": active,
+        "phase": phase,
         "total": summary.total,
+        "pending": summary.pending,
+        "failed": summary.failed,
         "by_status": summary.by_status,
         // settled: nothing waiting for a first or new deploy, nothing running
-        "done": active == Some(number) && summary.pending == 0,
+        "done": done,
     })))
 }

@@ -177,6 +177,7 @@ fn validate(b: SourceBody) -> ApiResult<SourceSpec> {
 }
 
 /// Attach (or replace) the git source: the environment then takes versions only from it.
+/// Options left out take their defaults (PATCH changes only what is given).
 pub async fn set_source(
     State(state): State<AppState>,
     caller: Caller,
@@ -185,7 +186,59 @@ pub async fn set_source(
 ) -> ApiResult<Json<serde_json::Value>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
-    let g = sources(&state)?;
+    store_source(&state, &caller, env, body).await
+}
+
+/// The stored source as a body, secrets included (they stay on the server).
+fn body_of(row: &store::sources::SourceRow) -> serde_json::Value {
+    let mut b = json!({
+        "url": row.url, "branch": row.branch, "path": row.path, "token": row.token,
+        "ssh_key": row.ssh_key, "known_hosts": row.known_hosts,
+        "webhook_secret": row.webhook_secret, "poll_interval": row.poll_interval,
+        "compile_timeout": row.compile_timeout, "watch": row.watch,
+        "notify_url": row.notify_url, "notify_secret": row.notify_secret,
+    });
+    if row.status_kind != "none" {
+        b["status"] = json!({
+            "kind": row.status_kind, "api_url": row.status_api_url,
+            "repo": row.status_repo, "token": row.status_token,
+        });
+    }
+    b
+}
+
+/// Change only the options given (attach the source if there is none): a key set to null
+/// or "" clears an optional one.
+pub async fn patch_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    ApiJson(patch): ApiJson<serde_json::Value>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Manage, Some(env.id))?;
+    let serde_json::Value::Object(patch) = patch else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    let mut merged = match store::sources::get_source(&state.pool, env.id).await? {
+        Some(row) => body_of(&row),
+        None => json!({}),
+    };
+    for (k, v) in patch {
+        merged[k.as_str()] = v;
+    }
+    let body: SourceBody = serde_json::from_value(merged)
+        .map_err(|e| ApiError::bad_request(format!("invalid source: {e}")))?;
+    store_source(&state, &caller, env, body).await
+}
+
+async fn store_source(
+    state: &AppState,
+    caller: &Caller,
+    env: store::environments::Environment,
+    body: SourceBody,
+) -> ApiResult<Json<serde_json::Value>> {
+    let g = sources(state)?;
     let spec = validate(body)?;
     let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
     store::sources::upsert_source(&mut *tx, env.id, &spec).await?;

@@ -295,7 +295,41 @@ pub async fn rollback(
         environment: env.id,
         version: info.number,
     });
-    Ok((StatusCode::CREATED, Json(json!(info))))
+    let mut body = json!(info);
+    // the hold is easy to miss: say it where the rollback is answered
+    body["auto_release_held"] = json!(true);
+    body["note"] = json!(
+        "automatic release is held: newer versions wait for an explicit release until the hold is lifted (POST .../auto-release/resume) or a version is released by hand"
+    );
+    Ok((StatusCode::CREATED, Json(body)))
+}
+
+/// Lift the hold a rollback put on automatic release: new versions are released as they
+/// arrive again (if `auto_release` is on).
+pub async fn resume_auto_release(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let env = environment(&state, &caller, &key).await?;
+    caller.require(Perm::Release, Some(env.id))?;
+    let mut tx = state.pool.begin().await.map_err(StoreError::from)?;
+    crate::store::environments::set_auto_release_held(&mut *tx, env.id, false).await?;
+    audit::record(
+        &mut *tx,
+        &caller.name,
+        Some(env.id),
+        "environment.resume_auto_release",
+        "",
+        json!({"was_held": env.auto_release_held}),
+    )
+    .await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Json(json!({
+        "auto_release": env.settings.auto_release,
+        "auto_release_held": false,
+        "was_held": env.auto_release_held,
+    })))
 }
 
 pub async fn delete(
