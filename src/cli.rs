@@ -127,6 +127,18 @@ pub fn main() -> ExitCode {
         "warn"
     };
     init_tracing(cli.log_format, level);
+    // A command whose output goes to `head` or a closed pager ends quietly, as Unix tools do,
+    // instead of panicking in println!. Long-running processes keep Rust's default (ignore
+    // SIGPIPE, get EPIPE): a server must never die because a client or a log reader went away.
+    if !matches!(
+        cli.command,
+        Command::Server(_) | Command::Executor { .. } | Command::Deploy(_)
+    ) {
+        // SAFETY: restoring the default disposition of one signal before any thread starts
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Compile(args) => compile::run_compile(args),
         Command::Export(args) => compile::run_export(args),

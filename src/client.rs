@@ -321,12 +321,14 @@ impl Client {
         .await
     }
 
-    pub async fn tokens(&self, env: Option<&str>) -> Result<Vec<Token>> {
+    /// Tokens of `env`, or global ones, or (`all`) every token.
+    pub async fn tokens(&self, env: Option<&str>, all: bool) -> Result<Vec<Token>> {
         match env {
             Some(e) => {
                 self.get(&format!("/api/v1/tokens?environment={}", encode_segment(e)))
                     .await
             }
+            None if all => self.get("/api/v1/tokens?all=true").await,
             None => self.get("/api/v1/tokens").await,
         }
     }

@@ -228,7 +228,7 @@ async fn summary(
     let mut purged = 0;
     for a in actions
         .iter()
-        .filter(|a| a.version == number && a.action == "deploy")
+        .filter(|a| a.version == number && a.action != "dryrun")
     {
         match a.change.as_str() {
             "created" => created += 1,
@@ -265,7 +265,7 @@ async fn summary(
     );
     let mut changed: Vec<_> = actions
         .iter()
-        .filter(|a| a.version == number && a.action == "deploy" && a.change != "nochange")
+        .filter(|a| a.version == number && a.action != "dryrun" && a.change != "nochange")
         .collect();
     changed.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
     changed.dedup_by(|a, b| a.resource_id == b.resource_id);

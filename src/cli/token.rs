@@ -16,8 +16,12 @@ pub enum TokenCmd {
         #[arg(long)]
         role: String,
     },
-    /// List the tokens of the environment (--env), or all global ones.
-    List,
+    /// List the tokens of the environment (--env), or the global ones; --all lists every
+    /// token with the environment each belongs to.
+    List {
+        #[arg(long)]
+        all: bool,
+    },
     /// Revoke a token by id.
     Revoke { id: String },
 }
@@ -40,8 +44,18 @@ pub async fn run(remote: Remote, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
                 println!("{}", t["secret"].as_str().unwrap_or(""));
             }
         }
-        TokenCmd::List => {
-            let ts = c.tokens(remote.environment.as_deref()).await?;
+        TokenCmd::List { all } => {
+            let ts = c.tokens(remote.environment.as_deref(), all).await?;
+            // environments by name, so a scoped token says where it belongs
+            let names: std::collections::HashMap<uuid::Uuid, String> = if all {
+                c.environments()
+                    .await?
+                    .into_iter()
+                    .map(|e| (e.id, format!("{}/{}", e.project, e.name)))
+                    .collect()
+            } else {
+                Default::default()
+            };
             if remote.json {
                 print_json(&ts);
                 return Ok(ExitCode::SUCCESS);
@@ -54,7 +68,7 @@ pub async fn run(remote: Remote, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
                         t.name.clone(),
                         t.role.as_str().to_string(),
                         t.environment_id
-                            .map(|e| e.to_string())
+                            .map(|e| names.get(&e).cloned().unwrap_or_else(|| e.to_string()))
                             .unwrap_or_else(|| "global".into()),
                         if t.revoked_at.is_some() {
                             "revoked".into()

@@ -85,6 +85,8 @@ struct RunInfo {
     deadline: tokio::time::Instant,
     version: i32,
     kind: ActionKind,
+    /// what the action log calls it: deploy, repair, delete or dryrun
+    label: &'static str,
 }
 
 struct DryrunCtx {
@@ -561,13 +563,19 @@ impl EnvScheduler {
                 let Some((key, run)) = self.queue.pop(&agent) else {
                     break;
                 };
-                self.start(key, &agent, run.reason).await;
+                self.start(key, &agent, run.reason, run.priority).await;
             }
         }
     }
 
-    async fn start(&mut self, key: TaskKey, agent: &str, reason: String) {
+    async fn start(&mut self, key: TaskKey, agent: &str, reason: String, priority: Priority) {
         let now = Utc::now();
+        let label = match &key {
+            TaskKey::Dryrun(..) => "dryrun",
+            TaskKey::Deploy(id) if self.tombstones.contains_key(id) => "delete",
+            _ if matches!(priority, Priority::UserRepair | Priority::IntervalRepair) => "repair",
+            _ => "deploy",
+        };
         let (kind, intent, version, r, code) = match &key {
             TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
                 (Some(r), _) => {
@@ -627,7 +635,7 @@ impl EnvScheduler {
                     key,
                     action_id,
                     version,
-                    kind,
+                    (kind, label),
                     Outcome::SkippedForDependency,
                     &msg,
                 );
@@ -650,7 +658,14 @@ impl EnvScheduler {
                         c.module
                     );
                     tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
-                    self.finish_at_once(key, action_id, version, kind, Outcome::Unavailable, &msg);
+                    self.finish_at_once(
+                        key,
+                        action_id,
+                        version,
+                        (kind, label),
+                        Outcome::Unavailable,
+                        &msg,
+                    );
                     return;
                 }
             },
@@ -682,7 +697,7 @@ impl EnvScheduler {
                     key,
                     action_id,
                     version,
-                    kind,
+                    (kind, label),
                     Outcome::Unavailable,
                     &format!("no executor: {e}"),
                 );
@@ -700,6 +715,7 @@ impl EnvScheduler {
                 deadline,
                 version,
                 kind,
+                label,
             },
         );
         if kind == ActionKind::Deploy {
@@ -708,14 +724,14 @@ impl EnvScheduler {
                 environment_id: self.env,
                 version,
                 resource_id: intent.id.clone(),
-                action: "deploy".into(),
+                action: label.into(),
                 started_at: now,
                 finished_at: None,
                 status: "deploying".into(),
                 change: "nochange".into(),
                 changes: serde_json::json!({}),
                 messages: serde_json::json!([{
-                    "level": "debug", "message": format!("deploy started on agent {agent} because {reason}"),
+                    "level": "debug", "message": format!("{label} started on agent {agent} because {reason}"),
                     "fields": {"reason": reason}, "at": now
                 }]),
             });
@@ -741,7 +757,7 @@ impl EnvScheduler {
         key: TaskKey,
         action_id: Uuid,
         version: i32,
-        kind: ActionKind,
+        (kind, label): (ActionKind, &'static str),
         outcome: Outcome,
         message: &str,
     ) {
@@ -756,6 +772,7 @@ impl EnvScheduler {
                 deadline: tokio::time::Instant::now(),
                 version,
                 kind,
+                label,
             },
         );
         self.finish(key, res);
@@ -828,7 +845,7 @@ impl EnvScheduler {
             TaskKey::Deploy(rid) => {
                 self.batch
                     .actions
-                    .push(action_record(self.env, info.version, rid, "deploy", &res));
+                    .push(action_record(self.env, info.version, rid, info.label, &res));
                 if self.tombstones.remove(rid).is_some() {
                     return;
                 }

@@ -123,7 +123,20 @@ pub async fn list_actions(
     let env = environment(&state, &caller, &key).await?;
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
     let rows = match &q.resource_id {
-        Some(rid) => store::actions::for_resource(&state.pool, env.id, rid, limit).await?,
+        Some(rid) => {
+            let rows = store::actions::for_resource(&state.pool, env.id, rid, limit).await?;
+            // no history and in no version: a typo, not a quiet resource
+            if rows.is_empty()
+                && versions::resource_history(&state.pool, env.id, rid)
+                    .await?
+                    .is_empty()
+            {
+                return Err(ApiError::not_found(format!(
+                    "resource {rid} is in no version of this environment"
+                )));
+            }
+            rows
+        }
         None => {
             store::actions::for_environment(&state.pool, env.id, q.action.as_deref(), limit).await?
         }

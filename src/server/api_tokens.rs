@@ -17,6 +17,9 @@ use crate::store::{audit, tokens};
 pub struct TokenQuery {
     #[serde(default)]
     pub environment: Option<String>,
+    /// without an environment: every token, scoped ones included (default: global ones)
+    #[serde(default)]
+    pub all: bool,
 }
 
 pub async fn list(
@@ -32,7 +35,12 @@ pub async fn list(
         Some(e) => caller.require(Perm::Manage, Some(e))?,
         None => caller.require(Perm::Global, None)?,
     }
-    Ok(Json(json!(tokens::list(&state.pool, env).await?)))
+    let scope = match (env, q.all) {
+        (Some(e), _) => tokens::Scope::Environment(e),
+        (None, true) => tokens::Scope::All,
+        (None, false) => tokens::Scope::Global,
+    };
+    Ok(Json(json!(tokens::list(&state.pool, scope).await?)))
 }
 
 #[derive(Deserialize)]

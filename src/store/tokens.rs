@@ -124,12 +124,28 @@ pub async fn authenticate(e: impl PgExecutor<'_>, secret: &str) -> Result<Option
         .map(Token::from))
 }
 
-pub async fn list(e: impl PgExecutor<'_>, environment: Option<Uuid>) -> Result<Vec<Token>> {
+/// Which tokens a listing shows.
+#[derive(Clone, Copy, Debug)]
+pub enum Scope {
+    /// global tokens only
+    Global,
+    Environment(Uuid),
+    /// every token, scoped ones included
+    All,
+}
+
+pub async fn list(e: impl PgExecutor<'_>, scope: Scope) -> Result<Vec<Token>> {
+    let (env, all) = match scope {
+        Scope::Global => (None, false),
+        Scope::Environment(id) => (Some(id), false),
+        Scope::All => (None, true),
+    };
     let sql = format!(
-        "SELECT {COLUMNS} FROM tokens WHERE ($1::uuid IS NULL OR environment_id = $1) ORDER BY created_at"
+        "SELECT {COLUMNS} FROM tokens WHERE $2 OR environment_id IS NOT DISTINCT FROM $1 ORDER BY created_at"
     );
     Ok(sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
-        .bind(environment)
+        .bind(env)
+        .bind(all)
         .fetch_all(e)
         .await?
         .into_iter()

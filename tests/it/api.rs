@@ -530,7 +530,7 @@ async fn tokens_and_audit() {
             .iter()
             .all(|(h,)| !h.contains(&secret) && h.len() == 64)
     );
-    let tokens = c.tokens(Some(&env)).await.unwrap();
+    let tokens = c.tokens(Some(&env), false).await.unwrap();
     assert_eq!(tokens.len(), 1);
     assert!(tokens[0].last_used_at.is_some());
     c.revoke_token(t["id"].as_str().unwrap()).await.unwrap();

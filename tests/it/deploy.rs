@@ -65,7 +65,7 @@ pub async fn deploy_actions(
         .await
         .unwrap()
         .into_iter()
-        .filter(|a| a.action == "deploy")
+        .filter(|a| a.action != "dryrun")
         .collect()
 }
 
