@@ -24,3 +24,9 @@ CREATE INDEX outbox_done ON outbox (created_at) WHERE delivered_at IS NOT NULL O
 CREATE INDEX commit_events_event ON commit_events (environment_id, event, commit);
 CREATE INDEX compiles_finished ON compiles (environment_id, finished_at);
 CREATE INDEX resource_actions_env_started ON resource_actions (environment_id, started_at);
+
+-- code blobs are pruned when no version refers to them; a blob younger than an hour may
+-- belong to a version being stored right now
+ALTER TABLE code_blobs ADD COLUMN created_at timestamptz NOT NULL DEFAULT now();
+CREATE INDEX webhook_deliveries_received ON webhook_deliveries (environment_id, received_at);
+CREATE INDEX audit_log_at ON audit_log (at);

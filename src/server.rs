@@ -242,4 +242,6 @@ pub struct ServerConfig {
     pub scheduler: bool,
     /// The program started as `steward executor` for handlers.
     pub executor_bin: PathBuf,
+    /// Time between retention passes.
+    pub prune_interval: std::time::Duration,
 }

@@ -11,6 +11,7 @@ pub mod code;
 pub mod deploy;
 pub mod environments;
 pub mod outbox;
+pub mod retention;
 pub mod sources;
 pub mod state;
 pub mod tokens;

@@ -28,6 +28,10 @@ pub struct ServerArgs {
     /// Only store and serve versions; do not deploy them (no scheduler, no executors).
     #[arg(long, env = "STEWARD_NO_SCHEDULER")]
     pub no_scheduler: bool,
+    /// Seconds between retention passes, which prune old actions, compile reports, commit
+    /// timelines, dry-runs, deliveries and audit records (see the `retention` setting).
+    #[arg(long, env = "STEWARD_PRUNE_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub prune_interval: u64,
 }
 
 pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
@@ -39,6 +43,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         admin_token: args.admin_token,
         scheduler: !args.no_scheduler,
         executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
+        prune_interval: std::time::Duration::from_secs(args.prune_interval),
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(crate::server::start::run(config))?;

@@ -140,6 +140,37 @@ impl Default for RetryBackoff {
     }
 }
 
+/// How long the records that grow with time are kept (pruned in the background).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// Days finished records are kept: resource actions and their logs, compile reports of
+    /// versions that are gone, commit timelines, dry-runs, webhook deliveries, sent
+    /// notifications.
+    pub days: u32,
+    /// Action records kept per resource, newest first: a resource that fails or is repaired
+    /// for months costs at most this many rows.
+    pub actions_per_resource: u32,
+    /// Compile reports kept (besides those of versions that still exist).
+    pub compile_reports: u32,
+    /// Dry-runs kept, newest first.
+    pub dryruns: u32,
+    /// Days audit records of the environment are kept.
+    pub audit_days: u32,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            days: 30,
+            actions_per_resource: 200,
+            compile_reports: 500,
+            dryruns: 50,
+            audit_days: 365,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSettings {
@@ -162,6 +193,8 @@ pub struct EnvSettings {
     /// Delete resources removed from the model on their targets (otherwise they become
     /// orphans and are left alone).
     pub delete_removed_resources: bool,
+    /// What is kept of the records that grow with time.
+    pub retention: Retention,
 }
 
 impl Default for EnvSettings {
@@ -177,6 +210,7 @@ impl Default for EnvSettings {
             handler_timeout: 300,
             version_retention: 100,
             delete_removed_resources: false,
+            retention: Retention::default(),
         }
     }
 }
@@ -198,7 +232,17 @@ impl EnvSettings {
                     obj.keys().cloned().collect::<Vec<_>>().join(", ")
                 ));
             }
-            obj.insert(k.clone(), v.clone());
+            // a nested setting changes only the keys given ({"retention": {"days": 7}})
+            match (obj.get_mut(k), v) {
+                (Some(serde_json::Value::Object(cur)), serde_json::Value::Object(new)) => {
+                    for (nk, nv) in new {
+                        cur.insert(nk.clone(), nv.clone());
+                    }
+                }
+                _ => {
+                    obj.insert(k.clone(), v.clone());
+                }
+            }
         }
         let s: EnvSettings =
             serde_json::from_value(current).map_err(|e| format!("invalid settings: {e}"))?;
@@ -221,6 +265,16 @@ impl EnvSettings {
         }
         if self.version_retention == 0 {
             return Err("version_retention must be at least 1".into());
+        }
+        let r = &self.retention;
+        if r.days == 0 || r.audit_days == 0 {
+            return Err("retention.days and retention.audit_days must be at least 1".into());
+        }
+        if r.actions_per_resource < 10 || r.compile_reports < 1 || r.dryruns < 1 {
+            return Err(
+                "retention keeps at least 10 actions per resource, 1 compile report and 1 dry-run"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -264,6 +318,19 @@ mod tests {
                 .is_err()
         );
         assert!(s.patched(&serde_json::json!({"source": "svn"})).is_err());
+        let r = s
+            .patched(&serde_json::json!({"retention": {"days": 7}}))
+            .unwrap();
+        assert_eq!(r.retention.days, 7);
+        assert_eq!(r.retention.actions_per_resource, 200, "other keys kept");
+        assert!(
+            s.patched(&serde_json::json!({"retention": {"actions_per_resource": 1}}))
+                .is_err()
+        );
+        assert!(
+            s.patched(&serde_json::json!({"retention": {"nope": 1}}))
+                .is_err()
+        );
         assert!(
             s.patched(&serde_json::json!({"deploy_interval": true}))
                 .is_err()

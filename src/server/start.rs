@@ -196,12 +196,17 @@ async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
         app_state(pool, config.no_auth)
     };
     let schedulers = state.schedulers.clone();
+    let pruner = tokio::spawn(store::retention::run(
+        state.pool.clone(),
+        config.prune_interval,
+    ));
     tracing::info!(%addr, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
     eprintln!("steward server listening on http://{addr}");
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(ServerError::Serve);
+    pruner.abort();
     if let Some(s) = schedulers {
         // executors finish their current action and exit when their input closes
         s.stop_all();

@@ -86,7 +86,7 @@ pub async fn store_version_code(
         );
     }
     if !hashes.is_empty() {
-        sqlx::query("INSERT INTO code_blobs (hash, content) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT DO NOTHING")
+        sqlx::query("INSERT INTO code_blobs (hash, content) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT (hash) DO UPDATE SET created_at = now()")
             .bind(&hashes)
             .bind(&contents)
             .execute(&mut *c)
