@@ -156,6 +156,15 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // the reader went away (`| head`): nothing left to say to anyone
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)

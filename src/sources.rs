@@ -12,8 +12,8 @@
 
 pub mod compile;
 pub mod feedback;
-mod pipeline;
 pub mod git;
+mod pipeline;
 pub mod webhook;
 
 use std::collections::HashMap;
@@ -450,7 +450,13 @@ impl GitSources {
             json!({"trigger": kind, "compile": id}),
         )
         .await?;
-        out.status(src, &target, "steward/compile", State::Pending, "queued for compile");
+        out.status(
+            src,
+            &target,
+            "steward/compile",
+            State::Pending,
+            "queued for compile",
+        );
         out.notify(
             src,
             "received",
@@ -557,7 +563,11 @@ impl GitSources {
         let mut events: Vec<(&str, &str, serde_json::Value)> = Vec::new();
         if r.success {
             let v = r.version.unwrap_or(0);
-            events.push((&job.commit, "compiled", json!({"compile": job.id, "version": v})));
+            events.push((
+                &job.commit,
+                "compiled",
+                json!({"compile": job.id, "version": v}),
+            ));
             events.push((
                 &job.commit,
                 "version",

@@ -246,7 +246,10 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
         let p = remote.client.progress(env, version).await?;
         let phase = p["phase"].as_str().unwrap_or_default().to_string();
         // still moving: a deploy running, or a version that an approver may release
-        let moving = matches!(phase.as_str(), "deploying" | "waiting_for_approval" | "halted");
+        let moving = matches!(
+            phase.as_str(),
+            "deploying" | "waiting_for_approval" | "halted"
+        );
         if !wait || !moving {
             break p;
         }
@@ -255,9 +258,7 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
                 "waiting_for_approval" => eprintln!(
                     "version {version} waits for approval (steward version release {version}); waiting…"
                 ),
-                "halted" => eprintln!(
-                    "the environment is halted (steward env resume); waiting…"
-                ),
+                "halted" => eprintln!("the environment is halted (steward env resume); waiting…"),
                 _ => {}
             }
             told = Some(phase);
@@ -281,14 +282,11 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
     }
     {
         let said = match phase {
-            "waiting_for_approval" => format!(
-                "waiting for approval (steward version release {version})"
-            ),
+            "waiting_for_approval" => {
+                format!("waiting for approval (steward version release {version})")
+            }
             "rejected" => "rejected: it will not be deployed".to_string(),
-            "replaced" => format!(
-                "not deployed: version {} is active",
-                p["active_version"]
-            ),
+            "replaced" => format!("not deployed: version {} is active", p["active_version"]),
             "halted" => "deploy halted (steward env resume)".to_string(),
             "deploying" => "deploy in progress".to_string(),
             _ => "deploy done".to_string(),

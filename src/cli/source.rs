@@ -140,7 +140,16 @@ pub async fn run_source(remote: Remote, cmd: SourceCmd) -> anyhow::Result<ExitCo
             put("path", json!(path));
             put("poll_interval", json!(poll_interval));
             put("compile_timeout", json!(compile_timeout));
-            put("watch", if no_watch { json!(false) } else if watch { json!(true) } else { json!(null) });
+            put(
+                "watch",
+                if no_watch {
+                    json!(false)
+                } else if watch {
+                    json!(true)
+                } else {
+                    json!(null)
+                },
+            );
             put("token", json!(read_secret(&token_file)?));
             put("ssh_key", json!(read_secret(&ssh_key_file)?));
             put("known_hosts", json!(read_secret(&known_hosts)?));
@@ -156,7 +165,9 @@ pub async fn run_source(remote: Remote, cmd: SourceCmd) -> anyhow::Result<ExitCo
                     }),
                 );
             }
-            let s = c.patch_source(&env, &serde_json::Value::Object(body)).await?;
+            let s = c
+                .patch_source(&env, &serde_json::Value::Object(body))
+                .await?;
             if remote.json {
                 print_json(&s);
             } else {

@@ -843,9 +843,13 @@ impl EnvScheduler {
                     .push(action_record(self.env, info.version, rid, "dryrun", &res));
             }
             TaskKey::Deploy(rid) => {
-                self.batch
-                    .actions
-                    .push(action_record(self.env, info.version, rid, info.label, &res));
+                self.batch.actions.push(action_record(
+                    self.env,
+                    info.version,
+                    rid,
+                    info.label,
+                    &res,
+                ));
                 if self.tombstones.remove(rid).is_some() {
                     return;
                 }

@@ -174,7 +174,9 @@ impl Feedback {
     async fn deliver_one(&self, pool: &PgPool, row: OutboxRow) {
         let result = match store::sources::get_source(pool, row.environment_id).await {
             Ok(Some(src)) => self.send(&src, &row).await,
-            Ok(None) => Err(Undelivered::Refused("the environment has no git source any more".into())),
+            Ok(None) => Err(Undelivered::Refused(
+                "the environment has no git source any more".into(),
+            )),
             // the lease makes it due again
             Err(e) => return tracing::warn!(error = %e, "outbox: loading the source failed"),
         };
@@ -193,10 +195,18 @@ impl Feedback {
                 (e, Some(wait))
             }
         };
-        let what = if row.kind == "status" { "commit status" } else { "notification webhook" };
+        let what = if row.kind == "status" {
+            "commit status"
+        } else {
+            "notification webhook"
+        };
         match retry {
-            Some(s) => tracing::warn!(environment = %row.environment_id, attempts, retry_in_s = s, error = %error, "{what} not delivered; will retry"),
-            None => tracing::warn!(environment = %row.environment_id, attempts, error = %error, "{what} not delivered; given up"),
+            Some(s) => {
+                tracing::warn!(environment = %row.environment_id, attempts, retry_in_s = s, error = %error, "{what} not delivered; will retry")
+            }
+            None => {
+                tracing::warn!(environment = %row.environment_id, attempts, error = %error, "{what} not delivered; given up")
+            }
         }
         if let Err(e) = store::outbox::failed(pool, row.id, &error, retry).await {
             tracing::warn!(error = %e, "outbox: recording a failed delivery failed");
@@ -208,23 +218,34 @@ impl Feedback {
         match row.kind.as_str() {
             "status" => {
                 let commit = p["commit"].as_str().unwrap_or_default();
-                let url = status_url(src, commit)
-                    .ok_or_else(|| Undelivered::Refused("the source posts no commit statuses any more".into()))?;
+                let url = status_url(src, commit).ok_or_else(|| {
+                    Undelivered::Refused("the source posts no commit statuses any more".into())
+                })?;
                 let auth = match (src.status_kind.as_str(), &src.status_token) {
                     ("github", Some(t)) => format!("Bearer {t}"),
                     ("gitea", Some(t)) => format!("token {t}"),
-                    _ => return Err(Undelivered::Refused("the source has no status token any more".into())),
+                    _ => {
+                        return Err(Undelivered::Refused(
+                            "the source has no status token any more".into(),
+                        ));
+                    }
                 };
                 let body = json!({"state": p["state"], "context": p["context"], "description": p["description"]});
                 let body = serde_json::to_vec(&body).expect("json");
-                self.post(&url, body, &[("Authorization", auth.as_str()), ("Accept", "application/json")])
-                    .await
+                self.post(
+                    &url,
+                    body,
+                    &[
+                        ("Authorization", auth.as_str()),
+                        ("Accept", "application/json"),
+                    ],
+                )
+                .await
             }
             _ => {
-                let url = src
-                    .notify_url
-                    .clone()
-                    .ok_or_else(|| Undelivered::Refused("the source has no notification URL any more".into()))?;
+                let url = src.notify_url.clone().ok_or_else(|| {
+                    Undelivered::Refused("the source has no notification URL any more".into())
+                })?;
                 let body = serde_json::to_vec(p).expect("json");
                 let event = p["event"].as_str().unwrap_or_default();
                 let delivery = p["delivery"].as_str().unwrap_or_default();
@@ -232,7 +253,8 @@ impl Feedback {
                     .notify_secret
                     .as_ref()
                     .map(|s| format!("sha256={}", super::webhook::sign(s, &body)));
-                let mut headers = vec![("X-Steward-Event", event), ("X-Steward-Delivery", delivery)];
+                let mut headers =
+                    vec![("X-Steward-Event", event), ("X-Steward-Delivery", delivery)];
                 if let Some(sig) = &signature {
                     headers.push(("X-Steward-Signature", sig.as_str()));
                 }
@@ -241,7 +263,12 @@ impl Feedback {
         }
     }
 
-    async fn post(&self, url: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Result<(), Undelivered> {
+    async fn post(
+        &self,
+        url: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<(), Undelivered> {
         let mut req = self
             .http
             .post(url)
@@ -253,8 +280,9 @@ impl Feedback {
         match req.send().await {
             Ok(r) if r.status().is_success() => Ok(()),
             // a refusal will not change on retry (but a rate limit or a timeout may)
-            Ok(r) if r.status().is_client_error()
-                && !matches!(r.status().as_u16(), 408 | 425 | 429) =>
+            Ok(r)
+                if r.status().is_client_error()
+                    && !matches!(r.status().as_u16(), 408 | 425 | 429) =>
             {
                 Err(Undelivered::Refused(format!("refused with {}", r.status())))
             }

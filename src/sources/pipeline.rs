@@ -30,7 +30,9 @@ impl GitSources {
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "deploy feedback: listing sources failed; retrying"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "deploy feedback: listing sources failed; retrying")
+                }
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
         }
@@ -74,7 +76,11 @@ impl GitSources {
         let state = if ok { State::Success } else { State::Failure };
         out.status(src, commit, "steward/deploy", state, &text);
         let detail = json!({"version": active, "by_status": by_status});
-        out.notify(src, event, json!({"commit": commit, "version": active, "by_status": detail["by_status"]}));
+        out.notify(
+            src,
+            event,
+            json!({"commit": commit, "version": active, "by_status": detail["by_status"]}),
+        );
         self.record(src, &[(commit, event, detail)], out).await?;
         tracing::info!(environment = %env, commit, version = active, event, "commit deploy settled");
         Ok(())
@@ -88,7 +94,11 @@ impl GitSources {
         let mut events = Vec::new();
         let mut out = Outgoing::default();
         for (version, commit) in store::sources::unreported_releases(pool, env).await? {
-            out.notify(src, "released", json!({"commit": commit, "version": version}));
+            out.notify(
+                src,
+                "released",
+                json!({"commit": commit, "version": version}),
+            );
             out.status(
                 src,
                 &commit,
@@ -106,9 +116,17 @@ impl GitSources {
             .collect::<Vec<_>>();
         for (version, commit) in unsettled.into_iter().chain(just_released) {
             let text = format!("replaced by version {active} before its deploy finished");
-            out.notify(src, "replaced", json!({"commit": commit, "version": version, "by_version": active}));
+            out.notify(
+                src,
+                "replaced",
+                json!({"commit": commit, "version": version, "by_version": active}),
+            );
             out.status(src, &commit, "steward/deploy", State::Error, &text);
-            events.push((commit, "replaced", json!({"version": version, "by_version": active})));
+            events.push((
+                commit,
+                "replaced",
+                json!({"version": version, "by_version": active}),
+            ));
         }
         if events.is_empty() {
             return Ok(());

@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::deploy::{deploying_env, upload};
 use crate::support::{TestServer, fs_file, steward_bin, wait_deployed};
 
-fn cli(srv: &TestServer, env: &str, args: &[&str]) -> Output {
+pub fn cli(srv: &TestServer, env: &str, args: &[&str]) -> Output {
     std::process::Command::new(steward_bin())
         .args(args)
         .env("STEWARD_SERVER", &srv.url)
@@ -18,7 +18,7 @@ fn cli(srv: &TestServer, env: &str, args: &[&str]) -> Output {
         .expect("run steward")
 }
 
-fn ok(o: &Output) -> String {
+pub fn ok(o: &Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(
         o.status.success(),

@@ -14,7 +14,7 @@ use crate::gitops_support::{Repo, compiled, follow, webhook_url};
 use crate::support::eventually;
 
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<(String, HeaderMap, Value)>>>);
+pub struct Received(pub Arc<Mutex<Vec<(String, HeaderMap, Value)>>>);
 
 async fn record(
     State(r): State<Received>,
@@ -33,7 +33,7 @@ async fn record(
     "ok"
 }
 
-async fn receiver() -> (String, Received) {
+pub async fn receiver() -> (String, Received) {
     let r = Received::default();
     let app = Router::new()
         .route("/{*path}", post(record))
