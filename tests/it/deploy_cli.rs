@@ -104,7 +104,8 @@ async fn deploy_control_from_the_command_line() {
     )
     .await;
     let o = cli(&srv, &env, &["version", "progress", &v2.to_string()]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("in progress"));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("deploy halted"), "{said}");
     ok(&cli(&srv, &env, &["env", "resume"]));
     wait_deployed(&c, &env, v2, 30).await;
     assert_eq!(std::fs::read_to_string(format!("{d}/a")).unwrap(), "a2");
