@@ -15,4 +15,5 @@ mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;
 mod integration;
+mod retention;
 mod support;
