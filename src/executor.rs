@@ -22,6 +22,30 @@ use cache::Cache;
 use context::Context;
 use protocol::{ActionKind, Outcome, Reply, Request, WorkItem, WorkResult};
 
+/// Variables a process started for model-controlled code (executors, the handlers they run,
+/// the commands of `exec::Run`, compiles) may see: enough to find programs and speak a
+/// locale, and nothing of the server's own (tokens, database URL, secrets). Everything else
+/// a handler needs comes through the protocol, never through the environment.
+pub const PASSED_ENVIRONMENT: &[&str] = &[
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "TMPDIR",
+    "STEWARD_PYTHON",
+];
+
+/// The minimal environment of [`PASSED_ENVIRONMENT`], as this process has it.
+pub fn passed_environment() -> Vec<(String, std::ffi::OsString)> {
+    PASSED_ENVIRONMENT
+        .iter()
+        .filter_map(|k| std::env::var_os(k).map(|v| (k.to_string(), v)))
+        .collect()
+}
+
 /// Run one work item: with the module's handler process when it ships one, else with the
 /// built-in handler of its type.
 pub fn execute(

@@ -45,6 +45,16 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
         prune_interval: std::time::Duration::from_secs(args.prune_interval),
     };
+    // Secrets read from the environment are not kept there: nothing started later (a
+    // compile, an executor, a handler) can inherit them, even by mistake.
+    for secret in [
+        "STEWARD_ADMIN_TOKEN",
+        "STEWARD_DATABASE_URL",
+        "STEWARD_TOKEN",
+    ] {
+        // SAFETY: no other thread runs yet (the runtime starts below)
+        unsafe { std::env::remove_var(secret) };
+    }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(crate::server::start::run(config))?;
     Ok(ExitCode::SUCCESS)

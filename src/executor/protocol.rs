@@ -138,3 +138,68 @@ pub enum Reply {
     Ready { pid: u32 },
     Result(Box<WorkResult>),
 }
+
+/// Text PostgreSQL cannot store (a NUL byte, in `text` or `jsonb`), replaced by U+FFFD.
+fn clean_text(s: &mut String) {
+    if s.contains('\0') {
+        *s = s.replace('\0', "\u{FFFD}");
+    }
+}
+
+/// [`clean_text`] over every string of a JSON value, keys included.
+pub fn clean_json(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => clean_text(s),
+        serde_json::Value::Array(a) => a.iter_mut().for_each(clean_json),
+        serde_json::Value::Object(m) => clean_map(m),
+        _ => {}
+    }
+}
+
+fn clean_map(m: &mut serde_json::Map<String, serde_json::Value>) {
+    if m.keys().any(|k| k.contains('\0')) {
+        let old = std::mem::take(m);
+        for (mut k, v) in old {
+            clean_text(&mut k);
+            m.insert(k, v);
+        }
+    }
+    m.values_mut().for_each(clean_json);
+}
+
+impl WorkResult {
+    /// Make what a handler reported storable: its output is whatever the handler (or the
+    /// command it ran) printed, and one NUL byte must not cost the resource its state.
+    pub fn sanitize(&mut self) {
+        for line in &mut self.messages {
+            clean_text(&mut line.level);
+            clean_text(&mut line.message);
+            clean_map(&mut line.fields);
+        }
+        let changes = std::mem::take(&mut self.changes);
+        for (mut k, mut c) in changes {
+            clean_text(&mut k);
+            clean_json(&mut c.current);
+            clean_json(&mut c.desired);
+            self.changes.insert(k, c);
+        }
+        if let Some(state) = &mut self.state {
+            clean_map(state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod sanitize_tests {
+    use super::*;
+
+    #[test]
+    fn nul_bytes_are_replaced_everywhere() {
+        let mut v = serde_json::json!({"a\u{0}": ["x\u{0}y", {"k": "\u{0}"}], "n": 1});
+        clean_json(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a\u{FFFD}": ["x\u{FFFD}y", {"k": "\u{FFFD}"}], "n": 1})
+        );
+    }
+}

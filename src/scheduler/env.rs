@@ -780,8 +780,10 @@ impl EnvScheduler {
 
     fn on_pool_event(&mut self, ev: PoolEvent) {
         match ev {
-            PoolEvent::Reply(proc, Reply::Result(res)) => {
+            PoolEvent::Reply(proc, Reply::Result(mut res)) => {
                 self.executors.release(proc);
+                // the protocol boundary: what a handler printed must be storable
+                res.sanitize();
                 let key = self
                     .running
                     .iter()

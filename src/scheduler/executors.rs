@@ -112,6 +112,9 @@ impl Pool {
             .arg("executor")
             .arg("--agent")
             .arg(agent)
+            // handlers run model-controlled code: none of the server's secrets
+            .env_clear()
+            .envs(crate::executor::passed_environment())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

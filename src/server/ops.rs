@@ -23,10 +23,19 @@ pub struct Metrics {
 
 impl Metrics {
     fn count(&self, method: &str, status: u16) {
+        // labels from a closed set: a client sending made-up methods must not grow the map
+        let method = match method {
+            "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => method,
+            _ => "OTHER",
+        };
         let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         *m.entry((method.to_string(), status)).or_default() += 1;
     }
 }
+
+/// Environments with series of their own in `/metrics`, at most: the label set stays
+/// bounded on a server with very many environments (the rest have none).
+pub const METRICS_ENVIRONMENTS: usize = 100;
 
 /// Count every request by method and status.
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -67,7 +76,9 @@ fn label(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-pub async fn metrics(State(state): State<AppState>) -> Response {
+/// Prometheus metrics. Needs a token (they name environments): a global token sees every
+/// environment, a scoped one its own.
+pub async fn metrics(State(state): State<AppState>, caller: super::auth::Caller) -> Response {
     let mut out = String::new();
     out.push_str(
         "# HELP steward_http_requests_total HTTP requests served, by method and status.\n",
@@ -86,10 +97,18 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             );
         }
     }
+    out.push_str("# HELP steward_deploy_state_unstored_rows_total Deploy-state rows the database refused (replaced by a record of the refusal, or lost).\n# TYPE steward_deploy_state_unstored_rows_total counter\n");
+    let _ = writeln!(
+        out,
+        "steward_deploy_state_unstored_rows_total {}",
+        store::deploy::UNSTORED_ROWS.load(std::sync::atomic::Ordering::Relaxed)
+    );
     let db_up = store::ping(&state.pool).await;
     out.push_str("# HELP steward_database_up Whether the database answers.\n# TYPE steward_database_up gauge\n");
     let _ = writeln!(out, "steward_database_up {}", db_up as u8);
-    if db_up && let Ok(envs) = store::environments::list_environments(&state.pool, None).await {
+    if db_up && let Ok(mut envs) = store::environments::list_environments(&state.pool, None).await {
+        envs.retain(|e| caller.sees(e.id));
+        envs.truncate(METRICS_ENVIRONMENTS);
         let names: BTreeMap<uuid::Uuid, String> = envs
             .iter()
             .map(|e| (e.id, format!("{}/{}", e.project, e.name)))
@@ -97,7 +116,9 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         out.push_str("# HELP steward_versions Versions stored, per environment.\n# TYPE steward_versions gauge\n");
         if let Ok(counts) = store::versions::counts(&state.pool).await {
             for (env, n) in counts {
-                let name = names.get(&env).cloned().unwrap_or_default();
+                let Some(name) = names.get(&env).cloned() else {
+                    continue;
+                };
                 let _ = writeln!(
                     out,
                     "steward_versions{{environment=\"{}\"}} {n}",

@@ -278,10 +278,7 @@ async fn run_compiler(
         .current_dir(project)
         // the model sees none of the server's secrets or settings
         .env_clear()
-        .env(
-            "PATH",
-            std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
-        )
+        .envs(crate::executor::passed_environment())
         .env("HOME", project)
         .env("LANG", "C.UTF-8")
         .stdin(Stdio::null())

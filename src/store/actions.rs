@@ -59,11 +59,13 @@ pub fn validate(r: &ActionRecord) -> Result<()> {
 /// Insert or complete an action record (the same id is written at start and at the end).
 pub async fn upsert(e: impl PgExecutor<'_>, r: &ActionRecord) -> Result<()> {
     validate(r)?;
-    sqlx::query(
+    let done = sqlx::query(
         "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, finished_at, \
          status, change, changes, messages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT (id) DO UPDATE SET finished_at = EXCLUDED.finished_at, status = EXCLUDED.status, \
-         change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages",
+         change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages \
+         WHERE resource_actions.environment_id = EXCLUDED.environment_id \
+         AND resource_actions.resource_id = EXCLUDED.resource_id",
     )
     .bind(r.id)
     .bind(r.environment_id)
@@ -78,6 +80,13 @@ pub async fn upsert(e: impl PgExecutor<'_>, r: &ActionRecord) -> Result<()> {
     .bind(&r.messages)
     .execute(e)
     .await?;
+    // an id of another environment's (or resource's) action: never overwritten
+    if done.rows_affected() == 0 {
+        return Err(StoreError::Conflict(format!(
+            "action {} belongs to another environment or resource",
+            r.id
+        )));
+    }
     Ok(())
 }
 

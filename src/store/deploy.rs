@@ -86,6 +86,10 @@ pub async fn clear_leases(pool: &sqlx::PgPool, env: Uuid) -> Result<u64> {
     Ok(r.rows_affected())
 }
 
+/// Deploy-state rows the database refused even one by one (they were replaced by a record
+/// of the refusal, or, if that failed too, lost): shown in `/metrics`, alarmed in the log.
+pub static UNSTORED_ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Everything the scheduler has to write, applied in one transaction.
 #[derive(Debug, Default)]
 pub struct Batch {

@@ -614,7 +614,13 @@ async fn health_and_metrics() {
         .unwrap();
     let h = c.health().await.unwrap();
     assert_eq!(h["database"], "ok");
-    let text = reqwest::get(format!("{}/metrics", s.url))
+    // metrics name environments: no token, no metrics
+    let anonymous = reqwest::get(format!("{}/metrics", s.url)).await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let text = reqwest::Client::new()
+        .get(format!("{}/metrics", s.url))
+        .bearer_auth(s.admin.as_deref().unwrap())
+        .send()
         .await
         .unwrap()
         .text()
@@ -633,4 +639,40 @@ async fn health_and_metrics() {
         "{text}"
     );
     assert!(text.contains("steward_database_up 1"));
+    assert!(
+        text.contains("steward_deploy_state_unstored_rows_total 0"),
+        "{text}"
+    );
+    // made-up methods do not grow the label set; a scoped token sees its environment only
+    let client = reqwest::Client::new();
+    for i in 0..20 {
+        let m = reqwest::Method::from_bytes(format!("BREW{i}").as_bytes()).unwrap();
+        client
+            .request(m, format!("{}/health", s.url))
+            .send()
+            .await
+            .unwrap();
+    }
+    let other = setup_env(&c, "other", true).await;
+    let scoped = c
+        .create_token("metrics-viewer", "viewer", Some(&env))
+        .await
+        .unwrap();
+    let text = client
+        .get(format!("{}/metrics", s.url))
+        .bearer_auth(scoped["secret"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("BREW"), "{text}");
+    assert!(text.contains("method=\"OTHER\""), "{text}");
+    assert!(text.contains("proj/m"), "{text}");
+    assert!(
+        !text.contains("proj/other"),
+        "a scoped token sees another environment: {text}"
+    );
+    let _ = other;
 }

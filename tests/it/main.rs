@@ -16,4 +16,5 @@ mod gitops_feedback;
 mod gitops_support;
 mod integration;
 mod retention;
+mod security;
 mod support;

@@ -4,8 +4,12 @@
 //! Guards: `creates` (skip when that file exists), `unless` (skip when that command
 //! succeeds; a missing command counts as failing), `onlyif` (run only when it succeeds).
 //! `reload_only` runs only on an event from a requirement. `returns` lists the exit codes
-//! that count as success; `timeout` kills the command; `skip_on_fail` reports a failure as
-//! skipped.
+//! that count as success; `timeout` kills the command and everything it started (its
+//! process group); `skip_on_fail` reports a failure as skipped.
+//!
+//! Dry-run: the command itself never runs, but the `unless` and `onlyif` guards do, as in
+//! the reference implementation: they are how the handler reads the current state (whether
+//! the command would run). Guards must therefore be read-only checks.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -101,6 +105,9 @@ fn run(cmd: &str, a: &Attrs, timeout: Duration) -> Result<Ran, String> {
         return Err("empty command".into());
     };
     let mut c = Command::new(prog);
+    // its own process group: a timeout kills what it started too (a `sh -c` whose child
+    // holds the output pipes would otherwise outlive it)
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
     c.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -149,6 +156,10 @@ fn run(cmd: &str, a: &Attrs, timeout: Duration) -> Result<Ran, String> {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
             Ok(None) if Instant::now() >= deadline => {
+                // SAFETY: signals the process group we created for it, nothing else
+                unsafe {
+                    libc::kill(-(child.id() as i32), libc::SIGKILL);
+                }
                 let _ = child.kill();
                 timed_out = true;
                 break child.wait().ok();

@@ -91,15 +91,17 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
                 Err(e @ store::StoreError::Unavailable(_)) => {
                     tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
                 }
-                // the database refuses the batch (e.g. the environment was deleted): a few
-                // tries, then it is dropped so later state still gets through
+                // the database refuses the batch (a row it cannot take, the environment
+                // deleted, a full disk): a few tries, then row by row, so that one bad row
+                // costs that row and not the whole batch
                 Err(e) => {
                     refused += 1;
                     if refused >= 5 {
                         tracing::error!(
                             environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
-                            "the database refuses this deploy state; dropping it"
+                            "the database refuses this deploy state; writing it row by row"
                         );
+                        write_row_by_row(&pool, env, batch).await;
                         break;
                     }
                     tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
@@ -108,6 +110,81 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+/// One row per transaction: what can be written is; a refused action is written again as a
+/// record of the refusal, a refused state row with the refusal as its message; what is
+/// refused even then is counted and alarmed.
+async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
+    async fn one(pool: &PgPool, env: Uuid, b: &Batch) -> Result<(), store::StoreError> {
+        let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
+        store::deploy::write_batch(&mut tx, env, b).await?;
+        tx.commit().await.map_err(store::StoreError::from)
+    }
+    let lost = |what: &str, id: &str, e: &store::StoreError| {
+        store::deploy::UNSTORED_ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(environment = %env, id, error = %e, "a {what} could not be stored at all");
+    };
+    for mut state in batch.states {
+        let b = Batch {
+            states: vec![state.clone()],
+            ..Default::default()
+        };
+        if let Err(e) = one(pool, env, &b).await {
+            state.last_message = Some(format!(
+                "the deploy state could not be stored as reported: {e}"
+            ));
+            state.blocked_reason = None;
+            let b = Batch {
+                states: vec![state.clone()],
+                ..Default::default()
+            };
+            if let Err(e) = one(pool, env, &b).await {
+                lost("deploy state", &state.resource_id, &e);
+            }
+        }
+    }
+    for mut action in batch.actions {
+        let b = Batch {
+            actions: vec![action.clone()],
+            ..Default::default()
+        };
+        if let Err(e) = one(pool, env, &b).await {
+            store::deploy::UNSTORED_ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            action.changes = serde_json::json!({});
+            action.messages = serde_json::json!([{
+                "level": "error", "at": Utc::now(), "fields": {},
+                "message": format!("the handler's report could not be stored: {e}"),
+            }]);
+            let b = Batch {
+                actions: vec![action.clone()],
+                ..Default::default()
+            };
+            if let Err(e) = one(pool, env, &b).await {
+                lost("resource action", &action.id.to_string(), &e);
+            }
+        }
+    }
+    for result in batch.dryrun_results {
+        let id = result.1.clone();
+        let b = Batch {
+            dryrun_results: vec![result],
+            ..Default::default()
+        };
+        if let Err(e) = one(pool, env, &b).await {
+            lost("dry-run result", &id, &e);
+        }
+    }
+    let rest = Batch {
+        orphaned: batch.orphaned,
+        progress: batch.progress,
+        ..Default::default()
+    };
+    if !rest.is_empty()
+        && let Err(e) = one(pool, env, &rest).await
+    {
+        lost("progress marker", "", &e);
     }
 }
 

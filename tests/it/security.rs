@@ -1,0 +1,167 @@
+//! Security boundaries (issue 12), each tried as an attack: a scoped token reading the
+//! server's secrets through a handler and a compile, a NUL byte in handler output, a
+//! cross-environment action write, a command outliving its timeout.
+
+use std::time::Duration;
+
+use serde_json::json;
+use steward::client::Client;
+
+use crate::deploy::{deploy_actions, deploying_env, state_of, upload};
+use crate::gitops_support::{Repo, compiled, follow};
+use crate::support::{exec_run, free_port, new_database, wait_deployed, wait_healthy};
+
+const AGENT: &str = "localhost";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scoped_token_cannot_read_server_secrets_through_handlers_or_compiles() {
+    let db = new_database();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "stw_admin_secret_that_must_not_leak_0123456789";
+    // the secrets come in through the environment, as an operator would give them
+    let mut child = std::process::Command::new(crate::support::steward_bin())
+        .args(["server", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("STEWARD_ADMIN_TOKEN", admin)
+        .env("STEWARD_DATABASE_URL", &db)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_healthy(&url).await;
+    let c = Client::new(&url, Some(admin.into()));
+    let env = c
+        .create_environment("sec", "handler", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    let t = c.create_token("ci", "compiler", Some(&env)).await.unwrap();
+    let compiler = Client::new(&url, Some(t["secret"].as_str().unwrap().into()));
+    // a compiler token uploads a command that prints its environment
+    let run = exec_run(AGENT, "env", json!({}), &[]);
+    let rid = run.id.0.clone();
+    let v = compiler
+        .upload(&env, &crate::support::export_of(vec![run]), json!({}))
+        .await
+        .unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    wait_deployed(&compiler, &env, v, 30).await;
+    let acts = compiler.actions(&env, Some(&rid), 10).await.unwrap();
+    let log = serde_json::to_string(&acts).unwrap();
+    assert!(log.contains("PATH="), "the command ran: {log}");
+    for secret in [
+        admin,
+        "STEWARD_ADMIN_TOKEN",
+        "STEWARD_DATABASE_URL",
+        db.as_str(),
+    ] {
+        assert!(!log.contains(secret), "{secret} reached a handler: {log}");
+    }
+
+    // and through a compile of a commit
+    let repo = Repo::new();
+    let genv = follow(&c, "compile", &repo, json!({})).await;
+    let model = repo.model(
+        &[("f", "1")],
+        "std::print(std::get_env(\"STEWARD_ADMIN_TOKEN\", \"none\"))\nstd::print(std::get_env(\"STEWARD_DATABASE_URL\", \"none\"))\n",
+    );
+    let commit = repo.commit(&model, "peek");
+    repo.push_ok();
+    c.trigger_compile(&genv, None).await.unwrap();
+    let report = compiled(&c, &genv, &commit, 60).await;
+    let text = report.to_string();
+    assert!(
+        !text.contains(admin),
+        "the admin token reached a compile: {text}"
+    );
+    assert!(
+        !text.contains(&db),
+        "the database URL reached a compile: {text}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nul_byte_in_handler_output_does_not_cost_the_state() {
+    let (srv, c, env, _dir) = deploying_env("nul", json!({})).await;
+    let run = exec_run(AGENT, "printf 'before\\0after'", json!({}), &[]);
+    let rid = run.id.0.clone();
+    let v = upload(&c, &env, vec![run]).await;
+    let p = wait_deployed(&c, &env, v, 30).await;
+    assert_eq!(p["by_status"]["deployed"], 1, "{p}");
+    let s = state_of(&c, &env, &rid).await;
+    assert_eq!(s.status, "deployed");
+    let acts = deploy_actions(&c, &env, &rid).await;
+    let log = serde_json::to_string(&acts).unwrap();
+    assert!(log.contains("before\u{FFFD}after"), "{log}");
+    assert!(acts.iter().all(|a| a.finished_at.is_some()));
+    let lost: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM resource_state WHERE deploying_since IS NOT NULL")
+            .fetch_one(&srv.pool)
+            .await
+            .unwrap();
+    assert_eq!(lost, 0, "a resource was left deploying");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_environment_cannot_rewrite_another_ones_action_log() {
+    let (srv, c, env_a, dir) = deploying_env("victim", json!({})).await;
+    let f = crate::support::fs_file(AGENT, &dir.path().join("a").display().to_string(), "a", &[]);
+    let rid = f.id.0.clone();
+    let v = upload(&c, &env_a, vec![f]).await;
+    wait_deployed(&c, &env_a, v, 30).await;
+    let victim = deploy_actions(&c, &env_a, &rid).await.remove(0);
+    // environment B's agent token reports a record with A's action id
+    let env_b = crate::deploy::env_with(&c, "attacker", json!({})).await;
+    let vb = upload(&c, &env_b, vec![]).await;
+    let t = c
+        .create_token("agent-b", "agent", Some(&env_b))
+        .await
+        .unwrap();
+    let agent_b = Client::new(&srv.url, Some(t["secret"].as_str().unwrap().into()));
+    let mut forged = victim.clone();
+    forged.version = vb;
+    forged.status = "failed".into();
+    forged.messages =
+        json!([{"level": "error", "message": "forged", "fields": {}, "at": chrono::Utc::now()}]);
+    let err = agent_b.report_action(&env_b, &forged).await.unwrap_err();
+    assert!(err.to_string().contains("another"), "{err}");
+    let after = deploy_actions(&c, &env_a, &rid).await.remove(0);
+    assert_eq!(after.status, victim.status);
+    assert!(
+        !serde_json::to_string(&after.messages)
+            .unwrap()
+            .contains("forged")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_timeout_kills_what_it_started() {
+    let (_srv, c, env, _dir) = deploying_env(
+        "timeout",
+        json!({"retry_backoff": {"initial": 600, "factor": 1, "max": 600}}),
+    )
+    .await;
+    // the pipe keeps `sleep` holding the output: killing only `sh` would wait 30 s
+    let run = exec_run(AGENT, "sh -c 'sleep 30 | cat'", json!({"timeout": 2}), &[]);
+    let rid = run.id.0.clone();
+    upload(&c, &env, vec![run]).await;
+    let acts = crate::support::eventually(20, "the timed-out action", || async {
+        let acts = deploy_actions(&c, &env, &rid).await;
+        acts.iter().any(|a| a.finished_at.is_some()).then_some(acts)
+    })
+    .await;
+    let a = &acts[0];
+    let took = a.finished_at.unwrap() - a.started_at;
+    assert!(
+        took < chrono::Duration::seconds(8),
+        "a 2 s timeout took {took}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
