@@ -108,7 +108,8 @@ impl Pool {
     }
 
     fn spawn(&mut self, agent: &str) -> Result<ProcId, PoolError> {
-        let mut child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        command
             .arg("executor")
             .arg("--agent")
             .arg(agent)
@@ -120,7 +121,19 @@ impl Pool {
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             // its own process group: a kill reaches the commands its handlers started too
-            .process_group(0)
+            .process_group(0);
+        // it dies with the server: after a kill -9 of the server, a restarted one must not
+        // find the old executor still applying a resource it is about to apply again.
+        // (The death signal follows the thread that spawned it: schedulers spawn from
+        // runtime worker threads, which live as long as the server.)
+        // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command
             .spawn()
             .map_err(|e| PoolError::Spawn {
                 binary: self.binary.display().to_string(),

@@ -111,6 +111,29 @@ impl Batch {
     }
 }
 
+/// Take a new epoch for the scheduler of `env` (fencing out any earlier one).
+pub async fn claim_epoch(e: impl PgExecutor<'_>, env: Uuid) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO scheduler_progress (environment_id, epoch) VALUES ($1, 1) \
+         ON CONFLICT (environment_id) DO UPDATE SET epoch = scheduler_progress.epoch + 1 RETURNING epoch",
+    )
+    .bind(env)
+    .fetch_one(e)
+    .await?)
+}
+
+/// Is `epoch` still the epoch of `env`'s scheduler? Locks the row until the transaction
+/// ends, so no newer scheduler can take over halfway through a batch.
+pub async fn holds_epoch(c: &mut PgConnection, env: Uuid, epoch: i64) -> Result<bool> {
+    let current: Option<i64> = sqlx::query_scalar(
+        "SELECT epoch FROM scheduler_progress WHERE environment_id = $1 FOR SHARE",
+    )
+    .bind(env)
+    .fetch_optional(&mut *c)
+    .await?;
+    Ok(current == Some(epoch))
+}
+
 pub async fn write_batch(c: &mut PgConnection, env: Uuid, b: &Batch) -> Result<()> {
     if !b.states.is_empty() {
         let col = |f: &dyn Fn(&StateRow) -> Option<String>| -> Vec<Option<String>> {

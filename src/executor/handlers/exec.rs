@@ -108,6 +108,14 @@ fn run(cmd: &str, a: &Attrs, timeout: Duration) -> Result<Ran, String> {
     // its own process group: a timeout kills what it started too (a `sh -c` whose child
     // holds the output pipes would otherwise outlive it)
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    // and it dies with its executor (the executor runs handlers on its main thread)
+    // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     c.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

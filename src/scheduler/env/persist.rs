@@ -53,6 +53,19 @@ pub(super) fn state_from_row(row: &StateRow) -> RState {
 
 /// Write batches in order; retry while the database is away (nothing is dropped).
 pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedReceiver<Batch>) {
+    // this scheduler's epoch: from now on, an older scheduler of the environment (one that
+    // outlived its server) can no longer write
+    let mut delay = Duration::from_millis(200);
+    let epoch = loop {
+        match store::deploy::claim_epoch(&pool, env).await {
+            Ok(e) => break e,
+            Err(e) => {
+                tracing::warn!(environment = %env, error = %e, "claiming the scheduler epoch failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
     while let Some(mut batch) = rx.recv().await {
         // merge what queued up meanwhile into one transaction
         while let Ok(more) = rx.try_recv() {
@@ -79,33 +92,37 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
         let mut delay = Duration::from_millis(200);
         let mut refused = 0;
         loop {
-            let r = async {
-                let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
-                store::deploy::write_batch(&mut tx, env, &batch).await?;
-                tx.commit().await.map_err(store::StoreError::from)
-            }
-            .await;
+            let r = write_fenced(&pool, env, epoch, &batch).await;
             match r {
                 Ok(()) => break,
-                // the database is away: wait for it, however long it takes
-                Err(e @ store::StoreError::Unavailable(_)) => {
-                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
+                Err(Fenced::Out) => {
+                    tracing::error!(
+                        environment = %env, epoch,
+                        "another scheduler took over this environment; this one writes no more"
+                    );
+                    return;
                 }
-                // the database refuses the batch (a row it cannot take, the environment
-                // deleted, a full disk): a few tries, then row by row, so that one bad row
-                // costs that row and not the whole batch
-                Err(e) => {
-                    refused += 1;
-                    if refused >= 5 {
-                        tracing::error!(
-                            environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
-                            "the database refuses this deploy state; writing it row by row"
-                        );
-                        write_row_by_row(&pool, env, batch).await;
-                        break;
+                Err(Fenced::Store(e)) => match e {
+                    // the database is away: wait for it, however long it takes
+                    e @ store::StoreError::Unavailable(_) => {
+                        tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
                     }
-                    tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
-                }
+                    // the database refuses the batch (a row it cannot take, the environment
+                    // deleted, a full disk): a few tries, then row by row, so that one bad row
+                    // costs that row and not the whole batch
+                    e => {
+                        refused += 1;
+                        if refused >= 5 {
+                            tracing::error!(
+                                environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
+                                "the database refuses this deploy state; writing it row by row"
+                            );
+                            write_row_by_row(&pool, env, epoch, batch).await;
+                            break;
+                        }
+                        tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
+                    }
+                },
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
@@ -116,11 +133,15 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
 /// One row per transaction: what can be written is; a refused action is written again as a
 /// record of the refusal, a refused state row with the refusal as its message; what is
 /// refused even then is counted and alarmed.
-async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
-    async fn one(pool: &PgPool, env: Uuid, b: &Batch) -> Result<(), store::StoreError> {
-        let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
-        store::deploy::write_batch(&mut tx, env, b).await?;
-        tx.commit().await.map_err(store::StoreError::from)
+async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
+    async fn one(pool: &PgPool, env: Uuid, epoch: i64, b: &Batch) -> Result<(), store::StoreError> {
+        match write_fenced(pool, env, epoch, b).await {
+            Ok(()) => Ok(()),
+            Err(Fenced::Out) => Err(store::StoreError::Conflict(
+                "fenced: another scheduler took over".into(),
+            )),
+            Err(Fenced::Store(e)) => Err(e),
+        }
     }
     let lost = |what: &str, id: &str, e: &store::StoreError| {
         store::deploy::UNSTORED_ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -131,7 +152,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
             states: vec![state.clone()],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, &b).await {
+        if let Err(e) = one(pool, env, epoch, &b).await {
             state.last_message = Some(format!(
                 "the deploy state could not be stored as reported: {e}"
             ));
@@ -140,7 +161,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
                 states: vec![state.clone()],
                 ..Default::default()
             };
-            if let Err(e) = one(pool, env, &b).await {
+            if let Err(e) = one(pool, env, epoch, &b).await {
                 lost("deploy state", &state.resource_id, &e);
             }
         }
@@ -150,7 +171,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
             actions: vec![action.clone()],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, &b).await {
+        if let Err(e) = one(pool, env, epoch, &b).await {
             store::deploy::UNSTORED_ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             action.changes = serde_json::json!({});
             action.messages = serde_json::json!([{
@@ -161,7 +182,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
                 actions: vec![action.clone()],
                 ..Default::default()
             };
-            if let Err(e) = one(pool, env, &b).await {
+            if let Err(e) = one(pool, env, epoch, &b).await {
                 lost("resource action", &action.id.to_string(), &e);
             }
         }
@@ -172,7 +193,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
             dryrun_results: vec![result],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, &b).await {
+        if let Err(e) = one(pool, env, epoch, &b).await {
             lost("dry-run result", &id, &e);
         }
     }
@@ -182,10 +203,31 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, batch: Batch) {
         ..Default::default()
     };
     if !rest.is_empty()
-        && let Err(e) = one(pool, env, &rest).await
+        && let Err(e) = one(pool, env, epoch, &rest).await
     {
         lost("progress marker", "", &e);
     }
+}
+
+enum Fenced {
+    /// a newer scheduler holds the environment
+    Out,
+    Store(store::StoreError),
+}
+
+/// Write a batch in one transaction, if this scheduler still holds the environment.
+async fn write_fenced(pool: &PgPool, env: Uuid, epoch: i64, batch: &Batch) -> Result<(), Fenced> {
+    let mut tx = pool.begin().await.map_err(|e| Fenced::Store(e.into()))?;
+    if !store::deploy::holds_epoch(&mut tx, env, epoch)
+        .await
+        .map_err(Fenced::Store)?
+    {
+        return Err(Fenced::Out);
+    }
+    store::deploy::write_batch(&mut tx, env, batch)
+        .await
+        .map_err(Fenced::Store)?;
+    tx.commit().await.map_err(|e| Fenced::Store(e.into()))
 }
 
 pub(super) fn synthetic(
