@@ -110,7 +110,7 @@ pub fn validate_cron(expr: &str) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// versions are uploaded (`steward export`)
@@ -119,7 +119,7 @@ pub enum SourceKind {
     Git,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryBackoff {
     /// First retry this many seconds after a failure.
@@ -140,14 +140,16 @@ impl Default for RetryBackoff {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSettings {
     /// Release every new version as soon as it is stored.
     pub auto_release: bool,
     /// Periodic deploy of resources that are not known to be good.
+    #[schema(value_type = String)]
     pub deploy_interval: Interval,
     /// Periodic repair: verify every resource and restore drift.
+    #[schema(value_type = String)]
     pub repair_interval: Interval,
     pub retry_backoff: RetryBackoff,
     /// Refuse deletion of the environment.

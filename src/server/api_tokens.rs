@@ -3,27 +3,37 @@
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, environment, parse_uuid};
+use super::openapi::{EnvPath, TOKENS, TokenPath};
 use crate::model::Role;
+use crate::store::audit::AuditEntry;
+use crate::store::tokens::Token;
 use crate::store::{audit, tokens};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct TokenQuery {
+    /// the tokens of this environment (name or id); absent: the caller's environment's, or
+    /// the global tokens for a global admin
     #[serde(default)]
     pub environment: Option<String>,
 }
 
+/// Tokens (admin of the environment; global tokens: global admin). Secrets are never shown.
+#[utoipa::path(get, path = "/api/v1/tokens", tag = TOKENS, params(TokenQuery),
+    responses((status = 200, description = "The tokens", body = Vec<Token>)))]
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
     Query(q): Query<TokenQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<Token>>> {
     let env = match &q.environment {
         Some(k) => Some(environment(&state, &caller, k).await?.id),
         None => caller.environment,
@@ -32,24 +42,38 @@ pub async fn list(
         Some(e) => caller.require(Perm::Manage, Some(e))?,
         None => caller.require(Perm::Global, None)?,
     }
-    Ok(Json(json!(tokens::list(&state.pool, env).await?)))
+    Ok(Json(tokens::list(&state.pool, env).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     pub name: String,
+    /// admin, approver, compiler, agent or viewer
+    #[schema(example = "viewer")]
     pub role: String,
     /// environment name or id; absent: a global (admin) token
     #[serde(default)]
     pub environment: Option<String>,
 }
 
+/// A new token with its secret (shown this once).
+#[derive(Serialize, ToSchema)]
+pub struct CreatedToken {
+    #[serde(flatten)]
+    pub token: Token,
+    /// The bearer secret: only its hash is stored.
+    pub secret: String,
+}
+
+/// Create a token: of an environment (its admin), or global (global admin).
+#[utoipa::path(post, path = "/api/v1/tokens", tag = TOKENS, request_body = CreateToken,
+    responses((status = 201, description = "Created; the secret is shown this once", body = CreatedToken)))]
 pub async fn create(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(body): ApiJson<CreateToken>,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
     let role = Role::parse(&body.role).ok_or_else(|| {
         ApiError::bad_request(format!(
             "unknown role '{}' (one of admin, approver, compiler, agent, viewer)",
@@ -75,11 +99,12 @@ pub async fn create(
         json!({"id": token.id, "role": role.as_str()}),
     )
     .await?;
-    let mut v = json!(token);
-    v["secret"] = json!(secret);
-    Ok((StatusCode::CREATED, Json(v)))
+    Ok((StatusCode::CREATED, Json(CreatedToken { token, secret })))
 }
 
+/// Revoke a token.
+#[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = TOKENS, params(TokenPath),
+    responses((status = 204, description = "Revoked")))]
 pub async fn revoke(
     State(state): State<AppState>,
     caller: Caller,
@@ -111,37 +136,45 @@ pub async fn revoke(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
+    /// at most this many, newest first (default 100, at most 10,000)
     #[serde(default)]
     pub limit: Option<i64>,
 }
 
+/// The audit log of an environment, newest first (admin).
+#[utoipa::path(get, path = "/api/v1/environments/{env}/audit", tag = TOKENS, params(EnvPath, AuditQuery),
+    responses((status = 200, description = "The entries", body = Vec<AuditEntry>)))]
 pub async fn audit(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     Query(q): Query<AuditQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<AuditEntry>>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
-    Ok(Json(json!(
+    Ok(Json(
         audit::list(
             &state.pool,
             Some(env.id),
-            q.limit.unwrap_or(100).clamp(1, 10_000)
+            q.limit.unwrap_or(100).clamp(1, 10_000),
         )
-        .await?
-    )))
+        .await?,
+    ))
 }
 
+/// The whole audit log, newest first (global admin).
+#[utoipa::path(get, path = "/api/v1/audit", tag = TOKENS, params(AuditQuery),
+    responses((status = 200, description = "The entries", body = Vec<AuditEntry>)))]
 pub async fn audit_all(
     State(state): State<AppState>,
     caller: Caller,
     Query(q): Query<AuditQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<AuditEntry>>> {
     caller.require(Perm::Global, None)?;
-    Ok(Json(json!(
-        audit::list(&state.pool, None, q.limit.unwrap_or(100).clamp(1, 10_000)).await?
-    )))
+    Ok(Json(
+        audit::list(&state.pool, None, q.limit.unwrap_or(100).clamp(1, 10_000)).await?,
+    ))
 }
