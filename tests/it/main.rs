@@ -13,4 +13,5 @@ mod gitops;
 mod gitops_feedback;
 mod gitops_support;
 mod integration;
+mod openapi;
 mod support;
