@@ -19,6 +19,8 @@ use crate::store::{self, audit};
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NameBody {
+    /// 1-100 letters, digits, '-', '_' or '.', not starting with '-' or '.'
+    #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub name: String,
 }
 
@@ -167,6 +169,8 @@ pub async fn list_environments(
 pub struct CreateEnvironment {
     /// project name or id
     pub project: String,
+    /// 1-100 letters, digits, '-', '_' or '.', not starting with '-' or '.'
+    #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub name: String,
     /// settings that differ from the defaults (keys of `EnvSettings`)
     #[serde(default)]

@@ -67,6 +67,7 @@ pub struct StatusSpec {
 #[serde(deny_unknown_fields)]
 pub struct SourceBody {
     /// file://, https://, http://, ssh:// or an absolute path
+    #[schema(pattern = "^(file://|https?://|ssh://|/)")]
     pub url: String,
     /// default main
     #[serde(default)]

@@ -21,7 +21,7 @@ use crate::store::{audit, tokens};
 #[into_params(parameter_in = Query)]
 pub struct TokenQuery {
     /// the tokens of this environment (name or id); absent: the caller's environment's, or
-    /// the global tokens for a global admin
+    /// every token for a global admin
     #[serde(default)]
     pub environment: Option<String>,
 }
@@ -48,9 +48,11 @@ pub async fn list(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
+    /// 1-200 characters, not all blank
+    #[schema(min_length = 1, max_length = 200, pattern = "\\S")]
     pub name: String,
-    /// admin, approver, compiler, agent or viewer
-    #[schema(example = "viewer")]
+    /// a global token (without `environment`) must be an admin token
+    #[schema(value_type = Role)]
     pub role: String,
     /// environment name or id; absent: a global (admin) token
     #[serde(default)]
