@@ -159,6 +159,7 @@ impl HandlerCode {
 /// (content hash -> file content, hex): handler code travels with the version it belongs to.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExportFile {
+    #[schema(minimum = 1, maximum = 1)]
     pub format: u32,
     pub resources: Vec<Resource>,
     /// Resources carrying unknown values: stored, never deployed.

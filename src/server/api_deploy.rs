@@ -106,7 +106,7 @@ async fn trigger(
 
 /// Deploy now (admin): resources not known to be good, optionally of one agent or one resource.
 #[utoipa::path(post, path = "/api/v1/environments/{env}/deploy", tag = DEPLOY, params(EnvPath),
-    request_body(content = TriggerBody, description = "Optional (an empty body means everything)"),
+    request_body(content = Option<TriggerBody>, description = "Optional (an empty body means everything)"),
     responses((status = 200, description = "Scheduled", body = Scheduled)))]
 pub async fn deploy(
     State(state): State<AppState>,
@@ -119,7 +119,7 @@ pub async fn deploy(
 
 /// Repair now (admin): verify resources and restore drift.
 #[utoipa::path(post, path = "/api/v1/environments/{env}/repair", tag = DEPLOY, params(EnvPath),
-    request_body(content = TriggerBody, description = "Optional (an empty body means everything)"),
+    request_body(content = Option<TriggerBody>, description = "Optional (an empty body means everything)"),
     responses((status = 200, description = "Scheduled", body = Scheduled)))]
 pub async fn repair(
     State(state): State<AppState>,
@@ -149,7 +149,7 @@ pub struct DryrunStarted {
 
 /// Start a dry-run of a version (admin): what deploying it would change.
 #[utoipa::path(post, path = "/api/v1/environments/{env}/dryruns", tag = DEPLOY, params(EnvPath),
-    request_body(content = DryrunBody, description = "Optional (an empty body: the newest version)"),
+    request_body(content = Option<DryrunBody>, description = "Optional (an empty body: the newest version)"),
     responses((status = 202, description = "Started", body = DryrunStarted)))]
 pub async fn start_dryrun(
     State(state): State<AppState>,

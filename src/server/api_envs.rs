@@ -168,18 +168,73 @@ pub async fn list_environments(
 #[serde(deny_unknown_fields)]
 pub struct CreateEnvironment {
     /// project name or id
+    #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub project: String,
     /// 1-100 letters, digits, '-', '_' or '.', not starting with '-' or '.'
     #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub name: String,
-    /// settings that differ from the defaults (keys of `EnvSettings`)
+    /// settings that differ from the defaults
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<SettingsPatch>)]
     pub settings: Option<serde_json::Value>,
     /// create the project when it does not exist
     #[serde(default)]
     pub create_project: bool,
 }
+
+/// A change of settings: only the keys given change (see `EnvSettings` for what they mean);
+/// the result is validated as a whole. Only for the reference: the handlers patch JSON.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct SettingsPatch {
+    #[serde(default)]
+    auto_release: bool,
+    /// seconds (0 disables), or a 5-field cron schedule (UTC)
+    #[schema(value_type = Interval)]
+    #[serde(default)]
+    deploy_interval: serde_json::Value,
+    /// seconds (0 disables), or a 5-field cron schedule (UTC)
+    #[schema(value_type = Interval)]
+    #[serde(default)]
+    repair_interval: serde_json::Value,
+    #[serde(default)]
+    retry_backoff: crate::model::settings::RetryBackoff,
+    #[serde(default)]
+    protected: bool,
+    #[schema(value_type = crate::model::settings::SourceKind)]
+    #[serde(default)]
+    source: serde_json::Value,
+    #[schema(minimum = 1, maximum = 256)]
+    #[serde(default)]
+    agent_parallelism: u32,
+    #[schema(minimum = 1)]
+    #[serde(default)]
+    handler_timeout: u64,
+    #[schema(minimum = 1)]
+    #[serde(default)]
+    version_retention: u32,
+    #[serde(default)]
+    delete_removed_resources: bool,
+}
+
+/// An interval in a settings change: seconds, or a cron schedule.
+pub struct Interval;
+
+impl utoipa::PartialSchema for Interval {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::Integer))
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .description(Some(
+                "seconds (0 or less disables), or a 5-field cron schedule (UTC)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for Interval {}
 
 /// Create an environment (global admin), and its project with `create_project`.
 #[utoipa::path(post, path = "/api/v1/environments", tag = ENVIRONMENTS, request_body = CreateEnvironment,
@@ -326,7 +381,7 @@ pub async fn get_settings(
 
 /// Change settings (admin): only the given keys change; the result is validated as a whole.
 #[utoipa::path(patch, path = "/api/v1/environments/{env}/settings", tag = ENVIRONMENTS, params(EnvPath),
-    request_body(content = Object, description = "Settings to change: keys of `EnvSettings`"),
+    request_body = SettingsPatch,
     responses((status = 200, description = "The new settings", body = EnvSettings)))]
 pub async fn update_settings(
     State(state): State<AppState>,

@@ -311,7 +311,7 @@ pub struct Decision {
 
 /// Release a version (admin or approver): it becomes the active version.
 #[utoipa::path(post, path = "/api/v1/environments/{env}/versions/{number}/release", tag = VERSIONS, params(VersionPath),
-    request_body(content = Decision, description = "Optional (an empty body is fine)"),
+    request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
     responses((status = 200, description = "Released", body = VersionInfo)))]
 pub async fn release(
     State(state): State<AppState>,
@@ -351,7 +351,7 @@ pub async fn release(
 
 /// Reject a version (admin or approver).
 #[utoipa::path(post, path = "/api/v1/environments/{env}/versions/{number}/reject", tag = VERSIONS, params(VersionPath),
-    request_body(content = Decision, description = "Optional (an empty body is fine)"),
+    request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
     responses((status = 200, description = "Rejected", body = VersionInfo)))]
 pub async fn reject(
     State(state): State<AppState>,
@@ -379,7 +379,7 @@ pub async fn reject(
 
 /// Roll back to a version (admin or approver): its content becomes a new, released version.
 #[utoipa::path(post, path = "/api/v1/environments/{env}/versions/{number}/rollback", tag = VERSIONS, params(VersionPath),
-    request_body(content = Decision, description = "Optional (an empty body is fine)"),
+    request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
     responses((status = 201, description = "The new version", body = VersionInfo)))]
 pub async fn rollback(
     State(state): State<AppState>,

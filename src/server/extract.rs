@@ -83,7 +83,7 @@ pub async fn environment(state: &AppState, caller: &Caller, key: &str) -> ApiRes
     Ok(env)
 }
 
-/// An optional JSON body: empty means `T::default()`.
+/// An optional JSON body: empty (or `null`) means `T::default()`.
 pub struct OptionalJson<T>(pub T);
 
 impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
@@ -93,7 +93,8 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|rej| rejected(rej.status(), rej.body_text()))?;
-        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        // `null` too: the reference documents these bodies as optional, `T` or null
+        if bytes.iter().all(|b| b.is_ascii_whitespace()) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         serde_json::from_slice(&bytes)
