@@ -15,7 +15,8 @@ use crate::store::StoreError;
 pub struct ErrorBody {
     /// What kind of error: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
     /// `conflict`, `invalid`, `too_large`, `unsupported_media_type`, `method_not_allowed`,
-    /// `compile_error`, `unavailable`, `internal`, or a git error kind.
+    /// `no_scheduler`, `no_git`, `unavailable`, `internal`, or from the git host
+    /// `auth_failed` or `git_error`.
     pub error: String,
     /// For people.
     pub message: String,
