@@ -123,8 +123,10 @@ pub enum SourceKind {
 #[serde(deny_unknown_fields, default)]
 pub struct RetryBackoff {
     /// First retry this many seconds after a failure.
+    #[schema(minimum = 1)]
     pub initial: u64,
     /// Each further retry waits this many times longer…
+    #[schema(minimum = 1)]
     pub factor: f64,
     /// …up to this many seconds.
     pub max: u64,

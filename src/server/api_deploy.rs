@@ -453,7 +453,7 @@ pub struct Progress {
 
 /// Deploy summary of a version: counts by status, and whether it is done.
 /// Deploy progress of a version.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions/{number}/progress", tag = DEPLOY, params(VersionPath),
+#[utoipa::path(get, operation_id = "version_progress", path = "/api/v1/environments/{env}/versions/{number}/progress", tag = DEPLOY, params(VersionPath),
     responses((status = 200, description = "The progress", body = Progress)))]
 pub async fn progress(
     State(state): State<AppState>,

@@ -30,7 +30,7 @@ pub struct ListQuery {
 }
 
 /// The resources of a version (default: the active one) with their deploy state.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/resources", tag = RESOURCES, params(EnvPath, ListQuery),
+#[utoipa::path(get, operation_id = "list_resources", path = "/api/v1/environments/{env}/resources", tag = RESOURCES, params(EnvPath, ListQuery),
     responses((status = 200, description = "The resources; `version` is null (and the list empty) before the first release", body = store::state::ResourceList)))]
 pub async fn list(
     State(state): State<AppState>,
@@ -67,7 +67,7 @@ pub async fn list(
 
 /// One resource: as it is in the active version (else the newest holding it), its state, its
 /// history and recent actions.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/resources/{*id}", tag = RESOURCES, params(ResourcePath),
+#[utoipa::path(get, operation_id = "get_resource", path = "/api/v1/environments/{env}/resources/{*id}", tag = RESOURCES, params(ResourcePath),
     responses((status = 200, description = "The resource: `resource` (a stored resource), `state`, `versions`, `changes`, `recent_actions`", body = Object)))]
 pub async fn get(
     State(state): State<AppState>,

@@ -289,7 +289,7 @@ pub struct TriggerBody {
 
 /// Fetch now and compile the branch tip, or the named commit.
 /// Fetch now and compile the branch tip, or the named commit (admin or compiler).
-#[utoipa::path(post, path = "/api/v1/environments/{env}/source/trigger", tag = SOURCES, params(EnvPath),
+#[utoipa::path(post, operation_id = "trigger_compile", path = "/api/v1/environments/{env}/source/trigger", tag = SOURCES, params(EnvPath),
     request_body(content = Option<TriggerBody>, description = "Optional (an empty body compiles the tip)"),
     responses((status = 202, description = "Queued (or compiled already)", body = Triggered)))]
 pub async fn trigger(

@@ -27,7 +27,7 @@ pub struct TokenQuery {
 }
 
 /// Tokens (admin of the environment; global tokens: global admin). Secrets are never shown.
-#[utoipa::path(get, path = "/api/v1/tokens", tag = TOKENS, params(TokenQuery),
+#[utoipa::path(get, operation_id = "list_tokens", path = "/api/v1/tokens", tag = TOKENS, params(TokenQuery),
     responses((status = 200, description = "The tokens", body = Vec<Token>)))]
 pub async fn list(
     State(state): State<AppState>,
@@ -69,7 +69,7 @@ pub struct CreatedToken {
 }
 
 /// Create a token: of an environment (its admin), or global (global admin).
-#[utoipa::path(post, path = "/api/v1/tokens", tag = TOKENS, request_body = CreateToken,
+#[utoipa::path(post, operation_id = "create_token", path = "/api/v1/tokens", tag = TOKENS, request_body = CreateToken,
     responses((status = 201, description = "Created; the secret is shown this once", body = CreatedToken)))]
 pub async fn create(
     State(state): State<AppState>,
@@ -105,7 +105,7 @@ pub async fn create(
 }
 
 /// Revoke a token.
-#[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = TOKENS, params(TokenPath),
+#[utoipa::path(delete, operation_id = "revoke_token", path = "/api/v1/tokens/{id}", tag = TOKENS, params(TokenPath),
     responses((status = 204, description = "Revoked")))]
 pub async fn revoke(
     State(state): State<AppState>,
@@ -147,7 +147,7 @@ pub struct AuditQuery {
 }
 
 /// The audit log of an environment, newest first (admin).
-#[utoipa::path(get, path = "/api/v1/environments/{env}/audit", tag = TOKENS, params(EnvPath, AuditQuery),
+#[utoipa::path(get, operation_id = "environment_audit", path = "/api/v1/environments/{env}/audit", tag = TOKENS, params(EnvPath, AuditQuery),
     responses((status = 200, description = "The entries", body = Vec<AuditEntry>)))]
 pub async fn audit(
     State(state): State<AppState>,
@@ -168,7 +168,7 @@ pub async fn audit(
 }
 
 /// The whole audit log, newest first (global admin).
-#[utoipa::path(get, path = "/api/v1/audit", tag = TOKENS, params(AuditQuery),
+#[utoipa::path(get, operation_id = "audit", path = "/api/v1/audit", tag = TOKENS, params(AuditQuery),
     responses((status = 200, description = "The entries", body = Vec<AuditEntry>)))]
 pub async fn audit_all(
     State(state): State<AppState>,

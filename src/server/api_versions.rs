@@ -38,7 +38,7 @@ pub struct Uploaded {
 
 /// Upload a version (an export of `steward compile --export`): admin or compiler token; refused
 /// when the environment follows a git repository.
-#[utoipa::path(post, path = "/api/v1/environments/{env}/versions", tag = VERSIONS, params(EnvPath), request_body = Upload,
+#[utoipa::path(post, operation_id = "upload_version", path = "/api/v1/environments/{env}/versions", tag = VERSIONS, params(EnvPath), request_body = Upload,
     responses((status = 201, description = "Stored", body = Uploaded)))]
 pub async fn upload(
     State(state): State<AppState>,
@@ -113,7 +113,7 @@ pub struct VersionItem {
 }
 
 /// The versions, newest first.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions", tag = VERSIONS, params(EnvPath, ListQuery),
+#[utoipa::path(get, operation_id = "list_versions", path = "/api/v1/environments/{env}/versions", tag = VERSIONS, params(EnvPath, ListQuery),
     responses((status = 200, description = "The versions", body = Vec<VersionItem>)))]
 pub async fn list(
     State(state): State<AppState>,
@@ -146,7 +146,7 @@ pub struct VersionDetail {
 }
 
 /// A version.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions/{number}", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(get, operation_id = "get_version", path = "/api/v1/environments/{env}/versions/{number}", tag = VERSIONS, params(VersionPath),
     responses((status = 200, description = "The version", body = VersionDetail)))]
 pub async fn get(
     State(state): State<AppState>,
@@ -168,7 +168,7 @@ pub async fn get(
 }
 
 /// The resources of a version, as stored.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions/{number}/resources", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(get, operation_id = "version_resources", path = "/api/v1/environments/{env}/versions/{number}/resources", tag = VERSIONS, params(VersionPath),
     responses((status = 200, description = "The resources", body = Vec<StoredResource>)))]
 pub async fn resources(
     State(state): State<AppState>,
@@ -184,7 +184,7 @@ pub async fn resources(
 }
 
 /// A version as the export it was made from.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions/{number}/export", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(get, operation_id = "export_version", path = "/api/v1/environments/{env}/versions/{number}/export", tag = VERSIONS, params(VersionPath),
     responses((status = 200, description = "The export", body = ExportFile)))]
 pub async fn export(
     State(state): State<AppState>,
@@ -210,7 +210,7 @@ pub struct VersionDiff {
 }
 
 /// A version's diff against the version before it.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions/{number}/diff", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(get, operation_id = "version_diff", path = "/api/v1/environments/{env}/versions/{number}/diff", tag = VERSIONS, params(VersionPath),
     responses((status = 200, description = "The diff", body = VersionDiff)))]
 pub async fn diff(
     State(state): State<AppState>,
@@ -284,7 +284,7 @@ pub async fn diff_between(
 }
 
 /// Who released or rejected a version.
-#[utoipa::path(get, path = "/api/v1/environments/{env}/versions/{number}/approvals", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(get, operation_id = "version_approvals", path = "/api/v1/environments/{env}/versions/{number}/approvals", tag = VERSIONS, params(VersionPath),
     responses((status = 200, description = "The decisions", body = Vec<Approval>)))]
 pub async fn approvals(
     State(state): State<AppState>,
@@ -310,7 +310,7 @@ pub struct Decision {
 }
 
 /// Release a version (admin or approver): it becomes the active version.
-#[utoipa::path(post, path = "/api/v1/environments/{env}/versions/{number}/release", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(post, operation_id = "release_version", path = "/api/v1/environments/{env}/versions/{number}/release", tag = VERSIONS, params(VersionPath),
     request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
     responses((status = 200, description = "Released", body = VersionInfo)))]
 pub async fn release(
@@ -350,7 +350,7 @@ pub async fn release(
 }
 
 /// Reject a version (admin or approver).
-#[utoipa::path(post, path = "/api/v1/environments/{env}/versions/{number}/reject", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(post, operation_id = "reject_version", path = "/api/v1/environments/{env}/versions/{number}/reject", tag = VERSIONS, params(VersionPath),
     request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
     responses((status = 200, description = "Rejected", body = VersionInfo)))]
 pub async fn reject(
@@ -378,7 +378,7 @@ pub async fn reject(
 }
 
 /// Roll back to a version (admin or approver): its content becomes a new, released version.
-#[utoipa::path(post, path = "/api/v1/environments/{env}/versions/{number}/rollback", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(post, operation_id = "rollback_version", path = "/api/v1/environments/{env}/versions/{number}/rollback", tag = VERSIONS, params(VersionPath),
     request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
     responses((status = 201, description = "The new version", body = VersionInfo)))]
 pub async fn rollback(
@@ -415,7 +415,7 @@ pub async fn rollback(
 }
 
 /// Delete a version (admin; never the active one).
-#[utoipa::path(delete, path = "/api/v1/environments/{env}/versions/{number}", tag = VERSIONS, params(VersionPath),
+#[utoipa::path(delete, operation_id = "delete_version", path = "/api/v1/environments/{env}/versions/{number}", tag = VERSIONS, params(VersionPath),
     responses((status = 204, description = "Deleted")))]
 pub async fn delete(
     State(state): State<AppState>,

@@ -255,6 +255,7 @@ mod tests {
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
         let paths = doc["paths"].as_object().unwrap();
         assert!(paths.len() > 30);
+        let mut ids = std::collections::BTreeSet::new();
         for (path, item) in paths {
             let names: Vec<&str> = path
                 .split('{')
@@ -272,6 +273,8 @@ mod tests {
                     })
                     .unwrap_or_default();
                 assert_eq!(names, declared, "{method} {path}");
+                let id = op["operationId"].as_str().unwrap();
+                assert!(ids.insert(id.to_string()), "operationId {id} twice");
                 assert!(
                     op["responses"]["default"].is_object(),
                     "{method} {path} has no error answer"
