@@ -175,6 +175,27 @@ async fn every_error_is_the_json_error_body() {
     .await;
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"], "bad_request", "{v}");
+    // a NUL character (PostgreSQL stores none) in a query value and in a JSON body: the
+    // client's mistake, not a server error (found by scripts/fuzz-api)
+    let (st, v) = send(
+        &s,
+        reqwest::Method::GET,
+        &format!("/api/v1/environments/{env}/actions?resource_id=a%00b"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 422, "{v}");
+    let mut export = serde_json::to_value(crate::support::null_export(1, None)).unwrap();
+    export["provenance"] = serde_json::json!({"message": "nul \u{0} here"});
+    let (st, v) = send(
+        &s,
+        reqwest::Method::POST,
+        &format!("/api/v1/environments/{env}/versions"),
+        Some(export.to_string()),
+    )
+    .await;
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"], "invalid", "{v}");
     // a method the path does not take
     let (st, v) = send(&s, reqwest::Method::PUT, "/api/v1/projects", None).await;
     assert_eq!(st, 405, "{v}");
