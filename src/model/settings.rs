@@ -162,6 +162,8 @@ pub struct EnvSettings {
     /// Seconds before a handler action is abandoned and its executor killed.
     pub handler_timeout: u64,
     /// Versions kept (besides the active one); older ones are deleted.
+    // the whole u32 range in the reference (utoipa would say int32, which ends at 2^31 - 1)
+    #[schema(value_type = i64, minimum = 0, maximum = 4294967295_i64)]
     pub version_retention: u32,
     /// Delete resources removed from the model on their targets (otherwise they become
     /// orphans and are left alone).

@@ -211,7 +211,8 @@ pub struct SettingsPatch {
     #[schema(minimum = 1)]
     #[serde(default)]
     handler_timeout: u64,
-    #[schema(minimum = 1)]
+    // the whole u32 range (utoipa would say int32, which ends at 2^31 - 1)
+    #[schema(value_type = i64, minimum = 1, maximum = 4294967295_i64)]
     #[serde(default)]
     version_retention: u32,
     #[serde(default)]
