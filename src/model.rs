@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// `type[agent,attr=value]`
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(transparent)]
 pub struct ResourceId(pub String);
 
@@ -47,12 +49,13 @@ impl std::fmt::Display for ResourceId {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Resource {
     pub id: ResourceId,
     #[serde(rename = "type")]
     pub type_name: String,
     pub agent: String,
+    #[schema(value_type = Object)]
     pub attributes: serde_json::Map<String, serde_json::Value>,
     #[serde(default)]
     pub requires: Vec<ResourceId>,
@@ -105,7 +108,7 @@ pub fn canonical_json(v: &serde_json::Value, out: &mut String) {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExportMetadata {
     pub project: String,
     pub compiler: String,
@@ -115,7 +118,7 @@ pub struct ExportMetadata {
 }
 
 /// One file of a module's handler code.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CodeFile {
     /// SHA-256 of the content, hex.
     pub hash: String,
@@ -126,7 +129,7 @@ pub struct CodeFile {
 /// The handler a module ships for a resource type: its files (paths inside the module) and
 /// the entry point that runs. `digest` names this exact code (entry + files): executors keep
 /// one handler process per agent and digest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HandlerCode {
     pub module: String,
     pub entry: String,
@@ -154,8 +157,9 @@ impl HandlerCode {
 ///
 /// Beyond DESIGN.md §3: `handlers` (resource type -> the module code handling it) and `code`
 /// (content hash -> file content, hex): handler code travels with the version it belongs to.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExportFile {
+    #[schema(minimum = 1, maximum = 1)]
     pub format: u32,
     pub resources: Vec<Resource>,
     /// Resources carrying unknown values: stored, never deployed.
@@ -171,7 +175,7 @@ pub struct ExportFile {
 pub const EXPORT_FORMAT: u32 = 1;
 
 /// What a token may do (DESIGN.md §3): checked by the server on every request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// everything in its environment; a global admin manages projects, environments, tokens

@@ -15,6 +15,7 @@ pub mod api_versions;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod openapi;
 pub mod ops;
 pub mod start;
 
@@ -24,9 +25,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
 use sqlx::PgPool;
 use tokio::sync::broadcast;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 /// Something changed in an environment: parts that act on their own re-read it.
@@ -81,144 +83,87 @@ pub struct AppState {
 /// Largest accepted request body (a 10,000-resource export is a few MB).
 pub const MAX_BODY: usize = 64 << 20;
 
+/// The API: every route with its OpenAPI description. The router and the document are built
+/// from this one list ([`utoipa_axum::routes!`] takes a handler's path and method from its
+/// `#[utoipa::path]`), so the reference cannot miss a route: add routes here, never with a
+/// plain `.route()`.
+pub fn api() -> OpenApiRouter<AppState> {
+    use api_deploy as d;
+    use api_envs as e;
+    use api_resources as r;
+    use api_sources as s;
+    use api_tokens as t;
+    use api_versions as v;
+    // a webhook is signed JSON from a git host: a smaller body limit than uploads
+    let webhook = OpenApiRouter::new()
+        .routes(routes!(s::webhook))
+        .layer(DefaultBodyLimit::max(
+            crate::sources::webhook::MAX_WEBHOOK_BODY,
+        ));
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(ops::health))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(openapi::document))
+        .routes(routes!(e::list_projects, e::create_project))
+        .routes(routes!(
+            e::get_project,
+            e::rename_project,
+            e::delete_project
+        ))
+        .routes(routes!(e::list_environments, e::create_environment))
+        .routes(routes!(
+            e::get_environment,
+            e::rename_environment,
+            e::delete_environment
+        ))
+        .routes(routes!(e::get_settings, e::update_settings))
+        .routes(routes!(v::list, v::upload))
+        .routes(routes!(v::get, v::delete))
+        .routes(routes!(v::resources))
+        .routes(routes!(v::export))
+        .routes(routes!(v::diff))
+        .routes(routes!(v::approvals))
+        .routes(routes!(v::release))
+        .routes(routes!(v::reject))
+        .routes(routes!(v::rollback))
+        .routes(routes!(v::diff_between))
+        .routes(routes!(v::resume_auto_release))
+        .routes(routes!(r::list))
+        .routes(routes!(r::get))
+        .routes(routes!(r::list_actions, r::report_action))
+        .routes(routes!(t::audit))
+        .routes(routes!(
+            s::get_source,
+            s::set_source,
+            s::patch_source,
+            s::delete_source
+        ))
+        .routes(routes!(s::trigger))
+        .merge(webhook)
+        .routes(routes!(s::list_compiles))
+        .routes(routes!(s::get_compile))
+        .routes(routes!(s::timeline))
+        .routes(routes!(d::deploy))
+        .routes(routes!(d::repair))
+        .routes(routes!(d::halt))
+        .routes(routes!(d::resume))
+        .routes(routes!(d::list_dryruns, d::start_dryrun))
+        .routes(routes!(d::get_dryrun))
+        .routes(routes!(d::list_agents))
+        .routes(routes!(d::pause_agent))
+        .routes(routes!(d::unpause_agent))
+        .routes(routes!(d::progress))
+        .routes(routes!(t::list, t::create))
+        .routes(routes!(t::revoke))
+        .routes(routes!(t::audit_all))
+}
+
 pub fn router(state: AppState) -> Router {
-    let env = "/api/v1/environments/{env}";
-    let api = Router::new()
-        .route(
-            "/api/v1/projects",
-            get(api_envs::list_projects).post(api_envs::create_project),
-        )
-        .route(
-            "/api/v1/projects/{project}",
-            get(api_envs::get_project)
-                .patch(api_envs::rename_project)
-                .delete(api_envs::delete_project),
-        )
-        .route(
-            "/api/v1/environments",
-            get(api_envs::list_environments).post(api_envs::create_environment),
-        )
-        .route(
-            env,
-            get(api_envs::get_environment)
-                .patch(api_envs::rename_environment)
-                .delete(api_envs::delete_environment),
-        )
-        .route(
-            &format!("{env}/settings"),
-            get(api_envs::get_settings).patch(api_envs::update_settings),
-        )
-        .route(
-            &format!("{env}/versions"),
-            get(api_versions::list).post(api_versions::upload),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}"),
-            get(api_versions::get).delete(api_versions::delete),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/resources"),
-            get(api_versions::resources),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/export"),
-            get(api_versions::export),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/diff"),
-            get(api_versions::diff),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/approvals"),
-            get(api_versions::approvals),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/release"),
-            post(api_versions::release),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/reject"),
-            post(api_versions::reject),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/rollback"),
-            post(api_versions::rollback),
-        )
-        .route(&format!("{env}/diff"), get(api_versions::diff_between))
-        .route(
-            &format!("{env}/auto-release/resume"),
-            post(api_versions::resume_auto_release),
-        )
-        .route(&format!("{env}/resources"), get(api_resources::list))
-        .route(&format!("{env}/resources/{{*id}}"), get(api_resources::get))
-        .route(
-            &format!("{env}/actions"),
-            get(api_resources::list_actions).post(api_resources::report_action),
-        )
-        .route(&format!("{env}/audit"), get(api_tokens::audit))
-        .route(
-            &format!("{env}/source"),
-            get(api_sources::get_source)
-                .put(api_sources::set_source)
-                .patch(api_sources::patch_source)
-                .delete(api_sources::delete_source),
-        )
-        .route(&format!("{env}/source/trigger"), post(api_sources::trigger))
-        .route(
-            &format!("{env}/source/webhook"),
-            post(api_sources::webhook).layer(DefaultBodyLimit::max(
-                crate::sources::webhook::MAX_WEBHOOK_BODY,
-            )),
-        )
-        .route(&format!("{env}/compiles"), get(api_sources::list_compiles))
-        .route(
-            &format!("{env}/compiles/{{id}}"),
-            get(api_sources::get_compile),
-        )
-        .route(
-            &format!("{env}/commits/{{commit}}"),
-            get(api_sources::timeline),
-        )
-        .route(&format!("{env}/deploy"), post(api_deploy::deploy))
-        .route(&format!("{env}/repair"), post(api_deploy::repair))
-        .route(&format!("{env}/halt"), post(api_deploy::halt))
-        .route(&format!("{env}/resume"), post(api_deploy::resume))
-        .route(
-            &format!("{env}/dryruns"),
-            get(api_deploy::list_dryruns).post(api_deploy::start_dryrun),
-        )
-        .route(
-            &format!("{env}/dryruns/{{id}}"),
-            get(api_deploy::get_dryrun),
-        )
-        .route(&format!("{env}/agents"), get(api_deploy::list_agents))
-        .route(
-            &format!("{env}/agents/{{agent}}/pause"),
-            post(api_deploy::pause_agent),
-        )
-        .route(
-            &format!("{env}/agents/{{agent}}/unpause"),
-            post(api_deploy::unpause_agent),
-        )
-        .route(
-            &format!("{env}/versions/{{number}}/progress"),
-            get(api_deploy::progress),
-        )
-        .route(
-            "/api/v1/tokens",
-            get(api_tokens::list).post(api_tokens::create),
-        )
-        .route(
-            "/api/v1/tokens/{id}",
-            axum::routing::delete(api_tokens::revoke),
-        )
-        .route("/api/v1/audit", get(api_tokens::audit_all));
-    Router::new()
-        .route("/health", get(ops::health))
-        .route("/metrics", get(ops::metrics))
-        .merge(api)
-        .fallback(ops::not_found)
+    let (api, _) = api().split_for_parts();
+    api.fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
+        // inside `track`, so the metrics count the status the client gets
+        .layer(axum::middleware::from_fn(error::json_errors))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             ops::track,

@@ -50,7 +50,7 @@ pub enum SourceError {
 }
 
 /// What a trigger led to.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Triggered {
     pub commit: String,
     /// queued | already_compiled

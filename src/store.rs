@@ -49,6 +49,12 @@ impl From<sqlx::Error> for StoreError {
                 Some("23505") => StoreError::Conflict(db.message().to_string()),
                 // foreign_key_violation, check_violation
                 Some("23503") | Some("23514") => StoreError::Invalid(db.message().to_string()),
+                // character_not_in_repertoire, untranslatable_character: a NUL character in
+                // text or JSON (PostgreSQL can store neither) is the client's input, not a fault
+                Some("22021") | Some("22P05") => StoreError::Invalid(format!(
+                    "text can not hold this character: {}",
+                    db.message()
+                )),
                 // admin shutdown, crash shutdown, cannot connect now
                 Some("57P01") | Some("57P02") | Some("57P03") => {
                     StoreError::Unavailable(db.message().to_string())

@@ -110,7 +110,7 @@ pub fn validate_cron(expr: &str) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// versions are uploaded (`steward export`)
@@ -119,12 +119,14 @@ pub enum SourceKind {
     Git,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryBackoff {
     /// First retry this many seconds after a failure.
+    #[schema(minimum = 1)]
     pub initial: u64,
     /// Each further retry waits this many times longer…
+    #[schema(minimum = 1)]
     pub factor: f64,
     /// …up to this many seconds.
     pub max: u64,
@@ -141,7 +143,7 @@ impl Default for RetryBackoff {
 }
 
 /// How long the records that grow with time are kept (pruned in the background).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Retention {
     /// Days finished records are kept: resource actions and their logs, compile reports of
@@ -171,14 +173,16 @@ impl Default for Retention {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSettings {
     /// Release every new version as soon as it is stored.
     pub auto_release: bool,
     /// Periodic deploy of resources that are not known to be good.
+    #[schema(value_type = String)]
     pub deploy_interval: Interval,
     /// Periodic repair: verify every resource and restore drift.
+    #[schema(value_type = String)]
     pub repair_interval: Interval,
     pub retry_backoff: RetryBackoff,
     /// Refuse deletion of the environment.
@@ -189,6 +193,8 @@ pub struct EnvSettings {
     /// Seconds before a handler action is abandoned and its executor killed.
     pub handler_timeout: u64,
     /// Versions kept (besides the active one); older ones are deleted.
+    // the whole u32 range in the reference (utoipa would say int32, which ends at 2^31 - 1)
+    #[schema(value_type = i64, minimum = 0, maximum = 4294967295_i64)]
     pub version_retention: u32,
     /// Delete resources removed from the model on their targets (otherwise they become
     /// orphans and are left alone).

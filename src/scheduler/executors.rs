@@ -133,12 +133,10 @@ impl Pool {
                 Ok(())
             });
         }
-        let mut child = command
-            .spawn()
-            .map_err(|e| PoolError::Spawn {
-                binary: self.binary.display().to_string(),
-                detail: e.to_string(),
-            })?;
+        let mut child = command.spawn().map_err(|e| PoolError::Spawn {
+            binary: self.binary.display().to_string(),
+            detail: e.to_string(),
+        })?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let id = self.next;

@@ -6,14 +6,17 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::ToSchema;
 
 use super::AppState;
 use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{OptionalJson, environment, parse_number, parse_uuid};
+use super::openapi::{AgentPath, DEPLOY, EnvIdPath, EnvPath, VersionPath};
 use crate::scheduler::{SchedulerError, Schedulers};
+use crate::store::deploy::{DryrunResult, DryrunRow};
 use crate::store::{self, audit, versions};
 
 impl From<SchedulerError> for ApiError {
@@ -36,8 +39,9 @@ fn schedulers(state: &AppState) -> ApiResult<&Schedulers> {
     })
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = DeployTrigger)]
 pub struct TriggerBody {
     /// only resources of this agent
     #[serde(default)]
@@ -47,13 +51,24 @@ pub struct TriggerBody {
     pub resource: Option<String>,
 }
 
+/// What a deploy or repair request scheduled.
+#[derive(Serialize, ToSchema)]
+pub struct Scheduled {
+    /// deploy or repair
+    pub action: &'static str,
+    /// Resources scheduled.
+    pub scheduled: usize,
+    /// The environment is halted: nothing runs until it is resumed.
+    pub halted: bool,
+}
+
 async fn trigger(
     state: AppState,
     caller: Caller,
     key: String,
     body: TriggerBody,
     repair: bool,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Scheduled>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     let s = schedulers(&state)?;
@@ -82,30 +97,40 @@ async fn trigger(
         json!({"agent": body.agent, "resource": body.resource, "scheduled": n}),
     )
     .await?;
-    Ok(Json(
-        json!({"action": kind, "scheduled": n, "halted": env.halted}),
-    ))
+    Ok(Json(Scheduled {
+        action: kind,
+        scheduled: n,
+        halted: env.halted,
+    }))
 }
 
+/// Deploy now (admin): resources not known to be good, optionally of one agent or one resource.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/deploy", tag = DEPLOY, params(EnvPath),
+    request_body(content = Option<TriggerBody>, description = "Optional (an empty body means everything)"),
+    responses((status = 200, description = "Scheduled", body = Scheduled)))]
 pub async fn deploy(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     OptionalJson(body): OptionalJson<TriggerBody>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Scheduled>> {
     trigger(state, caller, key, body, false).await
 }
 
+/// Repair now (admin): verify resources and restore drift.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/repair", tag = DEPLOY, params(EnvPath),
+    request_body(content = Option<TriggerBody>, description = "Optional (an empty body means everything)"),
+    responses((status = 200, description = "Scheduled", body = Scheduled)))]
 pub async fn repair(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     OptionalJson(body): OptionalJson<TriggerBody>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Scheduled>> {
     trigger(state, caller, key, body, true).await
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DryrunBody {
     /// default: the newest version
@@ -113,12 +138,25 @@ pub struct DryrunBody {
     pub version: Option<i32>,
 }
 
+/// A dry-run that was started.
+#[derive(Serialize, ToSchema)]
+pub struct DryrunStarted {
+    pub id: uuid::Uuid,
+    pub version: i32,
+    /// Resources to dry-run.
+    pub total: i32,
+}
+
+/// Start a dry-run of a version (admin): what deploying it would change.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/dryruns", tag = DEPLOY, params(EnvPath),
+    request_body(content = Option<DryrunBody>, description = "Optional (an empty body: the newest version)"),
+    responses((status = 202, description = "Started", body = DryrunStarted)))]
 pub async fn start_dryrun(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     OptionalJson(body): OptionalJson<DryrunBody>,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+) -> ApiResult<(StatusCode, Json<DryrunStarted>)> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     let s = schedulers(&state)?;
@@ -142,26 +180,44 @@ pub async fn start_dryrun(
     s.dryrun(env.id, id, version)?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": id, "version": version, "total": info.resource_count})),
+        Json(DryrunStarted {
+            id,
+            version,
+            total: info.resource_count,
+        }),
     ))
 }
 
+/// The dry-runs.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/dryruns", tag = DEPLOY, params(EnvPath),
+    responses((status = 200, description = "The dry-runs", body = Vec<DryrunRow>)))]
 pub async fn list_dryruns(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<DryrunRow>>> {
     let env = environment(&state, &caller, &key).await?;
-    Ok(Json(json!(
-        store::deploy::dryruns(&state.pool, env.id).await?
-    )))
+    Ok(Json(store::deploy::dryruns(&state.pool, env.id).await?))
 }
 
+/// A dry-run with its results so far.
+#[derive(Serialize, ToSchema)]
+pub struct DryrunReport {
+    pub dryrun: DryrunRow,
+    pub complete: bool,
+    /// Resources that would change.
+    pub changed: usize,
+    pub results: Vec<DryrunResult>,
+}
+
+/// A dry-run with its results.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/dryruns/{id}", tag = DEPLOY, params(EnvIdPath),
+    responses((status = 200, description = "The dry-run", body = DryrunReport)))]
 pub async fn get_dryrun(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, id)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<DryrunReport>> {
     let env = environment(&state, &caller, &key).await?;
     let id = parse_uuid("dry-run", &id)?;
     let row = store::deploy::dryrun(&state.pool, env.id, id).await?;
@@ -170,19 +226,44 @@ pub async fn get_dryrun(
         .iter()
         .filter(|r| r.changes.as_object().is_some_and(|m| !m.is_empty()))
         .count();
-    Ok(Json(json!({
-        "dryrun": row,
-        "complete": row.finished_at.is_some(),
-        "changed": changed,
-        "results": results,
-    })))
+    Ok(Json(DryrunReport {
+        complete: row.finished_at.is_some(),
+        dryrun: row,
+        changed,
+        results,
+    }))
 }
 
+/// An agent and what it is doing.
+#[derive(Serialize, ToSchema)]
+pub struct Agent {
+    pub name: String,
+    pub paused: bool,
+    /// Resources waiting to deploy.
+    pub queued: usize,
+    /// Resources deploying now.
+    pub running: usize,
+    /// Process ids of its executors.
+    pub executors: Vec<u32>,
+    /// halted, paused, deploying or idle
+    pub state: &'static str,
+}
+
+/// The agents of an environment.
+#[derive(Serialize, ToSchema)]
+pub struct Agents {
+    pub halted: bool,
+    pub agents: Vec<Agent>,
+}
+
+/// The agents with their live figures (when the scheduler runs).
+#[utoipa::path(get, path = "/api/v1/environments/{env}/agents", tag = DEPLOY, params(EnvPath),
+    responses((status = 200, description = "The agents", body = Agents)))]
 pub async fn list_agents(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Agents>> {
     let env = environment(&state, &caller, &key).await?;
     let rows = store::deploy::agents(&state.pool, env.id).await?;
     // live figures from the scheduler when it runs; the stored flags otherwise
@@ -192,21 +273,41 @@ pub async fn list_agents(
         }
         _ => None,
     };
-    let agents: Vec<serde_json::Value> = rows
+    let agents = rows
         .iter()
         .map(|a| {
-            let l = live.as_ref().and_then(|l| l.agents.iter().find(|x| x.name == a.name));
-            json!({
-                "name": a.name,
-                "paused": a.paused,
-                "queued": l.map(|l| l.queued).unwrap_or(0),
-                "running": l.map(|l| l.running).unwrap_or(0),
-                "executors": l.map(|l| l.executors.clone()).unwrap_or_default(),
-                "state": if env.halted { "halted" } else if a.paused { "paused" } else if l.is_some_and(|l| l.running > 0) { "deploying" } else { "idle" },
-            })
+            let l = live
+                .as_ref()
+                .and_then(|l| l.agents.iter().find(|x| x.name == a.name));
+            Agent {
+                name: a.name.clone(),
+                paused: a.paused,
+                queued: l.map(|l| l.queued).unwrap_or(0),
+                running: l.map(|l| l.running).unwrap_or(0),
+                executors: l.map(|l| l.executors.clone()).unwrap_or_default(),
+                state: if env.halted {
+                    "halted"
+                } else if a.paused {
+                    "paused"
+                } else if l.is_some_and(|l| l.running > 0) {
+                    "deploying"
+                } else {
+                    "idle"
+                },
+            }
         })
         .collect();
-    Ok(Json(json!({"halted": env.halted, "agents": agents})))
+    Ok(Json(Agents {
+        halted: env.halted,
+        agents,
+    }))
+}
+
+/// An agent's pause flag.
+#[derive(Serialize, ToSchema)]
+pub struct Paused {
+    pub name: String,
+    pub paused: bool,
 }
 
 async fn set_pause(
@@ -215,7 +316,7 @@ async fn set_pause(
     key: String,
     agent: String,
     paused: bool,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Paused>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     let known = store::deploy::agents(&state.pool, env.id).await?;
@@ -242,23 +343,39 @@ async fn set_pause(
         json!({}),
     )
     .await?;
-    Ok(Json(json!({"name": agent, "paused": paused})))
+    Ok(Json(Paused {
+        name: agent,
+        paused,
+    }))
 }
 
+/// Pause an agent (admin): nothing new starts on it.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/agents/{agent}/pause", tag = DEPLOY, params(AgentPath),
+    responses((status = 200, description = "Paused", body = Paused)))]
 pub async fn pause_agent(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, agent)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Paused>> {
     set_pause(state, caller, key, agent, true).await
 }
 
+/// Unpause an agent (admin).
+#[utoipa::path(post, path = "/api/v1/environments/{env}/agents/{agent}/unpause", tag = DEPLOY, params(AgentPath),
+    responses((status = 200, description = "Unpaused", body = Paused)))]
 pub async fn unpause_agent(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, agent)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Paused>> {
     set_pause(state, caller, key, agent, false).await
+}
+
+/// An environment's halt flag.
+#[derive(Serialize, ToSchema)]
+pub struct Halted {
+    pub environment: uuid::Uuid,
+    pub halted: bool,
 }
 
 async fn set_halt(
@@ -266,7 +383,7 @@ async fn set_halt(
     caller: Caller,
     key: String,
     halted: bool,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Halted>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     store::environments::set_halted(&state.pool, env.id, halted).await?;
@@ -289,31 +406,68 @@ async fn set_halt(
         json!({}),
     )
     .await?;
-    Ok(Json(json!({"environment": env.id, "halted": halted})))
+    Ok(Json(Halted {
+        environment: env.id,
+        halted,
+    }))
 }
 
+/// Halt the environment (admin): nothing new starts until it is resumed.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/halt", tag = DEPLOY, params(EnvPath),
+    responses((status = 200, description = "Halted", body = Halted)))]
 pub async fn halt(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Halted>> {
     set_halt(state, caller, key, true).await
 }
 
+/// Resume a halted environment (admin).
+#[utoipa::path(post, path = "/api/v1/environments/{env}/resume", tag = DEPLOY, params(EnvPath),
+    responses((status = 200, description = "Resumed", body = Halted)))]
 pub async fn resume(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Halted>> {
     set_halt(state, caller, key, false).await
 }
 
-/// Deploy summary of a version: counts by status, and whether it is done.
+/// Where the deploy of a version stands.
+#[derive(Serialize, ToSchema)]
+pub struct Progress {
+    pub version: i32,
+    /// The version's status (new, released, rejected, …).
+    pub status: String,
+    /// It is the released version being deployed.
+    pub active: bool,
+    /// The environment's active version, if any.
+    pub active_version: Option<i32>,
+    /// Where the version is, in one word: waiting_for_approval, rejected, replaced (a newer
+    /// version is active), halted, deploying, failed or deployed.
+    pub phase: String,
+    /// Its resources.
+    pub total: i64,
+    /// Resources still to be deployed (new intent, deploying).
+    pub pending: i64,
+    /// Resources whose last deploy failed.
+    pub failed: i64,
+    /// Resources by status (see the resource list).
+    #[schema(value_type = std::collections::BTreeMap<String, i64>)]
+    pub by_status: serde_json::Map<String, serde_json::Value>,
+    /// Settled: it is active, nothing waits for a first or new deploy, nothing runs.
+    pub done: bool,
+}
+
+/// Deploy progress of a version.
+#[utoipa::path(get, operation_id = "version_progress", path = "/api/v1/environments/{env}/versions/{number}/progress", tag = DEPLOY, params(VersionPath),
+    responses((status = 200, description = "The progress", body = Progress)))]
 pub async fn progress(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, number)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Progress>> {
     let env = environment(&state, &caller, &key).await?;
     let number = parse_number(&number)?;
     let info = versions::get(&state.pool, env.id, number).await?;
@@ -331,17 +485,17 @@ pub async fn progress(
         _ if summary.failed > 0 => "failed",
         _ => "deployed",
     };
-    Ok(Json(json!({
-        "version": number,
-        "status": info.status,
-        "active": is_active,
-        "active_version": active,
-        "phase": phase,
-        "total": summary.total,
-        "pending": summary.pending,
-        "failed": summary.failed,
-        "by_status": summary.by_status,
+    Ok(Json(Progress {
+        version: number,
+        status: info.status,
+        active: is_active,
+        active_version: active,
+        phase: phase.into(),
+        total: summary.total,
+        pending: summary.pending,
+        failed: summary.failed,
+        by_status: summary.by_status,
         // settled: nothing waiting for a first or new deploy, nothing running
-        "done": done,
-    })))
+        done,
+    }))
 }

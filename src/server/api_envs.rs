@@ -3,19 +3,24 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::ToSchema;
 
 use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, environment};
+use super::openapi::{ENVIRONMENTS, EnvPath, ProjectPath};
 use super::{AppState, Event};
 use crate::model::settings::EnvSettings;
+use crate::store::environments::{Environment, Project};
 use crate::store::{self, audit};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NameBody {
+    /// 1-100 letters, digits, '-', '_' or '.', not starting with '-' or '.'
+    #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub name: String,
 }
 
@@ -26,6 +31,9 @@ async fn project_by_key(state: &AppState, key: &str) -> ApiResult<store::environ
     })
 }
 
+/// The projects (a token of an environment sees its own project only).
+#[utoipa::path(get, path = "/api/v1/projects", tag = ENVIRONMENTS,
+    responses((status = 200, description = "The projects", body = Vec<Project>)))]
 pub async fn list_projects(
     State(state): State<AppState>,
     caller: Caller,
@@ -38,6 +46,9 @@ pub async fn list_projects(
     Ok(Json(json!(projects)))
 }
 
+/// Create a project (global admin).
+#[utoipa::path(post, path = "/api/v1/projects", tag = ENVIRONMENTS, request_body = NameBody,
+    responses((status = 201, description = "Created", body = Project)))]
 pub async fn create_project(
     State(state): State<AppState>,
     caller: Caller,
@@ -57,22 +68,40 @@ pub async fn create_project(
     Ok((StatusCode::CREATED, Json(json!(p))))
 }
 
+/// A project with the environments the token sees.
+#[derive(Serialize, ToSchema)]
+pub struct ProjectDetail {
+    pub id: uuid::Uuid,
+    pub name: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub environments: Vec<Environment>,
+}
+
+/// A project and its environments.
+#[utoipa::path(get, path = "/api/v1/projects/{project}", tag = ENVIRONMENTS, params(ProjectPath),
+    responses((status = 200, description = "The project", body = ProjectDetail)))]
 pub async fn get_project(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<ProjectDetail>> {
     let p = project_by_key(&state, &key).await?;
     let mut envs = store::environments::list_environments(&state.pool, Some(p.id)).await?;
     envs.retain(|e| caller.sees(e.id));
     if caller.environment.is_some() && envs.is_empty() {
         return Err(ApiError::forbidden("this token belongs to another project"));
     }
-    Ok(Json(
-        json!({"id": p.id, "name": p.name, "created_at": p.created_at, "environments": envs}),
-    ))
+    Ok(Json(ProjectDetail {
+        id: p.id,
+        name: p.name,
+        created_at: p.created_at,
+        environments: envs,
+    }))
 }
 
+/// Rename a project (global admin).
+#[utoipa::path(patch, path = "/api/v1/projects/{project}", tag = ENVIRONMENTS, params(ProjectPath), request_body = NameBody,
+    responses((status = 200, description = "Renamed", body = Project)))]
 pub async fn rename_project(
     State(state): State<AppState>,
     caller: Caller,
@@ -94,6 +123,9 @@ pub async fn rename_project(
     Ok(Json(json!(renamed)))
 }
 
+/// Delete a project with its environments (global admin).
+#[utoipa::path(delete, path = "/api/v1/projects/{project}", tag = ENVIRONMENTS, params(ProjectPath),
+    responses((status = 204, description = "Deleted")))]
 pub async fn delete_project(
     State(state): State<AppState>,
     caller: Caller,
@@ -120,6 +152,9 @@ pub async fn delete_project(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The environments the token sees.
+#[utoipa::path(get, path = "/api/v1/environments", tag = ENVIRONMENTS,
+    responses((status = 200, description = "The environments", body = Vec<Environment>)))]
 pub async fn list_environments(
     State(state): State<AppState>,
     caller: Caller,
@@ -129,19 +164,85 @@ pub async fn list_environments(
     Ok(Json(json!(envs)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEnvironment {
     /// project name or id
+    #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub project: String,
+    /// 1-100 letters, digits, '-', '_' or '.', not starting with '-' or '.'
+    #[schema(pattern = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")]
     pub name: String,
+    /// settings that differ from the defaults
     #[serde(default)]
+    #[schema(value_type = Option<SettingsPatch>)]
     pub settings: Option<serde_json::Value>,
     /// create the project when it does not exist
     #[serde(default)]
     pub create_project: bool,
 }
 
+/// A change of settings: only the keys given change (see `EnvSettings` for what they mean);
+/// the result is validated as a whole. Only for the reference: the handlers patch JSON.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct SettingsPatch {
+    #[serde(default)]
+    auto_release: bool,
+    /// seconds (0 disables), or a 5-field cron schedule (UTC)
+    #[schema(value_type = Interval)]
+    #[serde(default)]
+    deploy_interval: serde_json::Value,
+    /// seconds (0 disables), or a 5-field cron schedule (UTC)
+    #[schema(value_type = Interval)]
+    #[serde(default)]
+    repair_interval: serde_json::Value,
+    #[serde(default)]
+    retry_backoff: crate::model::settings::RetryBackoff,
+    #[serde(default)]
+    protected: bool,
+    #[schema(value_type = crate::model::settings::SourceKind)]
+    #[serde(default)]
+    source: serde_json::Value,
+    #[schema(minimum = 1, maximum = 256)]
+    #[serde(default)]
+    agent_parallelism: u32,
+    #[schema(minimum = 1)]
+    #[serde(default)]
+    handler_timeout: u64,
+    // the whole u32 range (utoipa would say int32, which ends at 2^31 - 1)
+    #[schema(value_type = i64, minimum = 1, maximum = 4294967295_i64)]
+    #[serde(default)]
+    version_retention: u32,
+    #[serde(default)]
+    delete_removed_resources: bool,
+    /// only the keys given change
+    #[serde(default)]
+    retention: crate::model::settings::Retention,
+}
+
+/// An interval in a settings change: seconds, or a cron schedule.
+pub struct Interval;
+
+impl utoipa::PartialSchema for Interval {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::Integer))
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .description(Some(
+                "seconds (0 or less disables), or a 5-field cron schedule (UTC)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for Interval {}
+
+/// Create an environment (global admin), and its project with `create_project`.
+#[utoipa::path(post, path = "/api/v1/environments", tag = ENVIRONMENTS, request_body = CreateEnvironment,
+    responses((status = 201, description = "Created", body = Environment)))]
 pub async fn create_environment(
     State(state): State<AppState>,
     caller: Caller,
@@ -191,18 +292,34 @@ pub async fn create_environment(
     Ok((StatusCode::CREATED, Json(json!(env))))
 }
 
+/// An environment with its active version.
+#[derive(Serialize, ToSchema)]
+pub struct EnvironmentDetail {
+    #[serde(flatten)]
+    pub environment: Environment,
+    /// The released version being deployed; null before the first release.
+    pub active_version: Option<i32>,
+}
+
+/// An environment.
+#[utoipa::path(get, path = "/api/v1/environments/{env}", tag = ENVIRONMENTS, params(EnvPath),
+    responses((status = 200, description = "The environment", body = EnvironmentDetail)))]
 pub async fn get_environment(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<EnvironmentDetail>> {
     let env = environment(&state, &caller, &key).await?;
     let active = store::versions::active(&state.pool, env.id).await?;
-    let mut v = json!(env);
-    v["active_version"] = json!(active);
-    Ok(Json(v))
+    Ok(Json(EnvironmentDetail {
+        environment: env,
+        active_version: active,
+    }))
 }
 
+/// Rename an environment (admin).
+#[utoipa::path(patch, path = "/api/v1/environments/{env}", tag = ENVIRONMENTS, params(EnvPath), request_body = NameBody,
+    responses((status = 200, description = "Renamed", body = Environment)))]
 pub async fn rename_environment(
     State(state): State<AppState>,
     caller: Caller,
@@ -226,6 +343,9 @@ pub async fn rename_environment(
     )))
 }
 
+/// Delete an environment (global admin; refused while its settings say `protected`).
+#[utoipa::path(delete, path = "/api/v1/environments/{env}", tag = ENVIRONMENTS, params(EnvPath),
+    responses((status = 204, description = "Deleted")))]
 pub async fn delete_environment(
     State(state): State<AppState>,
     caller: Caller,
@@ -251,6 +371,9 @@ pub async fn delete_environment(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// An environment's settings.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/settings", tag = ENVIRONMENTS, params(EnvPath),
+    responses((status = 200, description = "The settings", body = EnvSettings)))]
 pub async fn get_settings(
     State(state): State<AppState>,
     caller: Caller,
@@ -260,6 +383,10 @@ pub async fn get_settings(
     Ok(Json(json!(env.settings)))
 }
 
+/// Change settings (admin): only the given keys change; the result is validated as a whole.
+#[utoipa::path(patch, path = "/api/v1/environments/{env}/settings", tag = ENVIRONMENTS, params(EnvPath),
+    request_body = SettingsPatch,
+    responses((status = 200, description = "The new settings", body = EnvSettings)))]
 pub async fn update_settings(
     State(state): State<AppState>,
     caller: Caller,

@@ -5,25 +5,33 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::IntoParams;
 
 use super::AppState;
 use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, environment};
+use super::openapi::{EnvPath, RESOURCES, ResourcePath};
 use crate::store::actions::ActionRecord;
 use crate::store::{self, StoreError, versions};
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// a version number (default: the active version)
     #[serde(default)]
     pub version: Option<i32>,
+    /// only this agent's resources
     #[serde(default)]
     pub agent: Option<String>,
+    /// only resources with this status
     #[serde(default)]
     pub status: Option<String>,
 }
 
+/// The resources of a version (default: the active one) with their deploy state.
+#[utoipa::path(get, operation_id = "list_resources", path = "/api/v1/environments/{env}/resources", tag = RESOURCES, params(EnvPath, ListQuery),
+    responses((status = 200, description = "The resources; `version` is null (and the list empty) before the first release", body = store::state::ResourceList)))]
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -57,6 +65,10 @@ pub async fn list(
     }))
 }
 
+/// One resource: as it is in the active version (else the newest holding it), its state, its
+/// history and recent actions.
+#[utoipa::path(get, operation_id = "get_resource", path = "/api/v1/environments/{env}/resources/{*id}", tag = RESOURCES, params(ResourcePath),
+    responses((status = 200, description = "The resource: `resource` (a stored resource), `state`, `versions`, `changes`, `recent_actions`", body = Object)))]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -104,16 +116,23 @@ pub async fn get(
     })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ActionQuery {
+    /// only this resource's actions
     #[serde(default)]
     pub resource_id: Option<String>,
+    /// only this kind: deploy, dryrun, repair, delete (ignored with `resource_id`)
     #[serde(default)]
     pub action: Option<String>,
+    /// at most this many, newest first (default 100, at most 10,000)
     #[serde(default)]
     pub limit: Option<i64>,
 }
 
+/// The action log, newest first.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/actions", tag = RESOURCES, params(EnvPath, ActionQuery),
+    responses((status = 200, description = "The actions", body = Vec<ActionRecord>)))]
 pub async fn list_actions(
     State(state): State<AppState>,
     caller: Caller,
@@ -145,6 +164,10 @@ pub async fn list_actions(
 }
 
 /// An executor (agent token) reports an action record: inserted at start, completed at end.
+/// Report an action record (admin or agent token): inserted at start, completed at end.
+/// `environment_id` is taken from the path.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/actions", tag = RESOURCES, params(EnvPath), request_body = ActionRecord,
+    responses((status = 204, description = "Recorded")))]
 pub async fn report_action(
     State(state): State<AppState>,
     caller: Caller,

@@ -5,16 +5,18 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::{Caller, Perm};
-use super::error::{ApiError, ApiResult};
+use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, OptionalJson, environment, parse_uuid};
+use super::openapi::{CommitPath, EnvIdPath, EnvPath, SOURCES};
 use super::{AppState, Event};
 use crate::model::settings::SourceKind;
-use crate::sources::{GitSources, SourceError, webhook};
-use crate::store::sources::SourceSpec;
+use crate::sources::{GitSources, SourceError, Triggered, webhook};
+use crate::store::sources::{CommitEvent, CompileRow, SourceSpec, SourceView};
 use crate::store::{self, audit};
 
 impl From<SourceError> for ApiError {
@@ -45,7 +47,8 @@ fn sources(state: &AppState) -> ApiResult<&GitSources> {
     })
 }
 
-#[derive(Deserialize, Default)]
+/// Where compile and deploy statuses of commits are reported.
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusSpec {
     /// github | gitea
@@ -58,24 +61,34 @@ pub struct StatusSpec {
     pub token: String,
 }
 
-#[derive(Deserialize, Default)]
+/// The git repository an environment follows. Secrets are write-only: answers say only
+/// whether one is set.
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceBody {
+    /// file://, https://, http://, ssh:// or an absolute path
+    #[schema(pattern = "^(file://|https?://|ssh://|/)")]
     pub url: String,
+    /// default main
     #[serde(default)]
     pub branch: Option<String>,
+    /// the model's directory inside the repository (default: its root)
     #[serde(default)]
     pub path: Option<String>,
+    /// HTTPS access token
     #[serde(default)]
     pub token: Option<String>,
     #[serde(default)]
     pub ssh_key: Option<String>,
+    /// needed with `ssh_key`
     #[serde(default)]
     pub known_hosts: Option<String>,
     #[serde(default)]
     pub webhook_secret: Option<String>,
+    /// seconds between fetches (default 60; 0: no polling)
     #[serde(default)]
     pub poll_interval: Option<i32>,
+    /// seconds (default 600)
     #[serde(default)]
     pub compile_timeout: Option<i32>,
     /// watch a repository on this machine for pushes (default true)
@@ -177,7 +190,10 @@ fn validate(b: SourceBody) -> ApiResult<SourceSpec> {
 }
 
 /// Attach (or replace) the git source: the environment then takes versions only from it.
+/// Attach or replace the git source (admin): the environment then takes versions only from it.
 /// Options left out take their defaults (PATCH changes only what is given).
+#[utoipa::path(put, path = "/api/v1/environments/{env}/source", tag = SOURCES, params(EnvPath), request_body = SourceBody,
+    responses((status = 200, description = "The source", body = SourceView)))]
 pub async fn set_source(
     State(state): State<AppState>,
     caller: Caller,
@@ -209,6 +225,9 @@ fn body_of(row: &store::sources::SourceRow) -> serde_json::Value {
 
 /// Change only the options given (attach the source if there is none): a key set to null
 /// or "" clears an optional one.
+#[utoipa::path(patch, operation_id = "patch_source", path = "/api/v1/environments/{env}/source", tag = SOURCES, params(EnvPath),
+    request_body(content = Object, description = "Any keys of the source body; the others keep their values"),
+    responses((status = 200, description = "The source", body = SourceView)))]
 pub async fn patch_source(
     State(state): State<AppState>,
     caller: Caller,
@@ -265,6 +284,9 @@ async fn store_source(
     Ok(Json(json!(row.view())))
 }
 
+/// The git source (404 when the environment follows none).
+#[utoipa::path(get, path = "/api/v1/environments/{env}/source", tag = SOURCES, params(EnvPath),
+    responses((status = 200, description = "The source", body = SourceView)))]
 pub async fn get_source(
     State(state): State<AppState>,
     caller: Caller,
@@ -278,6 +300,9 @@ pub async fn get_source(
 }
 
 /// Detach the source: the environment takes pushed versions again.
+/// Detach the git source (admin): the environment takes uploaded versions again.
+#[utoipa::path(delete, path = "/api/v1/environments/{env}/source", tag = SOURCES, params(EnvPath),
+    responses((status = 204, description = "Detached")))]
 pub async fn delete_source(
     State(state): State<AppState>,
     caller: Caller,
@@ -309,8 +334,9 @@ pub async fn delete_source(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = CompileTrigger)]
 pub struct TriggerBody {
     /// compile this commit (full or abbreviated SHA; it must be on the tracked branch)
     #[serde(default)]
@@ -318,6 +344,10 @@ pub struct TriggerBody {
 }
 
 /// Fetch now and compile the branch tip, or the named commit.
+/// Fetch now and compile the branch tip, or the named commit (admin or compiler).
+#[utoipa::path(post, operation_id = "trigger_compile", path = "/api/v1/environments/{env}/source/trigger", tag = SOURCES, params(EnvPath),
+    request_body(content = Option<TriggerBody>, description = "Optional (an empty body compiles the tip)"),
+    responses((status = 202, description = "Queued (or compiled already)", body = Triggered)))]
 pub async fn trigger(
     State(state): State<AppState>,
     caller: Caller,
@@ -347,14 +377,57 @@ pub async fn trigger(
     Ok((StatusCode::ACCEPTED, Json(json!(t))))
 }
 
+/// What became of a webhook delivery.
+#[derive(Serialize, ToSchema)]
+pub struct WebhookAnswer {
+    /// accepted (a fetch follows), duplicate (this delivery id was seen before) or ignored
+    pub status: &'static str,
+    /// the delivery id (the sender's, or a digest of the body)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+    /// accepted: github, gitea, forgejo, gogs, gitlab or generic
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<&'static str>,
+    /// ignored: the event, when it is not a push
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// ignored: why (a push to another branch)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl WebhookAnswer {
+    fn new(status: &'static str) -> WebhookAnswer {
+        WebhookAnswer {
+            status,
+            delivery: None,
+            provider: None,
+            event: None,
+            reason: None,
+        }
+    }
+}
+
 /// A git host (or hooks/post-receive) says the repository changed. No token: the body must
 /// be signed with the source's webhook secret. Answers at once; the fetch follows.
+/// A webhook from a git host or `hooks/post-receive`. No token: the body must be signed with
+/// the source's webhook secret (`X-Hub-Signature-256`, `X-Gitea-Signature`,
+/// `X-Forgejo-Signature`, `X-Gogs-Signature`, `X-Steward-Signature: sha256=<hex HMAC-SHA256>`,
+/// or `X-Gitlab-Token: <secret>`). Bodies over 1 MiB are refused (413).
+#[utoipa::path(post, path = "/api/v1/environments/{env}/source/webhook", tag = SOURCES, security(()),
+    params(("env" = uuid::Uuid, Path, description = "The environment's id (webhooks address environments by id only)")),
+    request_body(content = Object, description = "The git host's payload, as signed"),
+    responses(
+        (status = 202, description = "Accepted: a fetch follows", body = WebhookAnswer),
+        (status = 200, description = "A duplicate delivery, or an event that is not a push to the tracked branch: nothing to do", body = WebhookAnswer),
+        (status = 401, description = "Unsigned, a bad signature, not an environment id, or an environment without a webhook secret (one answer for all)", body = ErrorBody),
+    ))]
 pub async fn webhook(
     State(state): State<AppState>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+) -> ApiResult<(StatusCode, Json<WebhookAnswer>)> {
     let unauthorized = |m: String| ApiError::unauthorized(m);
     let env_id = uuid::Uuid::parse_str(&key)
         .map_err(|_| unauthorized("webhooks address an environment by its id".into()))?;
@@ -380,13 +453,19 @@ pub async fn webhook(
     if !store::sources::record_delivery(&state.pool, env_id, &delivery.id).await? {
         return Ok((
             StatusCode::OK,
-            Json(json!({"status": "duplicate", "delivery": delivery.id})),
+            Json(WebhookAnswer {
+                delivery: Some(delivery.id),
+                ..WebhookAnswer::new("duplicate")
+            }),
         ));
     }
     if !webhook::is_push(&delivery) {
         return Ok((
             StatusCode::OK,
-            Json(json!({"status": "ignored", "event": delivery.event})),
+            Json(WebhookAnswer {
+                event: delivery.event,
+                ..WebhookAnswer::new("ignored")
+            }),
         ));
     }
     let hint = webhook::push_hint(&body);
@@ -395,9 +474,10 @@ pub async fn webhook(
     {
         return Ok((
             StatusCode::OK,
-            Json(
-                json!({"status": "ignored", "reason": format!("push to {b}, not {}", src.branch)}),
-            ),
+            Json(WebhookAnswer {
+                reason: Some(format!("push to {b}, not {}", src.branch)),
+                ..WebhookAnswer::new("ignored")
+            }),
         ));
     }
     let g = sources(&state)?;
@@ -409,42 +489,76 @@ pub async fn webhook(
     g.hint(env_id, kind);
     Ok((
         StatusCode::ACCEPTED,
-        Json(
-            json!({"status": "accepted", "delivery": delivery.id, "provider": delivery.provider.as_str()}),
-        ),
+        Json(WebhookAnswer {
+            delivery: Some(delivery.id),
+            provider: Some(delivery.provider.as_str()),
+            ..WebhookAnswer::new("accepted")
+        }),
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// at most this many, newest first (default 50, at most 1000)
     #[serde(default)]
     pub limit: Option<i64>,
 }
 
+/// A compile in a list: a compile report without its bulky output.
+#[derive(Serialize, ToSchema)]
+pub struct CompileSummary {
+    pub id: uuid::Uuid,
+    pub commit: String,
+    pub branch: String,
+    pub trigger: String,
+    pub status: String,
+    pub superseded_by: Option<uuid::Uuid>,
+    pub requested_at: chrono::DateTime<chrono::Utc>,
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub version: Option<i32>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+}
+
+/// Compile reports, newest first, without their output.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/compiles", tag = SOURCES, params(EnvPath, ListQuery),
+    responses((status = 200, description = "The compiles", body = Vec<CompileSummary>)))]
 pub async fn list_compiles(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<CompileSummary>>> {
     let env = environment(&state, &caller, &key).await?;
     let rows =
         store::sources::list_compiles(&state.pool, env.id, q.limit.unwrap_or(50).clamp(1, 1000))
             .await?;
     // the list leaves the bulky output out
-    let items: Vec<serde_json::Value> = rows
-        .into_iter()
-        .map(|r| {
-            json!({
-                "id": r.id, "commit": r.commit, "branch": r.branch, "trigger": r.trigger, "status": r.status,
-                "superseded_by": r.superseded_by, "requested_at": r.requested_at, "started_at": r.started_at,
-                "finished_at": r.finished_at, "version": r.version, "error": r.error, "exit_code": r.exit_code,
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| CompileSummary {
+                id: r.id,
+                commit: r.commit,
+                branch: r.branch,
+                trigger: r.trigger,
+                status: r.status,
+                superseded_by: r.superseded_by,
+                requested_at: r.requested_at,
+                started_at: r.started_at,
+                finished_at: r.finished_at,
+                version: r.version,
+                error: r.error,
+                exit_code: r.exit_code,
             })
-        })
-        .collect();
-    Ok(Json(json!(items)))
+            .collect(),
+    ))
 }
 
+/// A compile report with its output and diagnostics.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/compiles/{id}", tag = SOURCES, params(EnvIdPath),
+    responses((status = 200, description = "The compile", body = CompileRow)))]
 pub async fn get_compile(
     State(state): State<AppState>,
     caller: Caller,
@@ -458,11 +572,24 @@ pub async fn get_compile(
 }
 
 /// What happened to a commit: received → compiled → version → released → deployed.
+/// What happened to a commit, oldest first.
+#[derive(Serialize, ToSchema)]
+pub struct Timeline {
+    /// The full commit id.
+    pub commit: String,
+    /// The latest event.
+    pub state: Option<String>,
+    pub events: Vec<CommitEvent>,
+}
+
+/// What happened to a commit: received, compiled, version, released, deployed.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/commits/{commit}", tag = SOURCES, params(CommitPath),
+    responses((status = 200, description = "The timeline", body = Timeline)))]
 pub async fn timeline(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, commit)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Timeline>> {
     let env = environment(&state, &caller, &key).await?;
     if commit.len() < 4 || !commit.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(ApiError::bad_request(format!(
@@ -483,8 +610,11 @@ pub async fn timeline(
             "nothing is known of commit {commit} in this environment"
         )));
     };
+    let full = full.to_string();
     let last = events.last().map(|e| e.event.clone());
-    Ok(Json(
-        json!({"commit": full, "state": last, "events": events}),
-    ))
+    Ok(Json(Timeline {
+        commit: full,
+        state: last,
+        events,
+    }))
 }

@@ -3,32 +3,49 @@
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, OptionalJson, environment, parse_number};
+use super::openapi::{EnvPath, VERSIONS, VersionPath};
 use super::{AppState, Event};
 use crate::model::ExportFile;
 use crate::model::settings::SourceKind;
+use crate::store::versions::{Approval, DiffEntry, StoredResource, VersionInfo};
 use crate::store::{StoreError, audit, versions};
 
 /// An uploaded export, with optional provenance (commit, branch, message …).
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub struct Upload {
     #[serde(flatten)]
     pub export: ExportFile,
+    /// where the version comes from (commit, branch, message …): a JSON object
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub provenance: Option<serde_json::Value>,
 }
 
+/// A stored version, and whether it was released at once (`auto_release`).
+#[derive(Serialize, ToSchema)]
+pub struct Uploaded {
+    #[serde(flatten)]
+    pub version: VersionInfo,
+    pub auto_released: bool,
+}
+
+/// Upload a version (an export of `steward compile --export`): admin or compiler token; refused
+/// when the environment follows a git repository.
+#[utoipa::path(post, operation_id = "upload_version", path = "/api/v1/environments/{env}/versions", tag = VERSIONS, params(EnvPath), request_body = Upload,
+    responses((status = 201, description = "Stored", body = Uploaded)))]
 pub async fn upload(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     ApiJson(body): ApiJson<Upload>,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+) -> ApiResult<(StatusCode, Json<Uploaded>)> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Upload, Some(env.id))?;
     if env.settings.source == SourceKind::Git {
@@ -69,56 +86,90 @@ pub async fn upload(
             version: stored.info.number,
         });
     }
-    let mut v = json!(stored.info);
-    v["auto_released"] = json!(stored.auto_released);
-    Ok((StatusCode::CREATED, Json(v)))
+    Ok((
+        StatusCode::CREATED,
+        Json(Uploaded {
+            version: stored.info,
+            auto_released: stored.auto_released,
+        }),
+    ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// at most this many, newest first (default 100, at most 10,000)
     #[serde(default)]
     pub limit: Option<i64>,
 }
 
+/// A version in a list.
+#[derive(Serialize, ToSchema)]
+pub struct VersionItem {
+    #[serde(flatten)]
+    pub version: VersionInfo,
+    /// It is the released version being deployed.
+    pub active: bool,
+}
+
+/// The versions, newest first.
+#[utoipa::path(get, operation_id = "list_versions", path = "/api/v1/environments/{env}/versions", tag = VERSIONS, params(EnvPath, ListQuery),
+    responses((status = 200, description = "The versions", body = Vec<VersionItem>)))]
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<VersionItem>>> {
     let env = environment(&state, &caller, &key).await?;
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
     let list = versions::list(&state.pool, env.id, limit).await?;
     let active = versions::active(&state.pool, env.id).await?;
-    let items: Vec<serde_json::Value> = list
-        .into_iter()
-        .map(|v| {
-            let mut j = json!(v);
-            j["active"] = json!(Some(v.number) == active);
-            j
-        })
-        .collect();
-    Ok(Json(json!(items)))
+    Ok(Json(
+        list.into_iter()
+            .map(|v| VersionItem {
+                active: Some(v.number) == active,
+                version: v,
+            })
+            .collect(),
+    ))
 }
 
+/// A version with its approvals and its diff against the version before it.
+#[derive(Serialize, ToSchema)]
+pub struct VersionDetail {
+    #[serde(flatten)]
+    pub version: VersionInfo,
+    pub active: bool,
+    pub approvals: Vec<Approval>,
+    pub diff: Vec<DiffEntry>,
+}
+
+/// A version.
+#[utoipa::path(get, operation_id = "get_version", path = "/api/v1/environments/{env}/versions/{number}", tag = VERSIONS, params(VersionPath),
+    responses((status = 200, description = "The version", body = VersionDetail)))]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, number)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<VersionDetail>> {
     let env = environment(&state, &caller, &key).await?;
     let n = parse_number(&number)?;
     let info = versions::get(&state.pool, env.id, n).await?;
     let active = versions::active(&state.pool, env.id).await?;
     let approvals = versions::approvals(&state.pool, env.id, n).await?;
     let diff = versions::stored_diff(&state.pool, env.id, n).await?;
-    let mut j = json!(info);
-    j["active"] = json!(active == Some(n));
-    j["approvals"] = json!(approvals);
-    j["diff"] = json!(diff);
-    Ok(Json(j))
+    Ok(Json(VersionDetail {
+        version: info,
+        active: active == Some(n),
+        approvals,
+        diff,
+    }))
 }
 
+/// The resources of a version, as stored.
+#[utoipa::path(get, operation_id = "version_resources", path = "/api/v1/environments/{env}/versions/{number}/resources", tag = VERSIONS, params(VersionPath),
+    responses((status = 200, description = "The resources", body = Vec<StoredResource>)))]
 pub async fn resources(
     State(state): State<AppState>,
     caller: Caller,
@@ -132,6 +183,9 @@ pub async fn resources(
     )))
 }
 
+/// A version as the export it was made from.
+#[utoipa::path(get, operation_id = "export_version", path = "/api/v1/environments/{env}/versions/{number}/export", tag = VERSIONS, params(VersionPath),
+    responses((status = 200, description = "The export", body = ExportFile)))]
 pub async fn export(
     State(state): State<AppState>,
     caller: Caller,
@@ -143,45 +197,95 @@ pub async fn export(
     Ok(Json(versions::export_of(&mut c, env.id, n).await?))
 }
 
+/// A version's stored diff against the version before it.
+#[derive(Serialize, ToSchema)]
+pub struct VersionDiff {
+    /// The version compared against; null for the first version.
+    pub from: Option<i32>,
+    pub to: i32,
+    /// Counts by change kind.
+    #[schema(value_type = Object)]
+    pub summary: serde_json::Value,
+    pub changes: Vec<DiffEntry>,
+}
+
+/// A version's diff against the version before it.
+#[utoipa::path(get, operation_id = "version_diff", path = "/api/v1/environments/{env}/versions/{number}/diff", tag = VERSIONS, params(VersionPath),
+    responses((status = 200, description = "The diff", body = VersionDiff)))]
 pub async fn diff(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, number)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<VersionDiff>> {
     let env = environment(&state, &caller, &key).await?;
     let n = parse_number(&number)?;
     let info = versions::get(&state.pool, env.id, n).await?;
     let d = versions::stored_diff(&state.pool, env.id, n).await?;
-    Ok(Json(
-        json!({"from": info.diff_base, "to": n, "summary": info.diff_summary, "changes": d}),
-    ))
+    Ok(Json(VersionDiff {
+        from: info.diff_base,
+        to: n,
+        summary: info.diff_summary,
+        changes: d,
+    }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DiffQuery {
+    /// a version number
+    #[param(value_type = i32, minimum = 1)]
     pub from: String,
+    /// a version number
+    #[param(value_type = i32, minimum = 1)]
     pub to: String,
 }
 
+/// Counts of a diff by change kind.
+#[derive(Serialize, ToSchema)]
+pub struct DiffSummary {
+    pub new: usize,
+    pub updated: usize,
+    pub deleted: usize,
+}
+
+/// The diff between two versions.
+#[derive(Serialize, ToSchema)]
+pub struct DiffBetween {
+    pub from: i32,
+    pub to: i32,
+    pub summary: DiffSummary,
+    pub changes: Vec<DiffEntry>,
+}
+
+/// The diff between two versions.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/diff", tag = VERSIONS, params(EnvPath, DiffQuery),
+    responses((status = 200, description = "The diff", body = DiffBetween)))]
 pub async fn diff_between(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
     Query(q): Query<DiffQuery>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<DiffBetween>> {
     let env = environment(&state, &caller, &key).await?;
     let (from, to) = (parse_number(&q.from)?, parse_number(&q.to)?);
     let mut c = state.pool.acquire().await.map_err(StoreError::from)?;
     let d = versions::diff_between(&mut c, env.id, from, to).await?;
     let count = |k: &str| d.iter().filter(|e| e.change == k).count();
-    Ok(Json(json!({
-        "from": from,
-        "to": to,
-        "summary": {"new": count("new"), "updated": count("updated"), "deleted": count("deleted")},
-        "changes": d,
-    })))
+    Ok(Json(DiffBetween {
+        from,
+        to,
+        summary: DiffSummary {
+            new: count("new"),
+            updated: count("updated"),
+            deleted: count("deleted"),
+        },
+        changes: d,
+    }))
 }
 
+/// Who released or rejected a version.
+#[utoipa::path(get, operation_id = "version_approvals", path = "/api/v1/environments/{env}/versions/{number}/approvals", tag = VERSIONS, params(VersionPath),
+    responses((status = 200, description = "The decisions", body = Vec<Approval>)))]
 pub async fn approvals(
     State(state): State<AppState>,
     caller: Caller,
@@ -195,7 +299,7 @@ pub async fn approvals(
     )))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Decision {
     #[serde(default)]
@@ -205,6 +309,10 @@ pub struct Decision {
     pub content_hash: Option<String>,
 }
 
+/// Release a version (admin or approver): it becomes the active version.
+#[utoipa::path(post, operation_id = "release_version", path = "/api/v1/environments/{env}/versions/{number}/release", tag = VERSIONS, params(VersionPath),
+    request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
+    responses((status = 200, description = "Released", body = VersionInfo)))]
 pub async fn release(
     State(state): State<AppState>,
     caller: Caller,
@@ -241,6 +349,10 @@ pub async fn release(
     Ok(Json(json!(info)))
 }
 
+/// Reject a version (admin or approver).
+#[utoipa::path(post, operation_id = "reject_version", path = "/api/v1/environments/{env}/versions/{number}/reject", tag = VERSIONS, params(VersionPath),
+    request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
+    responses((status = 200, description = "Rejected", body = VersionInfo)))]
 pub async fn reject(
     State(state): State<AppState>,
     caller: Caller,
@@ -265,12 +377,16 @@ pub async fn reject(
     Ok(Json(json!(info)))
 }
 
+/// Roll back to a version (admin or approver): its content becomes a new, released version.
+#[utoipa::path(post, operation_id = "rollback_version", path = "/api/v1/environments/{env}/versions/{number}/rollback", tag = VERSIONS, params(VersionPath),
+    request_body(content = Option<Decision>, description = "Optional (an empty body is fine)"),
+    responses((status = 201, description = "The new version", body = RolledBack)))]
 pub async fn rollback(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, number)): Path<(String, String)>,
     OptionalJson(d): OptionalJson<Decision>,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+) -> ApiResult<(StatusCode, Json<RolledBack>)> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Release, Some(env.id))?;
     let n = parse_number(&number)?;
@@ -295,22 +411,36 @@ pub async fn rollback(
         environment: env.id,
         version: info.number,
     });
-    let mut body = json!(info);
     // the hold is easy to miss: say it where the rollback is answered
-    body["auto_release_held"] = json!(true);
-    body["note"] = json!(
-        "automatic release is held: newer versions wait for an explicit release until the hold is lifted (POST .../auto-release/resume) or a version is released by hand"
-    );
-    Ok((StatusCode::CREATED, Json(body)))
+    Ok((
+        StatusCode::CREATED,
+        Json(RolledBack {
+            info,
+            auto_release_held: true,
+            note: "automatic release is held: newer versions wait for an explicit release until the hold is lifted (POST .../auto-release/resume) or a version is released by hand".into(),
+        }),
+    ))
+}
+
+/// The version a rollback made, and the hold it put on automatic release.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct RolledBack {
+    #[serde(flatten)]
+    pub info: versions::VersionInfo,
+    /// Always true: newer versions wait for an explicit release.
+    pub auto_release_held: bool,
+    pub note: String,
 }
 
 /// Lift the hold a rollback put on automatic release: new versions are released as they
 /// arrive again (if `auto_release` is on).
+#[utoipa::path(post, operation_id = "resume_auto_release", path = "/api/v1/environments/{env}/auto-release/resume", tag = VERSIONS, params(EnvPath),
+    responses((status = 200, description = "The hold is lifted", body = AutoReleaseResumed)))]
 pub async fn resume_auto_release(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<AutoReleaseResumed>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Release, Some(env.id))?;
     let mut tx = state.pool.begin().await.map_err(StoreError::from)?;
@@ -325,13 +455,27 @@ pub async fn resume_auto_release(
     )
     .await?;
     tx.commit().await.map_err(StoreError::from)?;
-    Ok(Json(json!({
-        "auto_release": env.settings.auto_release,
-        "auto_release_held": false,
-        "was_held": env.auto_release_held,
-    })))
+    Ok(Json(AutoReleaseResumed {
+        auto_release: env.settings.auto_release,
+        auto_release_held: false,
+        was_held: env.auto_release_held,
+    }))
 }
 
+/// Automatic release after lifting a rollback's hold.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct AutoReleaseResumed {
+    /// The `auto_release` setting.
+    pub auto_release: bool,
+    /// Always false now.
+    pub auto_release_held: bool,
+    /// Whether a hold was lifted.
+    pub was_held: bool,
+}
+
+/// Delete a version (admin; never the active one).
+#[utoipa::path(delete, operation_id = "delete_version", path = "/api/v1/environments/{env}/versions/{number}", tag = VERSIONS, params(VersionPath),
+    responses((status = 204, description = "Deleted")))]
 pub async fn delete(
     State(state): State<AppState>,
     caller: Caller,

@@ -21,22 +21,25 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rej) => {
-                let status = rej.status();
-                let kind = match status {
-                    StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-                    _ => "bad_request",
-                };
-                let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
-                    StatusCode::BAD_REQUEST
-                } else {
-                    status
-                };
-                Err(ApiError::new(status, kind, rej.body_text()))
-            }
+            Err(rej) => Err(rejected(rej.status(), rej.body_text())),
         }
     }
+}
+
+/// An axum body rejection as an API error: over the limit is `too_large` (413), JSON that
+/// does not fit the type a bad request (400, not axum's 422).
+fn rejected(status: StatusCode, text: String) -> ApiError {
+    let kind = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "bad_request",
+    };
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    ApiError::new(status, kind, text)
 }
 
 pub fn parse_number(s: &str) -> ApiResult<i32> {
@@ -80,7 +83,7 @@ pub async fn environment(state: &AppState, caller: &Caller, key: &str) -> ApiRes
     Ok(env)
 }
 
-/// An optional JSON body: empty means `T::default()`.
+/// An optional JSON body: empty (or `null`) means `T::default()`.
 pub struct OptionalJson<T>(pub T);
 
 impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
@@ -89,8 +92,9 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(|rej| ApiError::new(rej.status(), "bad_request", rej.body_text()))?;
-        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+            .map_err(|rej| rejected(rej.status(), rej.body_text()))?;
+        // `null` too: the reference documents these bodies as optional, `T` or null
+        if bytes.iter().all(|b| b.is_ascii_whitespace()) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         serde_json::from_slice(&bytes)

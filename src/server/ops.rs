@@ -57,7 +57,25 @@ pub async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint (the API lives under /api/v1)")
 }
 
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok`, or `degraded` when the database does not answer
+    pub status: String,
+    /// `ok` or `unavailable`
+    pub database: String,
+}
+
 /// Liveness and database reachability.
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = super::openapi::OPS,
+    security(()),
+    responses(
+        (status = 200, description = "The server and its database answer", body = Health),
+        (status = 503, description = "The database does not answer", body = Health),
+    )
+)]
 pub async fn health(State(state): State<AppState>) -> Response {
     if store::ping(&state.pool).await {
         Json(json!({"status": "ok", "database": "ok"})).into_response()
@@ -76,8 +94,15 @@ fn label(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Prometheus metrics. Needs a token (they name environments): a global token sees every
-/// environment, a scoped one its own.
+/// Prometheus metrics: requests by method and status, database reachability, versions and
+/// resource statuses per environment. Needs a token (they name environments): a global
+/// token sees every environment, a scoped one its own.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = super::openapi::OPS,
+    responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String))
+)]
 pub async fn metrics(State(state): State<AppState>, caller: super::auth::Caller) -> Response {
     let mut out = String::new();
     out.push_str(

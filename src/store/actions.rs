@@ -17,7 +17,7 @@ pub struct LogLine {
     pub at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ActionRecord {
     pub id: Uuid,
     pub environment_id: Uuid,

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::Result;
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct AuditEntry {
     pub id: i64,
     pub at: DateTime<Utc>,

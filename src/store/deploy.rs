@@ -326,7 +326,7 @@ pub async fn set_paused(e: impl PgExecutor<'_>, env: Uuid, name: &str, paused: b
 
 // ------------------------------------------------------------------------ dry-runs
 
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct DryrunRow {
     pub id: Uuid,
     pub version: i32,
@@ -337,7 +337,7 @@ pub struct DryrunRow {
     pub requested_by: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct DryrunResult {
     pub resource_id: String,
     pub outcome: String,

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{Result, StoreError};
 use crate::model::settings::EnvSettings;
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Project {
     pub id: Uuid,
     pub name: String,
@@ -27,7 +27,7 @@ struct EnvironmentRow {
     created_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Environment {
     pub id: Uuid,
     pub project_id: Uuid,

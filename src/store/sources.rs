@@ -50,7 +50,7 @@ impl std::fmt::Debug for SourceRow {
 }
 
 /// A source as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SourceView {
     pub environment_id: Uuid,
     pub url: String,
@@ -212,7 +212,7 @@ pub async fn record_fetch(
 
 // ------------------------------------------------------------------------ compiles
 
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct CompileRow {
     pub id: Uuid,
     pub environment_id: Uuid,
@@ -433,7 +433,7 @@ pub async fn record_delivery(e: impl PgExecutor<'_>, env: Uuid, delivery: &str) 
     Ok(r.rows_affected() == 1)
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct CommitEvent {
     pub commit: String,
     pub at: DateTime<Utc>,

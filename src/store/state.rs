@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::Result;
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ResourceWithState {
     pub resource_id: String,
     pub resource_type: String,
@@ -32,7 +32,7 @@ pub struct ResourceWithState {
 }
 
 /// The resources of a version with their state, as the API lists them.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct ResourceList {
     pub version: Option<i32>,
     pub resources: Vec<ResourceWithState>,

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::{Result, StoreError};
 use crate::model::Role;
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Token {
     pub id: Uuid,
     pub name: String,

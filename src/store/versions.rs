@@ -18,7 +18,7 @@ use super::{Result, StoreError};
 use crate::model::diff::{self, ChangeKind, ResourceDigest};
 use crate::model::{ExportFile, Resource, ResourceId};
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct VersionInfo {
     pub environment_id: Uuid,
     pub number: i32,
@@ -38,7 +38,7 @@ pub struct VersionInfo {
 const COLUMNS: &str = "environment_id, number, created_at, uploader, origin, content_hash, provenance, metadata, \
      resource_count, status, released_at, diff_summary, diff_base";
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StoredResource {
     pub resource_id: String,
     pub resource_type: String,
@@ -65,14 +65,14 @@ impl StoredResource {
     }
 }
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct DiffEntry {
     pub resource_id: String,
     pub change: String,
     pub attributes: serde_json::Value,
 }
 
-#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Approval {
     pub id: i64,
     pub version: i32,

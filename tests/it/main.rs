@@ -15,6 +15,7 @@ mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;
 mod integration;
+mod openapi;
 mod retention;
 mod security;
 mod support;
