@@ -46,6 +46,23 @@ pub fn passed_environment() -> Vec<(String, std::ffi::OsString)> {
         .collect()
 }
 
+/// Where a resource is meant to run when that is not here: its route from the export, or,
+/// for a `std::AgentConfig`, its own remote URI (it would start an agent elsewhere).
+fn remote_target(item: &WorkItem) -> Option<String> {
+    let a = &item.resource.attributes;
+    if let Some(t) = a
+        .get(crate::compiler::export::ROUTE_ATTRIBUTE)
+        .and_then(|v| v.as_str())
+    {
+        return Some(t.to_string());
+    }
+    if item.resource.type_name == "std::AgentConfig" {
+        let uri = a.get("uri").and_then(|v| v.as_str()).unwrap_or("local:");
+        return (!uri.starts_with("local:")).then(|| uri.to_string());
+    }
+    None
+}
+
 /// Run one work item: with the module's handler process when it ships one, else with the
 /// built-in handler of its type.
 pub fn execute(
@@ -64,7 +81,19 @@ pub fn execute(
         cache,
     );
     let builtin = handlers::builtin(&item.resource.type_name);
+    let remote = remote_target(item);
     let outcome = match (&item.handler, builtin) {
+        // meant for another machine: never done here
+        _ if remote.is_some() => {
+            let target = remote.unwrap_or_default();
+            ctx.error(
+                format!(
+                    "this resource is meant for {target} (routed there by the model: a mitogen context or the agent's std::AgentConfig); remote execution is not available yet, so it is not applied on this machine"
+                ),
+                &[("remote_target", serde_json::json!(target))],
+            );
+            Outcome::Unavailable
+        }
         (Some(h), _) => external.execute(&mut ctx, item, h),
         (None, None) => {
             ctx.error(

@@ -95,6 +95,70 @@ fn to_json(
     })
 }
 
+/// Attribute set on a resource that the model routes to another machine (a
+/// `mitogen::Ssh`/`Sudo` context, or an agent whose `std::AgentConfig` has a remote URI):
+/// where it should run. Executors refuse such resources until remote execution exists, so a
+/// file meant for `web1` is never written on the server. Absent for local resources (their
+/// hash does not change).
+pub const ROUTE_ATTRIBUTE: &str = "remote_target";
+
+/// The context an instance (or its host) is to be reached through, when it is not local.
+fn via_route(rt: &Runtime, inst: InstId) -> Option<String> {
+    let ctx = ["via", "host.via"]
+        .iter()
+        .find_map(|path| match read_path(rt, inst, path) {
+            Read::Value(Value::Instance(c)) => Some(c),
+            _ => None,
+        })?;
+    let text = |path: &str| match read_path(rt, ctx, path) {
+        Read::Value(Value::Str(s)) => Some(s.to_string()),
+        _ => None,
+    };
+    let method = text("method_name").unwrap_or_else(|| "local".into());
+    if method == "local" {
+        return None;
+    }
+    Some(match method.as_str() {
+        "ssh" => format!(
+            "ssh://{}{}",
+            text("username")
+                .map(|u| format!("{u}@"))
+                .unwrap_or_default(),
+            text("hostname").unwrap_or_default()
+        ),
+        other => format!(
+            "{other}:{}",
+            text("username")
+                .or_else(|| text("hostname"))
+                .unwrap_or_default()
+        ),
+    })
+}
+
+/// Resources on an agent whose `std::AgentConfig` points elsewhere (`host.remote_agent`)
+/// get that URI as their route.
+fn mark_remote_agents(resources: &mut [Resource]) {
+    let remote: HashMap<String, String> = resources
+        .iter()
+        .filter(|r| r.type_name == "std::AgentConfig")
+        .filter_map(|r| {
+            let uri = r.attributes.get("uri")?.as_str()?;
+            let name = r.attributes.get("agentname")?.as_str()?;
+            (!uri.starts_with("local:")).then(|| (name.to_string(), uri.to_string()))
+        })
+        .collect();
+    for r in resources.iter_mut() {
+        if r.type_name == "std::AgentConfig" {
+            continue;
+        }
+        if let Some(uri) = remote.get(&r.agent) {
+            r.attributes
+                .entry(ROUTE_ATTRIBUTE)
+                .or_insert_with(|| serde_json::Value::String(uri.clone()));
+        }
+    }
+}
+
 /// `fs::File` content: sorted prefix blocks, the content, sorted suffix blocks.
 fn fs_content(rt: &Runtime, inst: InstId) -> Read {
     let content = match read_path(rt, inst, "content") {
@@ -293,6 +357,9 @@ pub fn export(
         if is_undefined {
             undefined.push(id.clone());
         }
+        if let Some(route) = via_route(rt, *inst) {
+            attributes.insert(ROUTE_ATTRIBUTE.into(), serde_json::Value::String(route));
+        }
         resources.push(Resource {
             id,
             type_name: type_name.clone(),
@@ -301,6 +368,7 @@ pub fn export(
             requires,
         });
     }
+    mark_remote_agents(&mut resources);
     if let Some(cycle) = find_cycle(&resources) {
         errors.push(Diagnostic::error(
             "dependency-cycle",

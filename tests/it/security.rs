@@ -165,3 +165,92 @@ async fn a_command_timeout_kills_what_it_started() {
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resources_the_model_routes_elsewhere_are_never_applied_here() {
+    let (_srv, c, env, dir) = deploying_env("remote", json!({})).await;
+    let d = dir.path().display().to_string();
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("project.yml"), "name: t\n").unwrap();
+    std::fs::write(
+        project.path().join("main.cf"),
+        format!(
+            "import fs\nimport mitogen\n\
+             web1 = std::Host(name=\"web1\", os=std::linux, ip=\"10.0.0.5\", remote_agent=true)\n\
+             fs::File(host=web1, path=\"{d}/agentconfig\", content=\"x\", mode=644)\n\
+             ssh = mitogen::Ssh(name=\"web2\", hostname=\"web2.example\", username=\"deploy\")\n\
+             web2 = std::Host(name=\"web2\", os=std::linux, via=ssh)\n\
+             fs::File(host=web2, path=\"{d}/via\", content=\"x\", mode=644)\n\
+             here = std::Host(name=\"localhost\", os=std::linux)\n\
+             fs::File(host=here, path=\"{d}/local\", content=\"x\", mode=644)\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(crate::support::steward_bin())
+        .args(["export", "-j", "out.json"])
+        .current_dir(project.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let export: steward::model::ExportFile =
+        serde_json::from_str(&std::fs::read_to_string(project.path().join("out.json")).unwrap())
+            .unwrap();
+    let v = c.upload(&env, &export, json!({})).await.unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    let p = wait_deployed(&c, &env, v, 30).await;
+    assert_eq!(
+        std::fs::read_to_string(format!("{d}/local")).unwrap(),
+        "x",
+        "the local file is deployed: {p}"
+    );
+    for name in ["agentconfig", "via"] {
+        assert!(
+            !std::path::Path::new(&format!("{d}/{name}")).exists(),
+            "a file meant for another machine was written here: {name}"
+        );
+    }
+    let (_, rows) = c.resources(&env).await.unwrap();
+    let remote: Vec<_> = rows
+        .iter()
+        .filter(|r| r.resource_id.contains("web1") || r.resource_id.contains("web2"))
+        .collect();
+    assert_eq!(
+        remote.len(),
+        3,
+        "two files and web1's AgentConfig: {rows:?}"
+    );
+    for r in remote {
+        let msg = r.last_message.clone().unwrap_or_default();
+        // refused, or skipped because the AgentConfig it requires was refused
+        match r.status.as_str() {
+            "unavailable" => assert!(msg.contains("remote execution is not available"), "{msg}"),
+            "skipped_for_dependency" => assert!(msg.contains("AgentConfig"), "{msg}"),
+            other => panic!("{} is {other}: {msg}", r.resource_id),
+        }
+    }
+    // each remote resource says where it should have gone
+    let routed: Vec<&str> = export
+        .resources
+        .iter()
+        .filter_map(|r| r.attributes.get("remote_target").and_then(|v| v.as_str()))
+        .collect();
+    assert!(routed.contains(&"ssh://deploy@web2.example"), "{routed:?}");
+    assert!(
+        routed
+            .iter()
+            .any(|t| t.starts_with("ssh://root@10.0.0.5:22")),
+        "{routed:?}"
+    );
+    assert!(
+        export
+            .resources
+            .iter()
+            .all(|r| !r.agent.eq("localhost") || !r.attributes.contains_key("remote_target")),
+        "a local resource got a route"
+    );
+}
