@@ -254,3 +254,54 @@ async fn resources_the_model_routes_elsewhere_are_never_applied_here() {
         "a local resource got a route"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_server_takes_its_executors_and_their_commands_with_it() {
+    let db = new_database();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "stw_test_admin_secret_for_executor_death";
+    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let c = Client::new(&url, Some(admin.into()));
+    let env = crate::deploy::env_with(&c, "death", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let cmd = format!(
+        "sh -c 'echo start >> {0}; sleep 4; echo end >> {0}'",
+        log.display()
+    );
+    let v = upload(&c, &env, vec![exec_run(AGENT, &cmd, json!({}), &[])]).await;
+    let executor = crate::support::eventually(20, "the command to run", || async {
+        let started = std::fs::read_to_string(&log).unwrap_or_default().contains("start");
+        let a = c.agents(&env).await.ok()?;
+        let pid = a["agents"][0]["executors"][0].as_u64()?;
+        started.then_some(pid)
+    })
+    .await;
+    std::process::Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+    // the executor goes with it, and so does the command it was running
+    crate::support::eventually(5, "the executor to die", || async {
+        let alive = std::fs::read_to_string(format!("/proc/{executor}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false);
+        (!alive).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("end"), "the old command finished after its server died: {text}");
+    // the restarted server runs it once, alone
+    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    wait_deployed(&c, &env, v, 30).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text, "start\nstart\nend\n", "{text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
