@@ -15,6 +15,7 @@ pub mod api_versions;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod listen;
 pub mod openapi;
 pub mod ops;
 pub mod start;
@@ -80,8 +81,13 @@ pub struct AppState {
     pub sources: Option<crate::sources::GitSources>,
 }
 
-/// Largest accepted request body (a 10,000-resource export is a few MB).
-pub const MAX_BODY: usize = 64 << 20;
+/// Largest accepted request body of most routes: settings, names, decisions, tokens.
+pub const MAX_BODY: usize = 1 << 20;
+/// Largest upload of a version (a 10,000-resource export is a few MB). Only the upload route
+/// takes this much, and only from a caller allowed to upload (checked before it is read).
+pub const UPLOAD_BODY: usize = 64 << 20;
+/// Largest action report (an action's log lines).
+pub const ACTION_BODY: usize = 8 << 20;
 
 /// The API: every route with its OpenAPI description. The router and the document are built
 /// from this one list ([`utoipa_axum::routes!`] takes a handler's path and method from its
@@ -117,7 +123,11 @@ pub fn api() -> OpenApiRouter<AppState> {
             e::delete_environment
         ))
         .routes(routes!(e::get_settings, e::update_settings))
-        .routes(routes!(v::list, v::upload))
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(v::list, v::upload))
+                .layer(DefaultBodyLimit::max(UPLOAD_BODY)),
+        )
         .routes(routes!(v::get, v::delete))
         .routes(routes!(v::resources))
         .routes(routes!(v::export))
@@ -130,7 +140,11 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(v::resume_auto_release))
         .routes(routes!(r::list))
         .routes(routes!(r::get))
-        .routes(routes!(r::list_actions, r::report_action))
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(r::list_actions, r::report_action))
+                .layer(DefaultBodyLimit::max(ACTION_BODY)),
+        )
         .routes(routes!(t::audit))
         .routes(routes!(
             s::get_source,

@@ -1,6 +1,7 @@
 //! Resources of the active version with their state, one resource's history, action logs.
 
 use axum::Json;
+use axum::extract::FromRequest;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -172,10 +173,12 @@ pub async fn report_action(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-    ApiJson(mut record): ApiJson<ActionRecord>,
+    request: axum::extract::Request,
 ) -> ApiResult<StatusCode> {
+    // who may report is settled before the body is read
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Report, Some(env.id))?;
+    let ApiJson(mut record) = ApiJson::<ActionRecord>::from_request(request, &state).await?;
     record.environment_id = env.id;
     versions::get(&state.pool, env.id, record.version).await?;
     store::actions::upsert(&state.pool, &record)

@@ -1,6 +1,7 @@
 //! Versions: upload, list, inspect, diff, release, reject, roll back, delete.
 
 use axum::Json;
+use axum::extract::FromRequest;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -44,8 +45,9 @@ pub async fn upload(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
-    ApiJson(body): ApiJson<Upload>,
+    request: axum::extract::Request,
 ) -> ApiResult<(StatusCode, Json<Uploaded>)> {
+    // who may upload is settled before the body (up to UPLOAD_BODY) is read
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Upload, Some(env.id))?;
     if env.settings.source == SourceKind::Git {
@@ -53,6 +55,7 @@ pub async fn upload(
             "this environment follows a git repository: only committed models reach it (push to the repository instead)",
         ));
     }
+    let ApiJson(body) = ApiJson::<Upload>::from_request(request, &state).await?;
     let mut provenance = body.provenance.unwrap_or_else(|| json!({}));
     if !provenance.is_object() {
         return Err(ApiError::bad_request("provenance must be an object"));

@@ -202,8 +202,7 @@ async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
     ));
     tracing::info!(%addr, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
     eprintln!("steward server listening on http://{addr}");
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
+    let served = super::listen::serve(listener, router(state), shutdown_signal())
         .await
         .map_err(ServerError::Serve);
     pruner.abort();

@@ -493,7 +493,7 @@ async fn bad_inputs_get_json_errors() {
         Some(422)
     );
     // oversized bodies
-    let huge = "x".repeat(steward::server::MAX_BODY + 1);
+    let huge = "x".repeat(steward::server::UPLOAD_BODY + 1);
     let (st, v) = raw(
         &s,
         reqwest::Method::POST,

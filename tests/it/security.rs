@@ -274,7 +274,9 @@ async fn a_killed_server_takes_its_executors_and_their_commands_with_it() {
     );
     let v = upload(&c, &env, vec![exec_run(AGENT, &cmd, json!({}), &[])]).await;
     let executor = crate::support::eventually(20, "the command to run", || async {
-        let started = std::fs::read_to_string(&log).unwrap_or_default().contains("start");
+        let started = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("start");
         let a = c.agents(&env).await.ok()?;
         let pid = a["agents"][0]["executors"][0].as_u64()?;
         started.then_some(pid)
@@ -295,13 +297,109 @@ async fn a_killed_server_takes_its_executors_and_their_commands_with_it() {
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(!text.contains("end"), "the old command finished after its server died: {text}");
+    assert!(
+        !text.contains("end"),
+        "the old command finished after its server died: {text}"
+    );
     // the restarted server runs it once, alone
     let mut child = crate::support::spawn_server(&db, port, admin, data.path());
     wait_healthy(&url).await;
     wait_deployed(&c, &env, v, 30).await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text, "start\nstart\nend\n", "{text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        / 1024
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bodies_are_read_only_for_callers_allowed_and_slow_clients_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = new_database();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "stw_test_admin_secret_for_bodies";
+    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let c = Client::new(&url, Some(admin.into()));
+    let env = crate::deploy::env_with(&c, "bodies", json!({})).await;
+    let t = c.create_token("look", "viewer", Some(&env)).await.unwrap();
+    let viewer = t["secret"].as_str().unwrap().to_string();
+    let http = reqwest::Client::new();
+    // a viewer posting a 60 MB "export", three times: refused before it is parsed
+    let huge = format!("{{\"resources\": [\"{}\"]}}", "x".repeat(60 << 20));
+    for _ in 0..3 {
+        let r = http
+            .post(format!("{url}/api/v1/environments/{env}/versions"))
+            .bearer_auth(&viewer)
+            .header("content-type", "application/json")
+            .body(huge.clone())
+            .send()
+            .await;
+        if let Ok(r) = r {
+            assert_eq!(r.status(), 403);
+        }
+    }
+    let peak = peak_rss_mib(child.id());
+    assert!(
+        peak < 400,
+        "the server peaked at {peak} MiB for refused bodies"
+    );
+    // routes that need a small body take a small body
+    let r = http
+        .post(format!("{url}/api/v1/environments/{env}/deploy"))
+        .bearer_auth(admin)
+        .header("content-type", "application/json")
+        .body("x".repeat(2 << 20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+
+    // half-sent headers, and a body that stalls: both cut off
+    let half_headers = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.read(&mut buf)).await;
+        started.elapsed()
+    };
+    let stalled_body = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /api/v1/environments/{env}/deploy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {admin}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"agent\""
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        let _ = tokio::time::timeout(Duration::from_secs(40), s.read(&mut buf)).await;
+        started.elapsed()
+    };
+    let (h, b) = tokio::join!(half_headers, stalled_body);
+    assert!(
+        h < Duration::from_secs(15),
+        "half-sent headers held for {h:?}"
+    );
+    assert!(b < Duration::from_secs(20), "a stalled body held for {b:?}");
+    assert!(c.health().await.is_ok());
     child.kill().unwrap();
     child.wait().unwrap();
 }
