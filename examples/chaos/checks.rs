@@ -1,0 +1,524 @@
+//! The checks at the end of a run, and the summary.
+
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Connection;
+
+use super::{Config, Figures, HANDLER_TIMEOUT, RETRY_FACTOR, RETRY_INITIAL, RETRY_MAX, Run};
+use super::{procs, repo};
+
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Check {
+    pub fn pass(name: &str, detail: String) -> Check {
+        Check {
+            name: name.into(),
+            ok: true,
+            detail,
+        }
+    }
+
+    pub fn fail(name: &str, detail: String) -> Check {
+        Check {
+            name: name.into(),
+            ok: false,
+            detail,
+        }
+    }
+
+    fn new(name: &str, ok: bool, detail: String) -> Check {
+        Check {
+            name: name.into(),
+            ok,
+            detail,
+        }
+    }
+}
+
+pub struct Report {
+    pub figures: Figures,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.ok)
+    }
+
+    #[allow(dead_code)] // the test suite asks for single checks
+    pub fn check(&self, name: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.name == name)
+    }
+
+    /// The summary: figures, then one line per check.
+    pub fn render(&self) -> String {
+        let f = &self.figures;
+        let mib = |b: Option<i64>| {
+            b.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0))
+                .unwrap_or_else(|| "?".into())
+        };
+        let mut s = String::new();
+        s.push_str("=== chaos run ===\n");
+        s.push_str(&format!(
+            "seed {}  duration {:.0} s (load {:.0} s, quiet {:.0} s)\n",
+            f.seed, f.total_secs, f.load_secs, f.quiet_secs
+        ));
+        s.push_str(&format!(
+            "commits pushed {}  requests {} ({} failed, mostly while the server was down)\n",
+            f.commits, f.requests, f.failed_requests
+        ));
+        s.push_str(&format!(
+            "injections: server kill -9 {}  executor kill -9 {} (+{} found none)  pg_ctl restart {}  server starts {}  slowest recovery {:.1} s\n",
+            f.server_kills,
+            f.executor_kills,
+            f.executor_kills_skipped,
+            f.pg_restarts,
+            f.server_starts,
+            f.max_recovery_secs
+        ));
+        let growth = match (f.db_start_bytes, f.db_end_bytes) {
+            (Some(a), Some(b)) => format!("{:+.1} MiB", (b - a) as f64 / 1048576.0),
+            _ => "?".into(),
+        };
+        s.push_str(&format!(
+            "database {} -> {} ({growth})  server RSS {} (peak {})\n",
+            mib(f.db_start_bytes),
+            mib(f.db_end_bytes),
+            f.rss_kib
+                .map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
+                .unwrap_or_else(|| "?".into()),
+            f.hwm_kib
+                .map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
+                .unwrap_or_else(|| "?".into()),
+        ));
+        if let Some(w) = &f.workdir {
+            s.push_str(&format!(
+                "kept: {} (server.log, server/, repositories)\n",
+                w.display()
+            ));
+        }
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(5);
+        s.push_str(&format!("{:<width$}  result  detail\n", "check"));
+        for c in &self.checks {
+            let mut lines = c.detail.lines();
+            s.push_str(&format!(
+                "{:<width$}  {}    {}\n",
+                c.name,
+                if c.ok { "PASS" } else { "FAIL" },
+                lines.next().unwrap_or("")
+            ));
+            for l in lines.take(12) {
+                s.push_str(&format!("{:<width$}          {l}\n", ""));
+            }
+        }
+        s.push_str(if self.ok() {
+            "=== all checks passed ===\n"
+        } else {
+            "=== SOME CHECKS FAILED ===\n"
+        });
+        s
+    }
+}
+
+pub fn files_converged(out: &Path, files: usize, round: u32) -> bool {
+    (0..files).all(|i| {
+        std::fs::read_to_string(repo::site_file(out, i)).ok() == Some(repo::site_content(i, round))
+    })
+}
+
+async fn connect(url: &str) -> Result<sqlx::PgConnection, String> {
+    match tokio::time::timeout(Duration::from_secs(15), sqlx::PgConnection::connect(url)).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("connecting to the database timed out".into()),
+    }
+}
+
+pub async fn database_size(url: &str) -> Result<i64, String> {
+    let mut c = connect(url).await?;
+    let n: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
+        .fetch_one(&mut c)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = c.close().await;
+    Ok(n)
+}
+
+/// Most attempts the retry schedule allows in `secs` (the first attempt included).
+pub fn attempts_allowed(secs: f64) -> u64 {
+    let mut n = 1;
+    let mut t = 0.0;
+    let mut delay = RETRY_INITIAL as f64;
+    loop {
+        t += delay.min(RETRY_MAX as f64);
+        if t > secs {
+            return n;
+        }
+        n += 1;
+        delay *= RETRY_FACTOR;
+    }
+}
+
+/// The bound for attempts started at `first` until `end`: the schedule starts over at every
+/// server kill (as if timers were lost), plus one attempt per other fault and 2 of slack.
+pub fn attempts_bound(
+    first: DateTime<Utc>,
+    end: DateTime<Utc>,
+    kills: &[DateTime<Utc>],
+    other_faults: u64,
+) -> u64 {
+    let mut cuts: Vec<DateTime<Utc>> = kills
+        .iter()
+        .copied()
+        .filter(|k| *k > first && *k < end)
+        .collect();
+    cuts.sort();
+    let mut from = first;
+    let mut total = 0;
+    for cut in cuts.into_iter().chain(std::iter::once(end)) {
+        total += attempts_allowed((cut - from).num_milliseconds() as f64 / 1000.0);
+        from = cut;
+    }
+    total + other_faults + 2
+}
+
+const TERMINAL: [&str; 5] = [
+    "superseded",
+    "deployed",
+    "deploy_failed",
+    "compile_failed",
+    // a newer release took over the reporting
+    "released",
+];
+
+pub async fn check_all(cfg: &Config, run: &mut Run, figures: &mut Figures, checks: &mut Vec<Check>) {
+    let api = &run.api;
+    let last = run.pushed.last();
+
+    // (a) the last released version converged
+    let mut problems = Vec::new();
+    let last_round = last.map(|p| p.round).unwrap_or(1);
+    let wrong: Vec<usize> = (0..run.files)
+        .filter(|i| {
+            std::fs::read_to_string(repo::site_file(&run.out, *i)).ok()
+                != Some(repo::site_content(*i, last_round))
+        })
+        .collect();
+    if !wrong.is_empty() {
+        problems.push(format!(
+            "{} of {} files do not hold round {last_round} (first: f{:03})",
+            wrong.len(),
+            run.files,
+            wrong[0]
+        ));
+    }
+    let mut active_site = None;
+    match api.req(api.c.resources(&run.site_env)).await {
+        Ok((Some(v), _)) => {
+            active_site = Some(v);
+            match api.req(api.c.progress(&run.site_env, v)).await {
+                Ok(p) => {
+                    let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
+                    let total = p["total"].as_i64().unwrap_or(-1);
+                    if deployed != total || p["done"] != true {
+                        problems.push(format!(
+                            "site version {v}: {deployed} of {total} deployed, done={} ({})",
+                            p["done"], p["by_status"]
+                        ));
+                    }
+                }
+                Err(e) => problems.push(format!("site progress: {e}")),
+            }
+        }
+        Ok((None, _)) => problems.push("the site has no active version".into()),
+        Err(e) => problems.push(format!("site resources: {e}")),
+    }
+    // the active version must be the last commit's
+    if let Some(p) = last
+        && let Ok(t) = api.req(api.c.commit_timeline(&run.site_env, &p.sha)).await
+    {
+        let version = t["events"].as_array().and_then(|evs| {
+            evs.iter()
+                .rev()
+                .find(|e| e["event"] == "version")
+                .and_then(|e| e["detail"]["version"].as_i64())
+        });
+        if version.is_some() && version.map(|v| v as i32) != active_site {
+            problems.push(format!(
+                "the last commit made version {version:?}, the active one is {active_site:?}"
+            ));
+        }
+    }
+    let mut faults_detail = String::new();
+    match api.req(api.c.resources(&run.faults_env)).await {
+        Ok((Some(v), _)) => match api.req(api.c.progress(&run.faults_env, v)).await {
+            Ok(p) => {
+                let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
+                let total = p["total"].as_i64().unwrap_or(-1);
+                faults_detail = format!("faults version {v}: {}", p["by_status"]);
+                // all but the failing file and the hanging command
+                if deployed != total - 2 {
+                    problems.push(format!(
+                        "faults version {v}: {deployed} of {total} deployed, expected {} ({})",
+                        total - 2,
+                        p["by_status"]
+                    ));
+                }
+            }
+            Err(e) => problems.push(format!("faults progress: {e}")),
+        },
+        Ok((None, _)) => problems.push("the faults environment has no active version".into()),
+        Err(e) => problems.push(format!("faults resources: {e}")),
+    }
+    checks.push(if problems.is_empty() {
+        Check::pass(
+            "converged",
+            format!(
+                "{} files hold round {last_round}; site version {} all deployed; {faults_detail}",
+                run.files,
+                active_site.unwrap_or(0)
+            ),
+        )
+    } else {
+        Check::fail("converged", problems.join("\n"))
+    });
+
+    // (b) every commit's timeline reached its last state
+    let mut unseen = 0;
+    let mut by_state: std::collections::BTreeMap<String, u32> = Default::default();
+    let mut bad = Vec::new();
+    for (i, p) in run.pushed.iter().enumerate() {
+        let is_last = i + 1 == run.pushed.len();
+        match api.req(api.c.commit_timeline(&run.site_env, &p.sha)).await {
+            Ok(t) => {
+                let state = t["state"].as_str().unwrap_or("?").to_string();
+                *by_state.entry(state.clone()).or_default() += 1;
+                let ok = if is_last {
+                    state == "deployed"
+                } else {
+                    TERMINAL.contains(&state.as_str())
+                };
+                if !ok {
+                    bad.push(format!(
+                        "round {} ({}){}: stuck at '{state}'",
+                        p.round,
+                        &p.sha[..10],
+                        if is_last { ", the last commit" } else { "" }
+                    ));
+                }
+            }
+            // pushed while the server was down or between two fetches: never seen, the
+            // server follows the branch tip
+            Err(e) if e.contains("HTTP 404") && !is_last => unseen += 1,
+            Err(e) => bad.push(format!("round {} ({}): {e}", p.round, &p.sha[..10])),
+        }
+    }
+    let states = by_state
+        .iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let summary = format!(
+        "{} commits: {states}; {unseen} never seen (pushed between fetches)",
+        run.pushed.len()
+    );
+    checks.push(if bad.is_empty() {
+        Check::pass("commit timelines", summary)
+    } else {
+        bad.insert(0, summary);
+        Check::fail("commit timelines", bad.join("\n"))
+    });
+
+    // (c), (d), (e): from the database
+    match connect(&run.db_url).await {
+        Ok(mut db) => {
+            db_checks(cfg, run, figures, checks, &mut db).await;
+            let _ = db.close().await;
+        }
+        Err(e) => checks.push(Check::fail("database", e)),
+    }
+
+    // (f) the server's memory
+    match run.server.pid().and_then(procs::rss_kib) {
+        Some((rss, hwm)) => {
+            figures.rss_kib = Some(rss);
+            figures.hwm_kib = Some(hwm);
+            let mib = rss as f64 / 1024.0;
+            checks.push(Check::new(
+                "server RSS",
+                mib <= cfg.max_rss_mib,
+                format!(
+                    "{mib:.1} MiB (peak {:.1} MiB) since its last start; limit {} MiB",
+                    hwm as f64 / 1024.0,
+                    cfg.max_rss_mib
+                ),
+            ));
+        }
+        None => checks.push(Check::fail(
+            "server RSS",
+            "no server process to measure".into(),
+        )),
+    }
+}
+
+async fn db_checks(
+    cfg: &Config,
+    run: &Run,
+    figures: &mut Figures,
+    checks: &mut Vec<Check>,
+    db: &mut sqlx::PgConnection,
+) {
+    let (Ok(site), Ok(faults)) = (
+        run.site_env.parse::<uuid::Uuid>(),
+        run.faults_env.parse::<uuid::Uuid>(),
+    ) else {
+        checks.push(Check::fail("database", "environment ids are not UUIDs".into()));
+        return;
+    };
+
+    // (c) no action left open: none in the settled site; in the faults environment none
+    // older than a handler timeout (its hanging command is retried all the time)
+    let open: Result<Vec<(String, String, DateTime<Utc>)>, _> = sqlx::query_as(
+        "SELECT e.name, a.resource_id, a.started_at FROM resource_actions a \
+         JOIN environments e ON e.id = a.environment_id \
+         WHERE a.finished_at IS NULL AND (a.environment_id = $1 OR \
+         (a.environment_id = $2 AND a.started_at < now() - make_interval(secs => $3))) \
+         ORDER BY a.started_at",
+    )
+    .bind(site)
+    .bind(faults)
+    .bind((HANDLER_TIMEOUT + 20) as f64)
+    .fetch_all(&mut *db)
+    .await;
+    let total: Result<i64, _> = sqlx::query_scalar(
+        "SELECT count(*) FROM resource_actions WHERE environment_id IN ($1, $2)",
+    )
+    .bind(site)
+    .bind(faults)
+    .fetch_one(&mut *db)
+    .await;
+    checks.push(match open {
+        Ok(rows) if rows.is_empty() => Check::pass(
+            "no open action",
+            format!(
+                "{} actions recorded, none left open",
+                total.map(|n| n.to_string()).unwrap_or_else(|e| e.to_string())
+            ),
+        ),
+        Ok(rows) => Check::fail(
+            "no open action",
+            rows.iter()
+                .map(|(env, r, at)| format!("{env}: {r} open since {at}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        Err(e) => Check::fail("no open action", e.to_string()),
+    });
+
+    // (d) attempts of the failing resources within the backoff schedule
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *db)
+        .await
+        .unwrap_or_else(|_| Utc::now());
+    let other_faults = (figures.executor_kills + figures.pg_restarts) as u64;
+    let failing = format!("%{}%", run.failing_path.display());
+    let hanging = format!("%sleep {}%", super::HANG_SECS);
+    let mut lines = Vec::new();
+    let mut ok = true;
+    for (what, pattern) in [("failing file", &failing), ("hanging command", &hanging)] {
+        let starts: Result<Vec<DateTime<Utc>>, _> = sqlx::query_scalar(
+            "SELECT started_at FROM resource_actions WHERE environment_id = $1 \
+             AND resource_id LIKE $2 AND action = 'deploy' ORDER BY started_at",
+        )
+        .bind(faults)
+        .bind(pattern)
+        .fetch_all(&mut *db)
+        .await;
+        match starts {
+            Ok(s) if s.is_empty() => {
+                ok = false;
+                lines.push(format!("{what}: never attempted"));
+            }
+            Ok(s) => {
+                let bound = attempts_bound(s[0], now, &figures.kills_at, other_faults);
+                let secs = (now - s[0]).num_milliseconds() as f64 / 1000.0;
+                let within = s.len() as u64 <= bound;
+                ok &= within;
+                let gaps: Vec<String> = s
+                    .windows(2)
+                    .take(40)
+                    .map(|w| format!("{:.1}", (w[1] - w[0]).num_milliseconds() as f64 / 1000.0))
+                    .collect();
+                lines.push(format!(
+                    "{what}: {} attempts in {secs:.0} s, the schedule ({RETRY_INITIAL} s x{RETRY_FACTOR} up to {RETRY_MAX} s, restarted at each of {} server kills, +{other_faults} other faults, +2) allows {bound}{}",
+                    s.len(),
+                    figures.kills_at.len(),
+                    if within { "" } else { "  <-- too many" }
+                ));
+                lines.push(format!("  seconds between attempts: {}", gaps.join(" ")));
+            }
+            Err(e) => {
+                ok = false;
+                lines.push(format!("{what}: {e}"));
+            }
+        }
+    }
+    checks.push(Check::new("retry backoff", ok, lines.join("\n")));
+
+    // (e) database growth
+    let end: Result<i64, _> = sqlx::query_scalar("SELECT pg_database_size(current_database())")
+        .fetch_one(&mut *db)
+        .await;
+    match (figures.db_start_bytes, end) {
+        (Some(start), Ok(end)) => {
+            figures.db_end_bytes = Some(end);
+            let growth = (end - start) as f64 / 1048576.0;
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT relname::text, n_live_tup FROM pg_stat_user_tables \
+                 WHERE n_live_tup > 0 ORDER BY n_live_tup DESC LIMIT 4",
+            )
+            .fetch_all(&mut *db)
+            .await
+            .unwrap_or_default();
+            checks.push(Check::new(
+                "database growth",
+                growth <= cfg.max_db_growth_mib,
+                format!(
+                    "{:.1} MiB -> {:.1} MiB ({growth:+.1} MiB, limit {} MiB); most rows: {}",
+                    start as f64 / 1048576.0,
+                    end as f64 / 1048576.0,
+                    cfg.max_db_growth_mib,
+                    rows.iter()
+                        .map(|(t, n)| format!("{t} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        (None, _) => checks.push(Check::fail(
+            "database growth",
+            "the size at the start is unknown".into(),
+        )),
+        (_, Err(e)) => checks.push(Check::fail("database growth", e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule() {
+        // 2, 4, 8, 16, 16 …: attempts at 0, 2, 6, 14, 30, 46
+        assert_eq!(attempts_allowed(0.0), 1);
+        assert_eq!(attempts_allowed(5.9), 2);
+        assert_eq!(attempts_allowed(6.0), 3);
+        assert_eq!(attempts_allowed(46.0), 6);
+    }
+}
