@@ -255,27 +255,30 @@ pub async fn check_all(cfg: &Config, run: &mut Run, figures: &mut Figures, check
             ));
         }
     }
-    let mut faults_detail = String::new();
-    match api.req(api.c.resources(&run.faults_env)).await {
-        Ok((Some(v), _)) => match api.req(api.c.progress(&run.faults_env, v)).await {
-            Ok(p) => {
-                let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
-                let total = p["total"].as_i64().unwrap_or(-1);
-                faults_detail = format!("faults version {v}: {}", p["by_status"]);
-                // all but the failing file and the hanging command
-                if deployed != total - 2 {
-                    problems.push(format!(
-                        "faults version {v}: {deployed} of {total} deployed, expected {} ({})",
-                        total - 2,
-                        p["by_status"]
-                    ));
+    let mut faults_detail = Vec::new();
+    for (name, env) in [("failing", &run.failing_env), ("hanging", &run.hanging_env)] {
+        match api.req(api.c.resources(env)).await {
+            Ok((Some(v), _)) => match api.req(api.c.progress(env, v)).await {
+                Ok(p) => {
+                    let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
+                    let total = p["total"].as_i64().unwrap_or(-1);
+                    faults_detail.push(format!("{name} version {v}: {}", p["by_status"]));
+                    // all but the failing file or the hanging command
+                    if deployed != total - 1 {
+                        problems.push(format!(
+                            "{name} version {v}: {deployed} of {total} deployed, expected {} ({})",
+                            total - 1,
+                            p["by_status"]
+                        ));
+                    }
                 }
-            }
-            Err(e) => problems.push(format!("faults progress: {e}")),
-        },
-        Ok((None, _)) => problems.push("the faults environment has no active version".into()),
-        Err(e) => problems.push(format!("faults resources: {e}")),
+                Err(e) => problems.push(format!("{name} progress: {e}")),
+            },
+            Ok((None, _)) => problems.push(format!("{name} has no active version")),
+            Err(e) => problems.push(format!("{name} resources: {e}")),
+        }
     }
+    let faults_detail = faults_detail.join("; ");
     checks.push(if problems.is_empty() {
         Check::pass(
             "converged",
@@ -374,33 +377,36 @@ async fn db_checks(
     checks: &mut Vec<Check>,
     db: &mut sqlx::PgConnection,
 ) {
-    let (Ok(site), Ok(faults)) = (
+    let (Ok(site), Ok(failing), Ok(hanging)) = (
         run.site_env.parse::<uuid::Uuid>(),
-        run.faults_env.parse::<uuid::Uuid>(),
+        run.failing_env.parse::<uuid::Uuid>(),
+        run.hanging_env.parse::<uuid::Uuid>(),
     ) else {
         checks.push(Check::fail("database", "environment ids are not UUIDs".into()));
         return;
     };
 
-    // (c) no action left open: none in the settled site; in the faults environment none
-    // older than a handler timeout (its hanging command is retried all the time)
+    // (c) no action left open: none in the settled site; in the fault environments none
+    // older than a handler timeout (their resources are retried all the time)
     let open: Result<Vec<(String, String, DateTime<Utc>)>, _> = sqlx::query_as(
         "SELECT e.name, a.resource_id, a.started_at FROM resource_actions a \
          JOIN environments e ON e.id = a.environment_id \
          WHERE a.finished_at IS NULL AND (a.environment_id = $1 OR \
-         (a.environment_id = $2 AND a.started_at < now() - make_interval(secs => $3))) \
+         (a.environment_id IN ($2, $3) AND a.started_at < now() - make_interval(secs => $4))) \
          ORDER BY a.started_at",
     )
     .bind(site)
-    .bind(faults)
+    .bind(failing)
+    .bind(hanging)
     .bind((HANDLER_TIMEOUT + 20) as f64)
     .fetch_all(&mut *db)
     .await;
     let total: Result<i64, _> = sqlx::query_scalar(
-        "SELECT count(*) FROM resource_actions WHERE environment_id IN ($1, $2)",
+        "SELECT count(*) FROM resource_actions WHERE environment_id IN ($1, $2, $3)",
     )
     .bind(site)
-    .bind(faults)
+    .bind(failing)
+    .bind(hanging)
     .fetch_one(&mut *db)
     .await;
     checks.push(match open {
@@ -427,16 +433,19 @@ async fn db_checks(
         .await
         .unwrap_or_else(|_| Utc::now());
     let other_faults = (figures.executor_kills + figures.pg_restarts) as u64;
-    let failing = format!("%{}%", run.failing_path.display());
-    let hanging = format!("%sleep {}%", super::HANG_SECS);
+    let failing_pattern = format!("%{}%", run.failing_path.display());
+    let hanging_pattern = format!("%sleep {}%", super::HANG_SECS);
     let mut lines = Vec::new();
     let mut ok = true;
-    for (what, pattern) in [("failing file", &failing), ("hanging command", &hanging)] {
+    for (what, env, pattern) in [
+        ("failing file", failing, &failing_pattern),
+        ("hanging command", hanging, &hanging_pattern),
+    ] {
         let starts: Result<Vec<DateTime<Utc>>, _> = sqlx::query_scalar(
             "SELECT started_at FROM resource_actions WHERE environment_id = $1 \
              AND resource_id LIKE $2 AND action = 'deploy' ORDER BY started_at",
         )
-        .bind(faults)
+        .bind(env)
         .bind(pattern)
         .fetch_all(&mut *db)
         .await;
@@ -450,18 +459,24 @@ async fn db_checks(
                 let secs = (now - s[0]).num_milliseconds() as f64 / 1000.0;
                 let within = s.len() as u64 <= bound;
                 ok &= within;
-                let gaps: Vec<String> = s
+                let mut gaps: Vec<f64> = s
                     .windows(2)
-                    .take(40)
-                    .map(|w| format!("{:.1}", (w[1] - w[0]).num_milliseconds() as f64 / 1000.0))
+                    .map(|w| (w[1] - w[0]).num_milliseconds() as f64 / 1000.0)
                     .collect();
+                let first: Vec<String> = gaps.iter().take(16).map(|g| format!("{g:.1}")).collect();
+                gaps.sort_by(|a, b| a.total_cmp(b));
+                let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0);
+                let longest = gaps.last().copied().unwrap_or(0.0);
                 lines.push(format!(
                     "{what}: {} attempts in {secs:.0} s, the schedule ({RETRY_INITIAL} s x{RETRY_FACTOR} up to {RETRY_MAX} s, restarted at each of {} server kills, +{other_faults} other faults, +2) allows {bound}{}",
                     s.len(),
                     figures.kills_at.len(),
                     if within { "" } else { "  <-- too many" }
                 ));
-                lines.push(format!("  seconds between attempts: {}", gaps.join(" ")));
+                lines.push(format!(
+                    "  seconds between attempts: {} …; median {median:.1}, longest {longest:.1}",
+                    first.join(" ")
+                ));
             }
             Err(e) => {
                 ok = false;

@@ -4,9 +4,10 @@
 //! While it keeps pushing commits to the "site" repository (every commit changes every file
 //! of the model, each auto-released version is deployed to files under a temp dir), it
 //! injects faults: kill -9 of the server (restarted on the same data dir and port), kill -9
-//! of an executor, `pg_ctl restart` of the cluster under the running server. The "faults"
-//! environment holds a resource that always fails (short `retry_backoff`) and a command that
-//! hangs past a short `handler_timeout`. After a quiet period it checks convergence, commit
+//! of an executor, `pg_ctl restart` of the cluster under the running server. Two more
+//! environments follow subdirectories of a "faults" repository: "failing" holds a resource
+//! that always fails, "hanging" a command that sleeps past a short `handler_timeout`; both
+//! have a short `retry_backoff`. After a quiet period it checks convergence, commit
 //! timelines, open actions, retry attempts against the backoff schedule, database growth
 //! and the server's RSS (see `checks.rs`).
 //!
@@ -32,7 +33,7 @@ pub use checks::{Check, Report};
 pub const RETRY_INITIAL: u64 = 2;
 pub const RETRY_FACTOR: f64 = 2.0;
 pub const RETRY_MAX: u64 = 16;
-/// `handler_timeout` of the faults environment, and how long its command sleeps.
+/// `handler_timeout` of the hanging environment, and how long its command sleeps.
 pub const HANDLER_TIMEOUT: u64 = 3;
 pub const HANG_SECS: u64 = 30;
 
@@ -180,7 +181,8 @@ pub struct Run {
     pub api: Api,
     pub server: procs::Server,
     pub site_env: String,
-    pub faults_env: String,
+    pub failing_env: String,
+    pub hanging_env: String,
     pub out: PathBuf,
     pub failing_path: PathBuf,
     pub files: usize,
@@ -282,12 +284,21 @@ async fn drive(
     let faults = repo::Repo::create(root, "faults")?;
     let mut round = 1;
     let mut pushed = vec![Pushed {
-        sha: site.commit(&repo::site_model(&out, cfg.files, round), "round 1")?,
+        sha: site.commit(&[("", &repo::site_model(&out, cfg.files, round))], "round 1")?,
         round,
     }];
     site.push()?;
     faults.commit(
-        &repo::faults_model(&faults_out.join("good"), &failing_path, HANG_SECS),
+        &[
+            (
+                "failing",
+                &repo::failing_model(&faults_out.join("good-1"), &failing_path),
+            ),
+            (
+                "hanging",
+                &repo::hanging_model(&faults_out.join("good-2"), HANG_SECS),
+            ),
+        ],
         "faults",
     )?;
     faults.push()?;
@@ -296,23 +307,35 @@ async fn drive(
         .await?
         .id
         .to_string();
-    let faults_env = api
+    let backoff =
+        json!({"initial": RETRY_INITIAL, "factor": RETRY_FACTOR, "max": RETRY_MAX});
+    let failing_env = api
         .req(api.c.create_environment(
             "chaos",
-            "faults",
-            Some(json!({
-                "retry_backoff": {"initial": RETRY_INITIAL, "factor": RETRY_FACTOR, "max": RETRY_MAX},
-                "handler_timeout": HANDLER_TIMEOUT,
-            })),
+            "failing",
+            Some(json!({"retry_backoff": backoff})),
         ))
         .await?
         .id
         .to_string();
-    for (env, r) in [(&site_env, &site), (&faults_env, &faults)] {
+    let hanging_env = api
+        .req(api.c.create_environment(
+            "chaos",
+            "hanging",
+            Some(json!({"retry_backoff": backoff, "handler_timeout": HANDLER_TIMEOUT})),
+        ))
+        .await?
+        .id
+        .to_string();
+    for (env, r, path) in [
+        (&site_env, &site, ""),
+        (&failing_env, &faults, "failing"),
+        (&hanging_env, &faults, "hanging"),
+    ] {
         // pushes are seen by watching the repository; polling catches what a crash missed
         api.req(api.c.set_source(
             env,
-            &json!({"url": r.url(), "branch": "main", "poll_interval": 5, "watch": true}),
+            &json!({"url": r.url(), "branch": "main", "path": path, "poll_interval": 5, "watch": true}),
         ))
         .await?;
     }
@@ -360,7 +383,7 @@ async fn drive(
         if now >= next_push {
             round += 1;
             let sha = site.commit(
-                &repo::site_model(&out, cfg.files, round),
+                &[("", &repo::site_model(&out, cfg.files, round))],
                 &format!("round {round}"),
             )?;
             site.push()?;
@@ -484,7 +507,8 @@ async fn drive(
         api,
         server,
         site_env,
-        faults_env,
+        failing_env,
+        hanging_env,
         out,
         failing_path,
         files: cfg.files,

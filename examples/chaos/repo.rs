@@ -47,13 +47,19 @@ impl Repo {
         format!("file://{}", self.origin.display())
     }
 
-    /// Write the project and commit it; the commit id.
-    pub fn commit(&self, main_cf: &str, message: &str) -> Result<String, String> {
-        let write = |name: &str, text: &str| {
-            std::fs::write(self.work.join(name), text).map_err(|e| format!("{name}: {e}"))
-        };
-        write("project.yml", "name: chaos\nmodulepath: libs\n")?;
-        write("main.cf", main_cf)?;
+    /// Write the projects (`main.cf` of each, in its subdirectory, "" for the top) and
+    /// commit them; the commit id.
+    pub fn commit(&self, projects: &[(&str, &str)], message: &str) -> Result<String, String> {
+        for (sub, main_cf) in projects {
+            let dir = self.work.join(sub);
+            let write = |name: &str, text: &str| {
+                std::fs::create_dir_all(&dir)
+                    .and_then(|_| std::fs::write(dir.join(name), text))
+                    .map_err(|e| format!("{sub}/{name}: {e}"))
+            };
+            write("project.yml", "name: chaos\nmodulepath: libs\n")?;
+            write("main.cf", main_cf)?;
+        }
         git(&self.work, &["add", "-A"])?;
         git(
             &self.work,
@@ -89,15 +95,23 @@ pub fn site_model(out: &Path, files: usize, round: u32) -> String {
     m
 }
 
-/// The faults: a good file, a file whose directory does not exist (fails on every attempt)
-/// and a command that sleeps past the handler timeout (killed on every attempt).
-pub fn faults_model(good: &Path, failing: &Path, hang_secs: u64) -> String {
+const HEADER: &str = "import fs\nimport exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n";
+
+/// A good file and a file whose directory does not exist (it fails on every attempt).
+pub fn failing_model(good: &Path, failing: &Path) -> String {
     format!(
-        "import fs\nimport exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n\
-         fs::File(host=host, path=\"{}\", content=\"good\", mode=644)\n\
-         fs::File(host=host, path=\"{}\", content=\"never written\", mode=644)\n\
-         exec::Run(host=host, command=\"sleep {hang_secs}\")\n",
+        "{HEADER}fs::File(host=host, path=\"{}\", content=\"good\", mode=644)\n\
+         fs::File(host=host, path=\"{}\", content=\"never written\", mode=644)\n",
         good.display(),
         failing.display()
+    )
+}
+
+/// A good file and a command that sleeps past the handler timeout (killed on every attempt).
+pub fn hanging_model(good: &Path, hang_secs: u64) -> String {
+    format!(
+        "{HEADER}fs::File(host=host, path=\"{}\", content=\"good\", mode=644)\n\
+         exec::Run(host=host, command=\"sleep {hang_secs}\")\n",
+        good.display()
     )
 }
