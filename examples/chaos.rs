@@ -75,7 +75,18 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return usage(&format!("tokio runtime: {e}")),
     };
-    let report = rt.block_on(chaos::run(&cfg));
+    // Ctrl-C drops the run: its guards kill the server, stop its cluster and remove the
+    // temp dir
+    let report = rt.block_on(async {
+        tokio::select! {
+            r = chaos::run(&cfg) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+        }
+    });
+    let Some(report) = report else {
+        eprintln!("interrupted: the server is stopped and the temp dir removed");
+        return ExitCode::from(130);
+    };
     print!("{}", report.render());
     if report.ok() {
         ExitCode::SUCCESS

@@ -197,7 +197,12 @@ const TERMINAL: [&str; 5] = [
     "released",
 ];
 
-pub async fn check_all(cfg: &Config, run: &mut Run, figures: &mut Figures, checks: &mut Vec<Check>) {
+pub async fn check_all(
+    cfg: &Config,
+    run: &mut Run,
+    figures: &mut Figures,
+    checks: &mut Vec<Check>,
+) {
     let api = &run.api;
     let last = run.pushed.last();
 
@@ -382,7 +387,10 @@ async fn db_checks(
         run.failing_env.parse::<uuid::Uuid>(),
         run.hanging_env.parse::<uuid::Uuid>(),
     ) else {
-        checks.push(Check::fail("database", "environment ids are not UUIDs".into()));
+        checks.push(Check::fail(
+            "database",
+            "environment ids are not UUIDs".into(),
+        ));
         return;
     };
 
@@ -414,7 +422,9 @@ async fn db_checks(
             "no open action",
             format!(
                 "{} actions recorded, none left open",
-                total.map(|n| n.to_string()).unwrap_or_else(|e| e.to_string())
+                total
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|e| e.to_string())
             ),
         ),
         Ok(rows) => Check::fail(

@@ -268,7 +268,11 @@ async fn drive(
     );
     let api = Api::new(&server.url(), &token);
     server.spawn()?;
-    say(cfg, started, &format!("server starting on {}", server.url()));
+    say(
+        cfg,
+        started,
+        &format!("server starting on {}", server.url()),
+    );
     healthy(&api, &mut server, Duration::from_secs(180)).await?;
     // a watchdog: the cluster must not outlive us, however we end (it also removes the
     // cluster's files, so not when they are to be kept)
@@ -284,7 +288,10 @@ async fn drive(
     let faults = repo::Repo::create(root, "faults")?;
     let mut round = 1;
     let mut pushed = vec![Pushed {
-        sha: site.commit(&[("", &repo::site_model(&out, cfg.files, round))], "round 1")?,
+        sha: site.commit(
+            &[("", &repo::site_model(&out, cfg.files, round))],
+            "round 1",
+        )?,
         round,
     }];
     site.push()?;
@@ -307,14 +314,12 @@ async fn drive(
         .await?
         .id
         .to_string();
-    let backoff =
-        json!({"initial": RETRY_INITIAL, "factor": RETRY_FACTOR, "max": RETRY_MAX});
+    let backoff = json!({"initial": RETRY_INITIAL, "factor": RETRY_FACTOR, "max": RETRY_MAX});
     let failing_env = api
-        .req(api.c.create_environment(
-            "chaos",
-            "failing",
-            Some(json!({"retry_backoff": backoff})),
-        ))
+        .req(
+            api.c
+                .create_environment("chaos", "failing", Some(json!({"retry_backoff": backoff}))),
+        )
         .await?
         .id
         .to_string();
@@ -350,14 +355,22 @@ async fn drive(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    say(cfg, started, "first version deployed; load and faults begin");
+    say(
+        cfg,
+        started,
+        "first version deployed; load and faults begin",
+    );
     figures.db_start_bytes = checks::database_size(&db_url).await.ok();
 
     // ------------------------------------------------------------------ load and faults
     let load_start = Instant::now();
     let deadline = load_start + Duration::from_secs_f64(cfg.minutes.max(0.0) * 60.0);
     // every kind of fault at least once, in a random order, then at random
-    let mut order = vec![Fault::KillExecutor, Fault::RestartPostgres, Fault::KillServer];
+    let mut order = vec![
+        Fault::KillExecutor,
+        Fault::RestartPostgres,
+        Fault::KillServer,
+    ];
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i + 1));
     }
@@ -387,7 +400,11 @@ async fn drive(
                 &format!("round {round}"),
             )?;
             site.push()?;
-            say(cfg, started, &format!("pushed round {round} ({})", &sha[..10]));
+            say(
+                cfg,
+                started,
+                &format!("pushed round {round} ({})", &sha[..10]),
+            );
             pushed.push(Pushed { sha, round });
             next_push = now + rng.millis(1500, 4000);
         }
@@ -443,7 +460,11 @@ async fn drive(
                 let secs = t.elapsed().as_secs_f64();
                 figures.max_recovery_secs = figures.max_recovery_secs.max(secs);
                 down_since = None;
-                say(cfg, started, &format!("server answers again after {secs:.1} s"));
+                say(
+                    cfg,
+                    started,
+                    &format!("server answers again after {secs:.1} s"),
+                );
             }
             if up {
                 // read load, as a UI would: the site's resources and the deploy progress

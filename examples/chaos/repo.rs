@@ -95,7 +95,8 @@ pub fn site_model(out: &Path, files: usize, round: u32) -> String {
     m
 }
 
-const HEADER: &str = "import fs\nimport exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n";
+const HEADER: &str =
+    "import fs\nimport exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n";
 
 /// A good file and a file whose directory does not exist (it fails on every attempt).
 pub fn failing_model(good: &Path, failing: &Path) -> String {

@@ -17,7 +17,9 @@ async fn a_minute_of_chaos_converges() {
     let f = &report.figures;
     assert!(f.commits >= 5, "too few commits: {}", f.commits);
     assert!(
-        f.server_kills >= 1 && f.pg_restarts >= 1 && f.executor_kills + f.executor_kills_skipped >= 1,
+        f.server_kills >= 1
+            && f.pg_restarts >= 1
+            && f.executor_kills + f.executor_kills_skipped >= 1,
         "every kind of fault is injected at least once"
     );
     let failed: Vec<String> = report
