@@ -1,13 +1,15 @@
 //! The checks at the end of a run, and the summary.
 
-use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::Connection;
 
-use super::{Config, Figures, HANDLER_TIMEOUT, RETRY_FACTOR, RETRY_INITIAL, RETRY_MAX, Run};
-use super::{procs, repo};
+use super::follow::{Follow, last_good};
+use super::procs;
+use super::{
+    Api, Config, Figures, HANDLER_TIMEOUT, Pushed, RETRY_FACTOR, RETRY_INITIAL, RETRY_MAX, Run,
+};
 
 pub struct Check {
     pub name: String,
@@ -70,8 +72,8 @@ impl Report {
             f.seed, f.total_secs, f.load_secs, f.quiet_secs
         ));
         s.push_str(&format!(
-            "commits pushed {}  requests {} ({} failed, mostly while the server was down)\n",
-            f.commits, f.requests, f.failed_requests
+            "commits pushed {} ({} broken)  manual releases {}  requests {} ({} failed, mostly while the server was down)\n",
+            f.commits, f.broken_commits, f.releases, f.requests, f.failed_requests
         ));
         s.push_str(&format!(
             "injections: server kill -9 {}  executor kill -9 {} (+{} found none)  pg_ctl restart {}  server starts {}  slowest recovery {:.1} s\n",
@@ -124,12 +126,6 @@ impl Report {
         });
         s
     }
-}
-
-pub fn files_converged(out: &Path, files: usize, round: u32) -> bool {
-    (0..files).all(|i| {
-        std::fs::read_to_string(repo::site_file(out, i)).ok() == Some(repo::site_content(i, round))
-    })
 }
 
 async fn connect(url: &str) -> Result<sqlx::PgConnection, String> {
@@ -203,145 +199,13 @@ pub async fn check_all(
     figures: &mut Figures,
     checks: &mut Vec<Check>,
 ) {
-    let api = &run.api;
-    let last = run.pushed.last();
-
-    // (a) the last released version converged
-    let mut problems = Vec::new();
-    let last_round = last.map(|p| p.round).unwrap_or(1);
-    let wrong: Vec<usize> = (0..run.files)
-        .filter(|i| {
-            std::fs::read_to_string(repo::site_file(&run.out, *i)).ok()
-                != Some(repo::site_content(*i, last_round))
-        })
-        .collect();
-    if !wrong.is_empty() {
-        problems.push(format!(
-            "{} of {} files do not hold round {last_round} (first: f{:03})",
-            wrong.len(),
-            run.files,
-            wrong[0]
-        ));
+    // (a) the last released version converged, (b) every commit's timeline reached its
+    // last state
+    for f in &run.follows {
+        checks.push(converged(&run.api, f, &run.pushed).await);
+        checks.push(timelines(&run.api, f, &run.pushed).await);
     }
-    let mut active_site = None;
-    match api.req(api.c.resources(&run.site_env)).await {
-        Ok((Some(v), _)) => {
-            active_site = Some(v);
-            match api.req(api.c.progress(&run.site_env, v)).await {
-                Ok(p) => {
-                    let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
-                    let total = p["total"].as_i64().unwrap_or(-1);
-                    if deployed != total || p["done"] != true {
-                        problems.push(format!(
-                            "site version {v}: {deployed} of {total} deployed, done={} ({})",
-                            p["done"], p["by_status"]
-                        ));
-                    }
-                }
-                Err(e) => problems.push(format!("site progress: {e}")),
-            }
-        }
-        Ok((None, _)) => problems.push("the site has no active version".into()),
-        Err(e) => problems.push(format!("site resources: {e}")),
-    }
-    // the active version must be the last commit's
-    if let Some(p) = last
-        && let Ok(t) = api.req(api.c.commit_timeline(&run.site_env, &p.sha)).await
-    {
-        let version = t["events"].as_array().and_then(|evs| {
-            evs.iter()
-                .rev()
-                .find(|e| e["event"] == "version")
-                .and_then(|e| e["detail"]["version"].as_i64())
-        });
-        if version.is_some() && version.map(|v| v as i32) != active_site {
-            problems.push(format!(
-                "the last commit made version {version:?}, the active one is {active_site:?}"
-            ));
-        }
-    }
-    let mut faults_detail = Vec::new();
-    for (name, env) in [("failing", &run.failing_env), ("hanging", &run.hanging_env)] {
-        match api.req(api.c.resources(env)).await {
-            Ok((Some(v), _)) => match api.req(api.c.progress(env, v)).await {
-                Ok(p) => {
-                    let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
-                    let total = p["total"].as_i64().unwrap_or(-1);
-                    faults_detail.push(format!("{name} version {v}: {}", p["by_status"]));
-                    // all but the failing file or the hanging command
-                    if deployed != total - 1 {
-                        problems.push(format!(
-                            "{name} version {v}: {deployed} of {total} deployed, expected {} ({})",
-                            total - 1,
-                            p["by_status"]
-                        ));
-                    }
-                }
-                Err(e) => problems.push(format!("{name} progress: {e}")),
-            },
-            Ok((None, _)) => problems.push(format!("{name} has no active version")),
-            Err(e) => problems.push(format!("{name} resources: {e}")),
-        }
-    }
-    let faults_detail = faults_detail.join("; ");
-    checks.push(if problems.is_empty() {
-        Check::pass(
-            "converged",
-            format!(
-                "{} files hold round {last_round}; site version {} all deployed; {faults_detail}",
-                run.files,
-                active_site.unwrap_or(0)
-            ),
-        )
-    } else {
-        Check::fail("converged", problems.join("\n"))
-    });
-
-    // (b) every commit's timeline reached its last state
-    let mut unseen = 0;
-    let mut by_state: std::collections::BTreeMap<String, u32> = Default::default();
-    let mut bad = Vec::new();
-    for (i, p) in run.pushed.iter().enumerate() {
-        let is_last = i + 1 == run.pushed.len();
-        match api.req(api.c.commit_timeline(&run.site_env, &p.sha)).await {
-            Ok(t) => {
-                let state = t["state"].as_str().unwrap_or("?").to_string();
-                *by_state.entry(state.clone()).or_default() += 1;
-                let ok = if is_last {
-                    state == "deployed"
-                } else {
-                    TERMINAL.contains(&state.as_str())
-                };
-                if !ok {
-                    bad.push(format!(
-                        "round {} ({}){}: stuck at '{state}'",
-                        p.round,
-                        &p.sha[..10],
-                        if is_last { ", the last commit" } else { "" }
-                    ));
-                }
-            }
-            // pushed while the server was down or between two fetches: never seen, the
-            // server follows the branch tip
-            Err(e) if e.contains("HTTP 404") && !is_last => unseen += 1,
-            Err(e) => bad.push(format!("round {} ({}): {e}", p.round, &p.sha[..10])),
-        }
-    }
-    let states = by_state
-        .iter()
-        .map(|(s, n)| format!("{s} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let summary = format!(
-        "{} commits: {states}; {unseen} never seen (pushed between fetches)",
-        run.pushed.len()
-    );
-    checks.push(if bad.is_empty() {
-        Check::pass("commit timelines", summary)
-    } else {
-        bad.insert(0, summary);
-        Check::fail("commit timelines", bad.join("\n"))
-    });
+    checks.push(faults_converged(run).await);
 
     // (c), (d), (e): from the database
     match connect(&run.db_url).await {
@@ -382,8 +246,13 @@ async fn db_checks(
     checks: &mut Vec<Check>,
     db: &mut sqlx::PgConnection,
 ) {
-    let (Ok(site), Ok(failing), Ok(hanging)) = (
-        run.site_env.parse::<uuid::Uuid>(),
+    let followers: Result<Vec<uuid::Uuid>, _> = run
+        .follows
+        .iter()
+        .map(|f| f.env.parse::<uuid::Uuid>())
+        .collect();
+    let (Ok(followers), Ok(failing), Ok(hanging)) = (
+        followers,
         run.failing_env.parse::<uuid::Uuid>(),
         run.hanging_env.parse::<uuid::Uuid>(),
     ) else {
@@ -394,25 +263,25 @@ async fn db_checks(
         return;
     };
 
-    // (c) no action left open: none in the settled site; in the fault environments none
+    // (c) no action left open: none in the settled followers; in the fault environments none
     // older than a handler timeout (their resources are retried all the time)
     let open: Result<Vec<(String, String, DateTime<Utc>)>, _> = sqlx::query_as(
         "SELECT e.name, a.resource_id, a.started_at FROM resource_actions a \
          JOIN environments e ON e.id = a.environment_id \
-         WHERE a.finished_at IS NULL AND (a.environment_id = $1 OR \
+         WHERE a.finished_at IS NULL AND (a.environment_id = ANY($1) OR \
          (a.environment_id IN ($2, $3) AND a.started_at < now() - make_interval(secs => $4))) \
          ORDER BY a.started_at",
     )
-    .bind(site)
+    .bind(&followers)
     .bind(failing)
     .bind(hanging)
     .bind((HANDLER_TIMEOUT + 20) as f64)
     .fetch_all(&mut *db)
     .await;
     let total: Result<i64, _> = sqlx::query_scalar(
-        "SELECT count(*) FROM resource_actions WHERE environment_id IN ($1, $2, $3)",
+        "SELECT count(*) FROM resource_actions WHERE environment_id = ANY($1) OR environment_id IN ($2, $3)",
     )
-    .bind(site)
+    .bind(&followers)
     .bind(failing)
     .bind(hanging)
     .fetch_one(&mut *db)
@@ -531,6 +400,171 @@ async fn db_checks(
             "the size at the start is unknown".into(),
         )),
         (_, Err(e)) => checks.push(Check::fail("database growth", e.to_string())),
+    }
+}
+
+/// The files on disk hold the last commit that compiles, its version is the active one and
+/// every resource of it is deployed.
+async fn converged(api: &Api, f: &Follow, pushed: &[Pushed]) -> Check {
+    let name = format!("converged: {}", f.name);
+    let Some(last) = last_good(pushed) else {
+        return Check::fail(&name, "no commit that compiles".into());
+    };
+    let mut problems = Vec::new();
+    let wrong = f.wrong_files(last.round);
+    if let Some(first) = wrong.first() {
+        problems.push(format!(
+            "{} of {} files do not hold round {} (first: f{first:03})",
+            wrong.len(),
+            f.files,
+            last.round
+        ));
+    }
+    let mut summary = String::new();
+    let active = match api.req(api.c.resources(&f.env)).await {
+        Ok((Some(v), _)) => {
+            match api.req(api.c.progress(&f.env, v)).await {
+                Ok(p) => {
+                    let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
+                    let total = p["total"].as_i64().unwrap_or(-1);
+                    summary = format!("version {v}: {deployed} of {total} deployed");
+                    if deployed != total || p["done"] != true {
+                        problems.push(format!(
+                            "{summary}, done={} ({})",
+                            p["done"], p["by_status"]
+                        ));
+                    }
+                }
+                Err(e) => problems.push(format!("progress: {e}")),
+            }
+            Some(v)
+        }
+        Ok((None, _)) => {
+            problems.push("no active version".into());
+            None
+        }
+        Err(e) => {
+            problems.push(format!("resources: {e}"));
+            None
+        }
+    };
+    // the active version is the last good commit's
+    match api.req(api.c.commit_timeline(&f.env, &last.sha)).await {
+        Ok(t) => {
+            let made = t["events"].as_array().and_then(|evs| {
+                evs.iter()
+                    .rev()
+                    .find(|e| e["event"] == "version")
+                    .and_then(|e| e["detail"]["version"].as_i64())
+            });
+            if made.map(|v| v as i32) != active {
+                problems.push(format!(
+                    "round {} made version {made:?}, the active one is {active:?}",
+                    last.round
+                ));
+            }
+        }
+        Err(e) => problems.push(format!("timeline of round {}: {e}", last.round)),
+    }
+    if problems.is_empty() {
+        Check::pass(
+            &name,
+            format!("{} files hold round {}; {summary}", f.files, last.round),
+        )
+    } else {
+        Check::fail(&name, problems.join("\n"))
+    }
+}
+
+/// Every commit's timeline ends in a final state: the last one that compiles deployed, the
+/// broken ones failed, the others superseded, deployed, or taken over by a newer release
+/// (or, with manual releases, left waiting for an approval that a newer version got).
+async fn timelines(api: &Api, f: &Follow, pushed: &[Pushed]) -> Check {
+    let last = last_good(pushed).map(|p| p.sha.clone());
+    let mut unseen = 0;
+    let mut by_state: std::collections::BTreeMap<String, u32> = Default::default();
+    let mut bad = Vec::new();
+    for p in pushed {
+        let is_last = Some(&p.sha) == last.as_ref();
+        match api.req(api.c.commit_timeline(&f.env, &p.sha)).await {
+            Ok(t) => {
+                let state = t["state"].as_str().unwrap_or("?").to_string();
+                *by_state.entry(state.clone()).or_default() += 1;
+                let ok = if is_last {
+                    state == "deployed"
+                } else if p.broken {
+                    state == "compile_failed" || state == "superseded"
+                } else {
+                    TERMINAL.contains(&state.as_str())
+                        || (f.manual && state == "waiting_for_approval")
+                };
+                if !ok {
+                    bad.push(format!(
+                        "round {} ({}){}: stuck at '{state}'",
+                        p.round,
+                        &p.sha[..10],
+                        if is_last {
+                            ", the last that compiles"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+            }
+            // pushed while the server was down or between two fetches: never seen, the
+            // server follows the branch tip
+            Err(e) if e.contains("HTTP 404") && !is_last => unseen += 1,
+            Err(e) => bad.push(format!("round {} ({}): {e}", p.round, &p.sha[..10])),
+        }
+    }
+    let states = by_state
+        .iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let summary = format!(
+        "{} commits: {states}; {unseen} never seen (pushed between fetches)",
+        pushed.len()
+    );
+    let name = format!("timelines: {}", f.name);
+    if bad.is_empty() {
+        Check::pass(&name, summary)
+    } else {
+        bad.insert(0, summary);
+        Check::fail(&name, bad.join("\n"))
+    }
+}
+
+/// The fault environments: everything deployed but the failing file or the hanging command.
+async fn faults_converged(run: &Run) -> Check {
+    let api = &run.api;
+    let mut problems = Vec::new();
+    let mut details = Vec::new();
+    for (name, env) in [("failing", &run.failing_env), ("hanging", &run.hanging_env)] {
+        match api.req(api.c.resources(env)).await {
+            Ok((Some(v), _)) => match api.req(api.c.progress(env, v)).await {
+                Ok(p) => {
+                    let deployed = p["by_status"]["deployed"].as_i64().unwrap_or(0);
+                    let total = p["total"].as_i64().unwrap_or(-1);
+                    details.push(format!("{name} version {v}: {}", p["by_status"]));
+                    if deployed != total - 1 {
+                        problems.push(format!(
+                            "{name} version {v}: {deployed} of {total} deployed, expected {} ({})",
+                            total - 1,
+                            p["by_status"]
+                        ));
+                    }
+                }
+                Err(e) => problems.push(format!("{name} progress: {e}")),
+            },
+            Ok((None, _)) => problems.push(format!("{name} has no active version")),
+            Err(e) => problems.push(format!("{name} resources: {e}")),
+        }
+    }
+    if problems.is_empty() {
+        Check::pass("converged: faults", details.join("; "))
+    } else {
+        Check::fail("converged: faults", problems.join("\n"))
     }
 }
 

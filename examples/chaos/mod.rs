@@ -15,6 +15,7 @@
 //! limit, and every child process is killed when the harness returns, fails or panics.
 
 mod checks;
+mod follow;
 mod procs;
 mod repo;
 
@@ -82,6 +83,10 @@ impl Config {
 pub struct Figures {
     pub seed: u64,
     pub commits: u32,
+    /// Commits that do not compile.
+    pub broken_commits: u32,
+    /// Versions of the "manual" environment released through the API.
+    pub releases: u32,
     pub server_kills: u32,
     pub executor_kills: u32,
     /// Executor kills that found no executor running.
@@ -108,6 +113,8 @@ pub struct Figures {
 pub struct Pushed {
     pub sha: String,
     pub round: u32,
+    /// Its models do not compile (the active versions stay).
+    pub broken: bool,
 }
 
 /// xorshift64*: reproducible with `seed`, no dependency.
@@ -180,12 +187,10 @@ enum Fault {
 pub struct Run {
     pub api: Api,
     pub server: procs::Server,
-    pub site_env: String,
+    pub follows: Vec<follow::Follow>,
     pub failing_env: String,
     pub hanging_env: String,
-    pub out: PathBuf,
     pub failing_path: PathBuf,
-    pub files: usize,
     pub pushed: Vec<Pushed>,
     pub db_url: String,
 }
@@ -250,9 +255,12 @@ async fn drive(
 ) -> Result<(), String> {
     let started = Instant::now();
     let mut rng = Rng(cfg.seed.max(1));
-    let out = root.join("out");
+    let mut follows = vec![
+        follow::Follow::new("site", root, cfg.files, false),
+        follow::Follow::new("manual", root, cfg.files.div_ceil(4), true),
+    ];
     let faults_out = root.join("faults-out");
-    for d in [&out, &faults_out] {
+    for d in follows.iter().map(|f| &f.out).chain([&faults_out]) {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
     let failing_path = faults_out.join("no-such-dir").join("never");
@@ -287,14 +295,7 @@ async fn drive(
     let site = repo::Repo::create(root, "site")?;
     let faults = repo::Repo::create(root, "faults")?;
     let mut round = 1;
-    let mut pushed = vec![Pushed {
-        sha: site.commit(
-            &[("", &repo::site_model(&out, cfg.files, round))],
-            "round 1",
-        )?,
-        round,
-    }];
-    site.push()?;
+    let mut pushed = vec![follow::commit_round(&site, &follows, round, false)?];
     faults.commit(
         &[
             (
@@ -309,11 +310,14 @@ async fn drive(
         "faults",
     )?;
     faults.push()?;
-    let site_env = api
-        .req(api.c.create_environment("chaos", "site", None))
-        .await?
-        .id
-        .to_string();
+    for f in follows.iter_mut() {
+        let settings = json!({"auto_release": !f.manual});
+        f.env = api
+            .req(api.c.create_environment("chaos", f.name, Some(settings)))
+            .await?
+            .id
+            .to_string();
+    }
     let backoff = json!({"initial": RETRY_INITIAL, "factor": RETRY_FACTOR, "max": RETRY_MAX});
     let failing_env = api
         .req(
@@ -332,11 +336,13 @@ async fn drive(
         .await?
         .id
         .to_string();
-    for (env, r, path) in [
-        (&site_env, &site, ""),
-        (&failing_env, &faults, "failing"),
-        (&hanging_env, &faults, "hanging"),
-    ] {
+    let mut sources: Vec<(&str, &repo::Repo, &str)> = follows
+        .iter()
+        .map(|f| (f.env.as_str(), &site, f.name))
+        .collect();
+    sources.push((&failing_env, &faults, "failing"));
+    sources.push((&hanging_env, &faults, "hanging"));
+    for (env, r, path) in sources {
         // pushes are seen by watching the repository; polling catches what a crash missed
         api.req(api.c.set_source(
             env,
@@ -346,7 +352,10 @@ async fn drive(
     }
     // the first version on disk before the faults begin
     let first = Instant::now();
-    while !checks::files_converged(&out, cfg.files, round) {
+    while !follows.iter().all(|f| f.converged(round)) {
+        if let Ok(Some(_)) = follows[1].release_newest(&api).await {
+            figures.releases += 1;
+        }
         if first.elapsed() > Duration::from_secs(180) {
             return Err(format!(
                 "the first version did not reach the disk within 180 s\n{}",
@@ -395,17 +404,20 @@ async fn drive(
         let now = Instant::now();
         if now >= next_push {
             round += 1;
-            let sha = site.commit(
-                &[("", &repo::site_model(&out, cfg.files, round))],
-                &format!("round {round}"),
-            )?;
-            site.push()?;
+            // now and then a commit that does not compile
+            let broken = rng.below(8) == 0;
+            let p = follow::commit_round(&site, &follows, round, broken)?;
+            figures.broken_commits += broken as u32;
             say(
                 cfg,
                 started,
-                &format!("pushed round {round} ({})", &sha[..10]),
+                &format!(
+                    "pushed round {round} ({}){}",
+                    &p.sha[..10],
+                    if broken { ", broken" } else { "" }
+                ),
             );
-            pushed.push(Pushed { sha, round });
+            pushed.push(p);
             next_push = now + rng.millis(1500, 4000);
         }
         if now >= next_fault && down_since.is_none() {
@@ -467,9 +479,17 @@ async fn drive(
                 );
             }
             if up {
+                // the manual environment: its newest version released, as an operator would
+                for f in follows.iter().filter(|f| f.manual) {
+                    if let Ok(Some(v)) = f.release_newest(&api).await {
+                        figures.releases += 1;
+                        say(cfg, started, &format!("released {} version {v}", f.name));
+                    }
+                }
                 // read load, as a UI would: the site's resources and the deploy progress
-                if let Ok((Some(v), _)) = api.req(api.c.resources(&site_env)).await {
-                    let _ = api.req(api.c.progress(&site_env, v)).await;
+                let site = &follows[0].env;
+                if let Ok((Some(v), _)) = api.req(api.c.resources(site)).await {
+                    let _ = api.req(api.c.progress(site, v)).await;
                 }
             }
         }
@@ -493,32 +513,35 @@ async fn drive(
         server.spawn()?;
     }
     healthy(&api, &mut server, Duration::from_secs(120)).await?;
-    let last = pushed.last().map(|p| (p.sha.clone(), p.round));
     let quiet_limit = Duration::from_secs(cfg.quiet_secs);
-    if let Some((sha, last_round)) = &last {
-        loop {
-            let on_disk = checks::files_converged(&out, cfg.files, *last_round);
-            let state = api
-                .req(api.c.commit_timeline(&site_env, sha))
-                .await
-                .ok()
-                .and_then(|t| t["state"].as_str().map(str::to_string));
-            if on_disk && state.as_deref() == Some("deployed") {
-                break;
+    loop {
+        for f in follows.iter().filter(|f| f.manual) {
+            if let Ok(Some(_)) = f.release_newest(&api).await {
+                figures.releases += 1;
             }
-            if quiet_start.elapsed() > quiet_limit {
-                say(
-                    cfg,
-                    started,
-                    &format!(
-                        "not converged after {} s (files on disk: {on_disk}, last commit: {state:?})",
-                        quiet_limit.as_secs()
-                    ),
-                );
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        let mut waiting = Vec::new();
+        for f in &follows {
+            if !f.settled(&api, &pushed).await {
+                waiting.push(f.name);
+            }
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        if quiet_start.elapsed() > quiet_limit {
+            say(
+                cfg,
+                started,
+                &format!(
+                    "not settled after {} s: {}",
+                    quiet_limit.as_secs(),
+                    waiting.join(", ")
+                ),
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // a few retry periods more, so the failing resources show their schedule
     tokio::time::sleep(Duration::from_secs(RETRY_MAX.min(5))).await;
@@ -527,12 +550,10 @@ async fn drive(
     let mut run = Run {
         api,
         server,
-        site_env,
+        follows,
         failing_env,
         hanging_env,
-        out,
         failing_path,
-        files: cfg.files,
         pushed,
         db_url,
     };

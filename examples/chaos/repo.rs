@@ -73,24 +73,28 @@ impl Repo {
     }
 }
 
-/// What file `i` holds after commit `round`.
-pub fn site_content(i: usize, round: u32) -> String {
-    format!("file {i} of round {round}")
+/// What file `i` of `kind` holds after commit `round`.
+pub fn content(kind: &str, i: usize, round: u32) -> String {
+    format!("{kind} file {i} of round {round}")
 }
 
-pub fn site_file(out: &Path, i: usize) -> PathBuf {
+pub fn file(out: &Path, i: usize) -> PathBuf {
     out.join(format!("f{i:03}"))
 }
 
-/// The site: `files` files under `out`, every one of them changed by every commit.
-pub fn site_model(out: &Path, files: usize, round: u32) -> String {
+/// `files` files under `out`, every one of them changed by every commit; a `broken` model
+/// does not compile.
+pub fn files_model(out: &Path, kind: &str, files: usize, round: u32, broken: bool) -> String {
     let mut m = String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
     for i in 0..files {
         m.push_str(&format!(
             "fs::File(host=host, path=\"{}\", content=\"{}\", mode=644)\n",
-            site_file(out, i).display(),
-            site_content(i, round)
+            file(out, i).display(),
+            content(kind, i, round)
         ));
+    }
+    if broken {
+        m.push_str("fs::File(host=host, path=\"unterminated\n");
     }
     m
 }
