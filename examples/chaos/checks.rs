@@ -89,7 +89,7 @@ impl Report {
             _ => "?".into(),
         };
         s.push_str(&format!(
-            "database {} -> {} ({growth})  server RSS {} (peak {})\n",
+            "database {} -> {} ({growth})  server RSS {} (peak {}, up {:.0} s)\n",
             mib(f.db_start_bytes),
             mib(f.db_end_bytes),
             f.rss_kib
@@ -98,6 +98,7 @@ impl Report {
             f.hwm_kib
                 .map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
                 .unwrap_or_else(|| "?".into()),
+            f.uptime_secs,
         ));
         if let Some(w) = &f.workdir {
             s.push_str(&format!(
@@ -216,18 +217,38 @@ pub async fn check_all(
         Err(e) => checks.push(Check::fail("database", e)),
     }
 
+    // the server survived what it was not killed for, and came back from what it was
+    checks.push(Check::new(
+        "server recovers",
+        figures.unexpected_exits == 0 && figures.pg_reconnect_failures == 0,
+        format!(
+            "{} unexpected exits; answers {:.1} s at most after a kill -9; reads the database {:.1} s at most after a PostgreSQL restart ({} of {} restarts not within 60 s)",
+            figures.unexpected_exits,
+            figures.max_recovery_secs,
+            figures.max_pg_reconnect_secs,
+            figures.pg_reconnect_failures,
+            figures.pg_restarts
+        ),
+    ));
+
     // (f) the server's memory
     match run.server.pid().and_then(procs::rss_kib) {
         Some((rss, hwm)) => {
             figures.rss_kib = Some(rss);
             figures.hwm_kib = Some(hwm);
+            figures.uptime_secs = run
+                .server
+                .started_at
+                .map(|t| t.elapsed().as_secs_f64())
+                .unwrap_or(0.0);
             let mib = rss as f64 / 1024.0;
             checks.push(Check::new(
                 "server RSS",
                 mib <= cfg.max_rss_mib,
                 format!(
-                    "{mib:.1} MiB (peak {:.1} MiB) since its last start; limit {} MiB",
+                    "{mib:.1} MiB (peak {:.1} MiB) after {:.0} s since its last start; limit {} MiB",
                     hwm as f64 / 1024.0,
+                    figures.uptime_secs,
                     cfg.max_rss_mib
                 ),
             ));
@@ -352,9 +373,23 @@ async fn db_checks(
                     figures.kills_at.len(),
                     if within { "" } else { "  <-- too many" }
                 ));
+                let statuses: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT status, count(*) FROM resource_actions WHERE environment_id = $1 \
+                     AND resource_id LIKE $2 AND action = 'deploy' GROUP BY 1 ORDER BY 2 DESC",
+                )
+                .bind(env)
+                .bind(pattern)
+                .fetch_all(&mut *db)
+                .await
+                .unwrap_or_default();
                 lines.push(format!(
-                    "  seconds between attempts: {} …; median {median:.1}, longest {longest:.1}",
-                    first.join(" ")
+                    "  seconds between attempts: {} …; median {median:.1}, longest {longest:.1}; outcomes: {}",
+                    first.join(" "),
+                    statuses
+                        .iter()
+                        .map(|(s, n)| format!("{s} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             Err(e) => {
@@ -499,8 +534,28 @@ async fn timelines(api: &Api, f: &Follow, pushed: &[Pushed]) -> Check {
                         || (f.manual && state == "waiting_for_approval")
                 };
                 if !ok {
+                    // what the compile queue says of it
+                    let compiles = match api.req(api.c.compiles(&f.env, 1000)).await {
+                        Ok(list) => list
+                            .as_array()
+                            .map(|l| {
+                                l.iter()
+                                    .filter(|c| c["commit"] == p.sha.as_str())
+                                    .map(|c| {
+                                        format!(
+                                            "{} ({})",
+                                            c["status"].as_str().unwrap_or("?"),
+                                            c["error"].as_str().unwrap_or("")
+                                        )
+                                    })
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            })
+                            .unwrap_or_default(),
+                        Err(e) => e,
+                    };
                     bad.push(format!(
-                        "round {} ({}){}: stuck at '{state}'",
+                        "round {} ({}){}: stuck at '{state}'; its compiles: {compiles}",
                         p.round,
                         &p.sha[..10],
                         if is_last {

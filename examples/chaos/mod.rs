@@ -99,6 +99,14 @@ pub struct Figures {
     pub total_secs: f64,
     /// Longest time the server took to answer again after a kill.
     pub max_recovery_secs: f64,
+    /// Longest time from a PostgreSQL restart to the server reading the database again.
+    pub max_pg_reconnect_secs: f64,
+    /// PostgreSQL restarts after which the server did not read the database within 60 s.
+    pub pg_reconnect_failures: u32,
+    /// The server exited without being killed.
+    pub unexpected_exits: u32,
+    /// Seconds since the last start of the server, when its RSS was measured.
+    pub uptime_secs: f64,
     pub server_starts: u32,
     pub db_start_bytes: Option<i64>,
     pub db_end_bytes: Option<i64>,
@@ -394,8 +402,9 @@ async fn drive(
             break;
         }
         if let Err(e) = server.alive() {
+            figures.unexpected_exits += 1;
             checks.push(Check::fail(
-                "server stays up",
+                "server exit",
                 format!("{e} (restarted)\n{}", procs::tail(&server.log, 20)),
             ));
             server.spawn()?;
@@ -452,10 +461,26 @@ async fn drive(
                     match tokio::task::spawn_blocking(move || procs::restart_postgres(&d)).await {
                         Ok(Ok(took)) => {
                             figures.pg_restarts += 1;
+                            // the server must reconnect: a request that reads the database
+                            let t = Instant::now();
+                            let limit = Duration::from_secs(60);
+                            while api.req(api.c.resources(&follows[0].env)).await.is_err()
+                                && t.elapsed() < limit
+                            {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                            let secs = t.elapsed().as_secs_f64();
+                            figures.max_pg_reconnect_secs = figures.max_pg_reconnect_secs.max(secs);
+                            if t.elapsed() >= limit {
+                                figures.pg_reconnect_failures += 1;
+                            }
                             say(
                                 cfg,
                                 started,
-                                &format!("pg_ctl restart took {:.1} s", took.as_secs_f64()),
+                                &format!(
+                                    "pg_ctl restart took {:.1} s; the server read the database again {secs:.1} s later",
+                                    took.as_secs_f64()
+                                ),
                             );
                         }
                         Ok(Err(e)) => checks.push(Check::fail("postgres restart", e)),

@@ -20,6 +20,8 @@ pub struct Server {
     child: Option<Child>,
     /// How many times it was started.
     pub starts: u32,
+    /// When it was last started.
+    pub started_at: Option<Instant>,
 }
 
 impl Server {
@@ -32,6 +34,7 @@ impl Server {
             log: log.to_path_buf(),
             child: None,
             starts: 0,
+            started_at: None,
         }
     }
 
@@ -69,6 +72,7 @@ impl Server {
             .map_err(|e| format!("starting {} server: {e}", self.bin.display()))?;
         self.child = Some(child);
         self.starts += 1;
+        self.started_at = Some(Instant::now());
         Ok(())
     }
 
