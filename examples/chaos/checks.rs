@@ -100,6 +100,12 @@ impl Report {
                 .unwrap_or_else(|| "?".into()),
             f.uptime_secs,
         ));
+        if !f.left_behind.is_empty() {
+            s.push_str(&format!(
+                "still running a second after the server stopped (killed): {}\n",
+                f.left_behind.join("; ")
+            ));
+        }
         if let Some(w) = &f.workdir {
             s.push_str(&format!(
                 "kept: {} (server.log, server/, repositories)\n",

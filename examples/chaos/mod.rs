@@ -105,6 +105,8 @@ pub struct Figures {
     pub pg_reconnect_failures: u32,
     /// The server exited without being killed.
     pub unexpected_exits: u32,
+    /// Processes started by the server still running a second after it stopped.
+    pub left_behind: Vec<String>,
     /// Seconds since the last start of the server, when its RSS was measured.
     pub uptime_secs: f64,
     pub server_starts: u32,
@@ -592,6 +594,13 @@ async fn drive(
             "graceful stop",
             "the server did not stop within 60 s of SIGTERM (killed)".to_string(),
         ));
+    }
+    // what outlived the server: reported, then killed
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (pid, cmd) in procs::marked(&run.server.marker) {
+        say(cfg, started, &format!("left behind: {pid} {cmd}"));
+        figures.left_behind.push(cmd);
+        procs::kill9(pid);
     }
     Ok(())
 }

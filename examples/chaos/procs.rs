@@ -22,6 +22,9 @@ pub struct Server {
     pub starts: u32,
     /// When it was last started.
     pub started_at: Option<Instant>,
+    /// `CHAOS_RUN` in the environment of the server and of everything it starts (executors,
+    /// compiles, the commands of handlers): how what it left behind is found.
+    pub marker: String,
 }
 
 impl Server {
@@ -35,6 +38,7 @@ impl Server {
             child: None,
             starts: 0,
             started_at: None,
+            marker: format!("{}-{port}", std::process::id()),
         }
     }
 
@@ -65,6 +69,7 @@ impl Server {
             .env_remove("STEWARD_EXECUTOR_BIN")
             .env_remove("STEWARD_BIND")
             .env_remove("STEWARD_DATA_DIR")
+            .env(MARKER, &self.marker)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -136,6 +141,9 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
+        for (pid, _) in marked(&self.marker) {
+            kill9(pid);
+        }
         if let Some(c) = self.cluster()
             && c.is_running()
         {
@@ -149,6 +157,34 @@ impl Drop for Server {
                 .status();
         }
     }
+}
+
+const MARKER: &str = "CHAOS_RUN";
+
+/// The processes started by the server of this marker (however far they were reparented),
+/// but not us: (pid, command line).
+pub fn marked(marker: &str) -> Vec<(u32, String)> {
+    let want = format!("{MARKER}={marker}");
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            if pid == me {
+                return None;
+            }
+            let env = std::fs::read(e.path().join("environ")).ok()?;
+            if !env.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+                return None;
+            }
+            let cmd = std::fs::read(e.path().join("cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            Some((pid, cmd.trim().to_string()))
+        })
+        .collect()
 }
 
 pub fn kill9(pid: u32) {
