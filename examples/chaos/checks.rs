@@ -100,6 +100,18 @@ impl Report {
                 .unwrap_or_else(|| "?".into()),
             f.uptime_secs,
         ));
+        if !f.samples.is_empty() {
+            let show = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or("?".into());
+            s.push_str("over time (s: server RSS MiB / database MiB):");
+            for (t, rss, db) in &f.samples {
+                s.push_str(&format!(
+                    " {t:.0}: {}/{}",
+                    show(rss.map(|k| k as f64 / 1024.0)),
+                    show(db.map(|b| b as f64 / 1048576.0))
+                ));
+            }
+            s.push('\n');
+        }
         if !f.left_behind.is_empty() {
             s.push_str(&format!(
                 "still running a second after the server stopped (killed): {}\n",

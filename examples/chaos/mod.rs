@@ -105,6 +105,8 @@ pub struct Figures {
     pub pg_reconnect_failures: u32,
     /// The server exited without being killed.
     pub unexpected_exits: u32,
+    /// (seconds into the load, server RSS KiB, database bytes), every few seconds.
+    pub samples: Vec<(f64, Option<u64>, Option<i64>)>,
     /// Processes started by the server still running a second after it stopped.
     pub left_behind: Vec<String>,
     /// Seconds since the last start of the server, when its RSS was measured.
@@ -398,6 +400,9 @@ async fn drive(
     let mut next_fault = Instant::now() + rng.millis(3000, 6000);
     let mut next_poll = Instant::now();
     let mut down_since: Option<Instant> = None;
+    // about ten samples of memory and database size over the run
+    let sample_every = Duration::from_secs_f64((cfg.minutes * 6.0).clamp(10.0, 300.0));
+    let mut next_sample = Instant::now();
     while Instant::now() < deadline {
         if api.requests() >= cfg.max_requests {
             say(cfg, started, "request budget spent: load stops early");
@@ -519,6 +524,14 @@ async fn drive(
                     let _ = api.req(api.c.progress(site, v)).await;
                 }
             }
+        }
+        if now >= next_sample {
+            next_sample = now + sample_every;
+            figures.samples.push((
+                load_start.elapsed().as_secs_f64(),
+                server.pid().and_then(procs::rss_kib).map(|(rss, _)| rss),
+                checks::database_size(&db_url).await.ok(),
+            ));
         }
         if let Some(t) = down_since
             && t.elapsed() > Duration::from_secs(120)
