@@ -180,8 +180,13 @@ pub fn attempts_allowed(secs: f64) -> u64 {
     }
 }
 
+/// The default `deploy_interval` (the fault environments keep it): every period, resources
+/// not known to be good are deployed once more.
+const DEPLOY_INTERVAL_SECS: f64 = 600.0;
+
 /// The bound for attempts started at `first` until `end`: the schedule starts over at every
-/// server kill (as if timers were lost), plus one attempt per other fault and 2 of slack.
+/// server kill (as if timers were lost), plus one attempt per other fault, one per periodic
+/// deploy and 2 of slack.
 pub fn attempts_bound(
     first: DateTime<Utc>,
     end: DateTime<Utc>,
@@ -200,7 +205,8 @@ pub fn attempts_bound(
         total += attempts_allowed((cut - from).num_milliseconds() as f64 / 1000.0);
         from = cut;
     }
-    total + other_faults + 2
+    let periodic = ((end - first).num_seconds() as f64 / DEPLOY_INTERVAL_SECS).ceil() as u64;
+    total + other_faults + periodic + 2
 }
 
 const TERMINAL: [&str; 5] = [
@@ -386,7 +392,7 @@ async fn db_checks(
                 let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0);
                 let longest = gaps.last().copied().unwrap_or(0.0);
                 lines.push(format!(
-                    "{what}: {} attempts in {secs:.0} s, the schedule ({RETRY_INITIAL} s x{RETRY_FACTOR} up to {RETRY_MAX} s, restarted at each of {} server kills, +{other_faults} other faults, +2) allows {bound}{}",
+                    "{what}: {} attempts in {secs:.0} s, the schedule ({RETRY_INITIAL} s x{RETRY_FACTOR} up to {RETRY_MAX} s, restarted at each of {} server kills, +{other_faults} other faults, +1 per {DEPLOY_INTERVAL_SECS} s, +2) allows {bound}{}",
                     s.len(),
                     figures.kills_at.len(),
                     if within { "" } else { "  <-- too many" }

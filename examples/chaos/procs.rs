@@ -54,7 +54,18 @@ impl Server {
             .open(&self.log)
             .map_err(|e| format!("server log {}: {e}", self.log.display()))?;
         let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        // it dies with us, even if we are killed: a harness must not leave a server behind.
+        // (The signal comes when the spawning thread ends: the harness spawns from the thread
+        // that runs its future, which lives as long as the run.)
+        // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
             .arg("server")
             .arg("--data-dir")
             .arg(&self.data_dir)
