@@ -403,6 +403,9 @@ async fn drive(
     // about ten samples of memory and database size over the run
     let sample_every = Duration::from_secs_f64((cfg.minutes * 6.0).clamp(10.0, 300.0));
     let mut next_sample = Instant::now();
+    // a server kill waits for the next push
+    let mut kill_armed = false;
+    let mut kill_at: Option<Instant> = None;
     while Instant::now() < deadline {
         if api.requests() >= cfg.max_requests {
             say(cfg, started, "request budget spent: load stops early");
@@ -435,22 +438,30 @@ async fn drive(
             );
             pushed.push(p);
             next_push = now + rng.millis(1500, 4000);
+            // a kill that waits for a push lands while that commit is on its way: being
+            // fetched, compiled, stored, released or deployed
+            if kill_armed {
+                kill_armed = false;
+                kill_at = Some(now + rng.millis(50, 2500));
+            }
         }
-        if now >= next_fault && down_since.is_none() {
+        if kill_at.is_some_and(|t| now >= t) && down_since.is_none() {
+            kill_at = None;
+            figures.kills_at.push(Utc::now());
+            server.kill9();
+            figures.server_kills += 1;
+            server.spawn()?;
+            down_since = Some(Instant::now());
+            say(cfg, started, "kill -9 server; restarted");
+        }
+        if now >= next_fault && down_since.is_none() && !kill_armed && kill_at.is_none() {
             let fault = order.pop().unwrap_or(match rng.below(3) {
                 0 => Fault::KillServer,
                 1 => Fault::KillExecutor,
                 _ => Fault::RestartPostgres,
             });
             match fault {
-                Fault::KillServer => {
-                    figures.kills_at.push(Utc::now());
-                    server.kill9();
-                    figures.server_kills += 1;
-                    server.spawn()?;
-                    down_since = Some(Instant::now());
-                    say(cfg, started, "kill -9 server; restarted");
-                }
+                Fault::KillServer => kill_armed = true,
                 Fault::KillExecutor => {
                     let pids = server.pid().map(procs::executors_of).unwrap_or_default();
                     if pids.is_empty() {
