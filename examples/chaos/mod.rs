@@ -1,18 +1,21 @@
 //! The fault/soak harness (issue 11): a real `steward server` child with its private
-//! PostgreSQL cluster, following two git repositories on this machine, loopback only.
+//! PostgreSQL cluster, following git repositories on this machine, loopback only.
 //!
-//! While it keeps pushing commits to the "site" repository (every commit changes every file
-//! of the model, each auto-released version is deployed to files under a temp dir), it
-//! injects faults: kill -9 of the server (restarted on the same data dir and port), kill -9
-//! of an executor, `pg_ctl restart` of the cluster under the running server. Two more
-//! environments follow subdirectories of a "faults" repository: "failing" holds a resource
-//! that always fails, "hanging" a command that sleeps past a short `handler_timeout`; both
-//! have a short `retry_backoff`. After a quiet period it checks convergence, commit
-//! timelines, open actions, retry attempts against the backoff schedule, database growth
-//! and the server's RSS (see `checks.rs`).
+//! It keeps pushing commits to the "site" repository: every commit changes every file of two
+//! projects in it (now and then a commit does not compile), followed by the environments
+//! "site" (versions auto-released) and "manual" (the harness releases the newest version
+//! through the API, as an approver would); see `follow.rs`. Meanwhile it injects faults:
+//! kill -9 of the server shortly after a push (restarted on the same data dir and port),
+//! kill -9 of an executor, `pg_ctl restart` of the cluster under the running server. Two more
+//! environments follow a "faults" repository: "failing" holds a resource that always fails,
+//! "hanging" a command that sleeps past a short `handler_timeout`; both have a short
+//! `retry_backoff`. After a quiet period it checks convergence, commit timelines, open
+//! actions, retry attempts against the backoff schedule, database growth and the server's
+//! RSS (see `checks.rs`).
 //!
-//! Bounded: `minutes` of load, at most `max_requests` HTTP requests, every wait has a
-//! limit, and every child process is killed when the harness returns, fails or panics.
+//! Bounded: `minutes` of load, at most `max_requests` HTTP requests during it, every wait
+//! has a limit, and every process started is killed when the harness returns, fails or
+//! panics (`procs.rs`); the server also dies with the harness.
 
 mod checks;
 mod follow;
