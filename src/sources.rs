@@ -500,6 +500,48 @@ impl GitSources {
 
     // ------------------------------------------------------------------ compiler
 
+    /// The end of a compile, its timeline events and the messages they cause, in one
+    /// transaction; while the database is away it is tried again (the compile itself is not
+    /// repeated), so a restart of PostgreSQL never leaves a commit at `compile_started`.
+    async fn finish_compile(
+        &self,
+        id: Uuid,
+        end: &store::sources::CompileEnd<'_>,
+        src: &SourceRow,
+        events: &[(&str, &str, serde_json::Value)],
+        out: Outgoing,
+    ) -> Result<(), StoreError> {
+        let env = src.environment_id;
+        let mut delay = Duration::from_millis(200);
+        loop {
+            let attempt = async {
+                let mut tx = self.0.pool.begin().await?;
+                store::sources::finish_compile(&mut *tx, id, end).await?;
+                for (commit, event, detail) in events {
+                    store::sources::add_event(&mut *tx, env, commit, event, detail.clone()).await?;
+                }
+                let queued = out.clone().write(&mut tx, env).await?;
+                tx.commit().await?;
+                Ok::<bool, StoreError>(queued)
+            }
+            .await;
+            match attempt {
+                Ok(queued) => {
+                    if queued {
+                        self.0.feedback.wake();
+                    }
+                    return Ok(());
+                }
+                Err(e @ StoreError::Unavailable(_)) => {
+                    tracing::warn!(environment = %env, error = %e, "recording a finished compile failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     async fn compiler(self, env: Uuid, queued: Arc<Notify>) {
         loop {
             let ran = self.compile_next(env).await;
@@ -531,34 +573,34 @@ impl GitSources {
         let Some(src) = store::sources::get_source(pool, env).await? else {
             return Ok(false);
         };
-        if !store::sources::start_compile(pool, job.id).await? {
-            return Ok(true);
+        // started and said so, or neither: a compile is never left running unannounced
+        {
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            if !store::sources::start_compile(&mut *tx, job.id).await? {
+                return Ok(true);
+            }
+            store::sources::add_event(
+                &mut *tx,
+                env,
+                &job.commit,
+                "compile_started",
+                json!({"compile": job.id}),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
         }
-        store::sources::add_event(
-            pool,
-            env,
-            &job.commit,
-            "compile_started",
-            json!({"compile": job.id}),
-        )
-        .await?;
         let mirror = self.mirror_of(&src.url);
         let r = compile::run(pool, &job, &src, &mirror, &self.0.steward_bin).await;
-        store::sources::finish_compile(
-            pool,
-            job.id,
-            &store::sources::CompileEnd {
-                success: r.success,
-                stages: &r.stages,
-                exit_code: r.exit_code,
-                stdout: &r.stdout,
-                stderr: &r.stderr,
-                diagnostics: &r.diagnostics,
-                error: r.error.as_deref(),
-                version: r.version,
-            },
-        )
-        .await?;
+        let end = store::sources::CompileEnd {
+            success: r.success,
+            stages: &r.stages,
+            exit_code: r.exit_code,
+            stdout: &r.stdout,
+            stderr: &r.stderr,
+            diagnostics: &r.diagnostics,
+            error: r.error.as_deref(),
+            version: r.version,
+        };
         let mut out = Outgoing::default();
         let mut events: Vec<(&str, &str, serde_json::Value)> = Vec::new();
         if r.success {
@@ -591,7 +633,8 @@ impl GitSources {
                     &format!("version {v} waits for approval"),
                 );
             }
-            self.record(&src, &events, out).await?;
+            self.finish_compile(job.id, &end, &src, &events, out)
+                .await?;
             tracing::info!(environment = %env, commit = %job.commit, version = v, auto_released = r.auto_released, "commit compiled");
             if r.auto_released {
                 self.0.notifier.send(Event::Released {
@@ -608,7 +651,8 @@ impl GitSources {
             ));
             out.status(&src, &job.commit, "steward/compile", State::Failure, &error);
             out.notify(&src, "compile_failed", json!({"commit": job.commit, "compile": job.id, "error": error, "diagnostics": r.diagnostics}));
-            self.record(&src, &events, out).await?;
+            self.finish_compile(job.id, &end, &src, &events, out)
+                .await?;
             tracing::warn!(environment = %env, commit = %job.commit, error = %error, "commit did not compile; the active version stays");
         }
         Ok(true)

@@ -46,7 +46,7 @@ const MAX_ATTEMPTS: i32 = 20;
 const MAX_RETRY_S: f64 = 300.0;
 
 /// Messages to send, gathered while an event is recorded and written with it.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Outgoing {
     messages: Vec<(&'static str, Value)>,
 }
