@@ -14,6 +14,7 @@ pub mod compile;
 pub mod feedback;
 pub mod git;
 mod pipeline;
+pub mod urls;
 pub mod webhook;
 
 use std::collections::HashMap;
@@ -126,6 +127,26 @@ impl GitSources {
         match store::sources::list_sources(&s.0.pool).await {
             Ok(list) => {
                 for src in list {
+                    // a source stored before credentials were kept out of URLs
+                    let (url, secret) = urls::split_credentials(&src.url);
+                    if url != src.url && !url.starts_with("ssh://") {
+                        let token = src.token.clone().or(secret);
+                        match store::sources::move_url_credentials(
+                            &s.0.pool,
+                            src.environment_id,
+                            &url,
+                            token.as_deref(),
+                        )
+                        .await
+                        {
+                            Ok(()) => {
+                                tracing::info!(environment = %src.environment_id, "credentials moved out of the source URL")
+                            }
+                            Err(e) => {
+                                tracing::warn!(environment = %src.environment_id, error = %e, "moving credentials out of the source URL failed")
+                            }
+                        }
+                    }
                     s.restart(src.environment_id);
                 }
             }
@@ -263,6 +284,7 @@ impl GitSources {
         };
         let mut next_poll = next_poll_at(source.poll_interval);
         let mut pending: std::collections::VecDeque<Msg> = std::collections::VecDeque::new();
+        let mut last_hint_fetch: Option<Instant> = None;
         loop {
             let sleep = next_poll
                 .map(|t| t.saturating_duration_since(Instant::now()))
@@ -312,6 +334,29 @@ impl GitSources {
                         named => pending.push_back(named),
                     }
                 }
+            }
+            // hints (webhooks, hooks, watches) are rate-limited per source: a flood of them,
+            // replayed or not, costs one fetch a second at most
+            if matches!(kind.as_str(), "webhook" | "hook" | "watch")
+                && let Some(last) = last_hint_fetch
+            {
+                let wait = MIN_HINT_INTERVAL.saturating_sub(Instant::now().duration_since(last));
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                    while let Ok(m) = rx.try_recv() {
+                        match m {
+                            Msg::Trigger {
+                                commit: None,
+                                reply,
+                                ..
+                            } => replies.extend(reply),
+                            named => pending.push_back(named),
+                        }
+                    }
+                }
+            }
+            if matches!(kind.as_str(), "webhook" | "hook" | "watch") {
+                last_hint_fetch = Some(Instant::now());
             }
             let r = self.fetch_and_queue(&source, &kind, commit).await;
             if let Ok(t) = &r
@@ -658,6 +703,9 @@ impl GitSources {
         Ok(true)
     }
 }
+
+/// Least time between two fetches caused by hints (webhooks, hooks, watches) of one source.
+const MIN_HINT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The next poll: the interval ± 10 % (so many sources do not poll in step); none at 0.
 fn next_poll_at(interval: i32) -> Option<Instant> {

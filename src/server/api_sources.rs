@@ -102,8 +102,17 @@ pub struct SourceBody {
     pub notify_secret: Option<String>,
 }
 
-fn validate(b: SourceBody) -> ApiResult<SourceSpec> {
-    let url = b.url.trim().to_string();
+fn validate(mut b: SourceBody) -> ApiResult<SourceSpec> {
+    let (url, secret) = crate::sources::urls::split_credentials(b.url.trim());
+    if let Some(secret) = secret {
+        if url.starts_with("ssh://") {
+            return Err(ApiError::bad_request(
+                "an ssh:// URL with a password is not supported: give an SSH key (ssh_key, known_hosts)",
+            ));
+        }
+        // an explicit token wins over one in the URL
+        b.token = b.token.filter(|t| !t.is_empty()).or(Some(secret));
+    }
     let known_scheme = ["file://", "https://", "http://", "ssh://"]
         .iter()
         .any(|s| url.starts_with(s))
@@ -450,7 +459,14 @@ pub async fn webhook(
     };
     let delivery = webhook::verify(header, &body, src.webhook_secret.as_deref())
         .map_err(|e| unauthorized(e.to_string()))?;
-    if !store::sources::record_delivery(&state.pool, env_id, &delivery.id).await? {
+    // a replay of a captured webhook under a new delivery id is the same signed body
+    let digest = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&body))
+    };
+    if !store::sources::record_delivery(&state.pool, env_id, &delivery.id).await?
+        || !store::sources::record_body(&state.pool, env_id, &digest).await?
+    {
         return Ok((
             StatusCode::OK,
             Json(WebhookAnswer {

@@ -80,7 +80,8 @@ impl SourceRow {
     pub fn view(&self) -> SourceView {
         SourceView {
             environment_id: self.environment_id,
-            url: self.url.clone(),
+            // stored URLs carry no credentials; one from before that rule shows none either
+            url: crate::sources::compile::public_url(&self.url),
             branch: self.branch.clone(),
             path: self.path.clone(),
             poll_interval: self.poll_interval,
@@ -433,6 +434,22 @@ pub async fn record_delivery(e: impl PgExecutor<'_>, env: Uuid, delivery: &str) 
     Ok(r.rows_affected() == 1)
 }
 
+/// Remember a webhook body by its digest; false when the same body came within the last
+/// hour (a replay under a new delivery id, or a sender's redelivery). An hour, not for ever:
+/// a push can legitimately repeat a body (a branch moved back and forth).
+pub async fn record_body(e: impl PgExecutor<'_>, env: Uuid, digest: &str) -> Result<bool> {
+    let r = sqlx::query(
+        "INSERT INTO webhook_deliveries (environment_id, delivery_id) VALUES ($1, $2) \
+         ON CONFLICT (environment_id, delivery_id) DO UPDATE SET received_at = now() \
+         WHERE webhook_deliveries.received_at < now() - interval '1 hour'",
+    )
+    .bind(env)
+    .bind(format!("body:{digest}"))
+    .execute(e)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct CommitEvent {
     pub commit: String,
@@ -526,4 +543,22 @@ pub async fn unsettled_releases(
     .bind(active)
     .fetch_all(e)
     .await?)
+}
+
+/// Replace a source's URL by one without credentials, keeping them as its token.
+pub async fn move_url_credentials(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    url: &str,
+    token: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE git_sources SET url = $2, token = $3, updated_at = now() WHERE environment_id = $1",
+    )
+    .bind(env)
+    .bind(url)
+    .bind(token)
+    .execute(e)
+    .await?;
+    Ok(())
 }

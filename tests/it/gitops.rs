@@ -301,7 +301,13 @@ async fn webhooks_are_verified_deduplicated_and_only_hints() {
     .await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("ignored")));
 
-    // Gitea, Forgejo and GitLab styles
+    // Gitea, Forgejo and GitLab styles (each a body of its own: the same signed body under
+    // a new delivery id is a replay, and answered as a duplicate)
+    let body_for = |sender: &str| {
+        json!({"ref": "refs/heads/main", "after": "0000000000000000000000000000000000000000", "sender": sender})
+            .to_string()
+    };
+    let body = body_for("gitea");
     let sig = steward::sources::webhook::sign("s3cret", body.as_bytes());
     let (status, answer) = post_webhook(
         &url,
@@ -315,6 +321,8 @@ async fn webhooks_are_verified_deduplicated_and_only_hints() {
     .await;
     assert_eq!((status, answer["provider"].as_str()), (202, Some("gitea")));
     compiled(&c, &env, &c3, 30).await;
+    let body = body_for("forgejo");
+    let sig = steward::sources::webhook::sign("s3cret", body.as_bytes());
     let (status, answer) = post_webhook(
         &url,
         &[
@@ -328,6 +336,7 @@ async fn webhooks_are_verified_deduplicated_and_only_hints() {
         (status, answer["provider"].as_str()),
         (202, Some("forgejo"))
     );
+    let body = body_for("gitlab");
     let (status, _) = post_webhook(&url, &[("X-Gitlab-Token", "nope".into())], &body).await;
     assert_eq!(status, 401);
     let (status, answer) = post_webhook(

@@ -403,3 +403,91 @@ async fn bodies_are_read_only_for_callers_allowed_and_slow_clients_are_cut_off()
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_in_a_source_url_are_kept_out_of_it() {
+    let db = new_database();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "stw_test_admin_secret_for_url_credentials";
+    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let c = Client::new(&url, Some(admin.into()));
+    let env = c
+        .create_environment("sec", "creds", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    // nothing listens there: the fetch fails, but the mirror is made
+    let dead = free_port();
+    let secret = "tok3n_that_must_not_leak";
+    let set = c
+        .set_source(
+            &env,
+            &json!({"url": format!("https://robot:{secret}@127.0.0.1:{dead}/o/r.git"), "branch": "main", "poll_interval": 0}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(set["url"], format!("https://127.0.0.1:{dead}/o/r.git"));
+    assert_eq!(
+        set["has_token"], true,
+        "the credential became the source's token"
+    );
+    let t = c.create_token("look", "viewer", Some(&env)).await.unwrap();
+    let viewer = Client::new(&url, Some(t["secret"].as_str().unwrap().into()));
+    let seen = viewer.source(&env).await.unwrap().to_string();
+    assert!(!seen.contains(secret), "{seen}");
+    let _ = c.trigger_compile(&env, None).await;
+    // nothing the server wrote to disk holds it either (mirror config, logs)
+    let found = std::process::Command::new("grep")
+        .args(["-r", "-l", secret])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    let files = String::from_utf8_lossy(&found.stdout);
+    // the database files hold it (as the token): only PostgreSQL's own files may
+    for f in files.lines() {
+        assert!(f.contains("/pg/"), "{f} holds the credential");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replayed_webhook_under_a_new_delivery_id_triggers_nothing() {
+    let srv = crate::support::TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    let first = repo.commit(&repo.model(&[("w", "1")], ""), "one");
+    repo.push_ok();
+    let env = follow(&c, "replay", &repo, json!({"watch": false})).await;
+    compiled(&c, &env, &first, 30).await;
+    let url = crate::gitops_support::webhook_url(&srv.url, &env);
+    let body = json!({"ref": "refs/heads/main", "after": first}).to_string();
+    let sig = format!(
+        "sha256={}",
+        steward::sources::webhook::sign("s3cret", body.as_bytes())
+    );
+    let mut answers = Vec::new();
+    for i in 0..10 {
+        let r = reqwest::Client::new()
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .header("X-Hub-Signature-256", &sig)
+            .header("X-GitHub-Event", "push")
+            .header("X-GitHub-Delivery", format!("replay-{i}"))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let v: serde_json::Value = r.json().await.unwrap();
+        answers.push(v["status"].as_str().unwrap_or_default().to_string());
+    }
+    assert_eq!(answers[0], "accepted", "{answers:?}");
+    assert!(
+        answers[1..].iter().all(|a| a == "duplicate"),
+        "a replay under a new delivery id was accepted: {answers:?}"
+    );
+}
