@@ -75,7 +75,7 @@ fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
         candidates.extend(versions);
     }
     candidates.push(PathBuf::from("/usr/local/pgsql/bin"));
-    let needed = ["initdb", "pg_ctl", "createdb", "psql"];
+    let needed = ["initdb", "pg_ctl", "postgres", "createdb", "psql"];
     for c in candidates {
         if needed.iter().all(|b| c.join(b).is_file()) {
             return Ok(c);
