@@ -230,6 +230,11 @@ async fn a_trust_cluster_of_an_older_version_is_upgraded_in_place() {
         "the old cluster lets anybody in: {}",
         text(&open)
     );
+    if is_root() {
+        // the attack of the issue, on what older versions made: it works
+        let attack = psql(&run, Some(("nobody", "nogroup")), None);
+        assert!(attack.status.success(), "{}", text(&attack));
+    }
 
     // the new version starts it: upgraded in place, the data kept
     let r = root.clone();
@@ -256,6 +261,16 @@ async fn a_trust_cluster_of_an_older_version_is_upgraded_in_place() {
         text(&refused)
     );
     assert_eq!(std::fs::metadata(&run).unwrap().mode() & 0o777, 0o700);
+    if is_root() {
+        // and now it is refused
+        let attack = psql(&run, Some(("nobody", "nogroup")), None);
+        assert!(!attack.status.success(), "{}", text(&attack));
+        assert!(
+            text(&attack).contains("Permission denied"),
+            "{}",
+            text(&attack)
+        );
+    }
     let url = c.url("kept");
     assert_eq!(
         query_one(&url, "SELECT current_database()::text").await,
@@ -286,6 +301,35 @@ async fn a_trust_cluster_of_an_older_version_is_upgraded_in_place() {
         .await
         .unwrap();
     drop(c);
+
+    // a lost secret: the next start makes a new one and sets it; the old one is refused
+    std::fs::remove_file(root.join("secret")).unwrap();
+    let r = root.clone();
+    let renewed = tokio::task::spawn_blocking(move || {
+        let c = PgCluster::new(&r).unwrap();
+        c.start(false).unwrap();
+        c
+    })
+    .await
+    .unwrap();
+    let new_url = renewed.url("kept");
+    assert_ne!(new_url, url);
+    assert_eq!(
+        query_one(&new_url, "SELECT current_database()::text").await,
+        "kept"
+    );
+    let old = psql(&run, None, Some(&password_of(&url)));
+    assert!(
+        text(&old).contains("password authentication failed"),
+        "{}",
+        text(&old)
+    );
+    // the password never went to the server's log
+    let log = std::fs::read_to_string(root.join("postgres.log")).unwrap();
+    assert!(!log.contains(&password_of(&url)) && !log.contains(&password_of(&new_url)));
+    tokio::task::spawn_blocking(move || renewed.stop().unwrap())
+        .await
+        .unwrap();
 }
 
 /// A directory whose path a shell would misread: a space, a quote, and a command
