@@ -386,8 +386,10 @@ impl PgCluster {
         let Some((uid, gid)) = self.run_as else {
             return Ok(());
         };
-        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io_err(path))?;
-        if path.is_dir() {
+        // never through a symbolic link: the postgres user could point one anywhere
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io_err(path))?;
+        let meta = std::fs::symlink_metadata(path).map_err(io_err(path))?;
+        if meta.is_dir() {
             for e in std::fs::read_dir(path).map_err(io_err(path))? {
                 let e = e.map_err(io_err(path))?;
                 self.chown_tree(&e.path())?;
@@ -401,6 +403,15 @@ impl PgCluster {
     fn prepare(&self) -> Result<(), EmbeddedError> {
         for d in [self.root.clone(), self.socket_dir()] {
             std::fs::create_dir_all(&d).map_err(io_err(&d))?;
+            if std::fs::symlink_metadata(&d)
+                .map_err(io_err(&d))?
+                .is_symlink()
+            {
+                return Err(EmbeddedError::Command {
+                    what: "preparing the PostgreSQL cluster".into(),
+                    detail: format!("{} is a symbolic link", d.display()),
+                });
+            }
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
                 .map_err(io_err(&d))?;
         }
@@ -548,6 +559,7 @@ impl PgCluster {
             .create(true)
             .append(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(self.log_file())
             .map_err(io_err(&self.log_file()))?;
         self.chown_tree(&self.log_file())?;
