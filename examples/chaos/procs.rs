@@ -158,9 +158,9 @@ impl Drop for Server {
         if let Some(c) = self.cluster()
             && c.is_running()
         {
-            let _ = Command::new("sh")
-                .arg("-c")
-                .arg(c.stop_command_line("immediate"))
+            let argv = c.stop_command("immediate");
+            let _ = Command::new(&argv[0])
+                .args(&argv[1..])
                 .current_dir("/")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -264,21 +264,19 @@ pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
 /// pg_ctl (as the postgres user when we are root). Blocking; how long it took.
 pub fn restart_postgres(data_dir: &Path) -> Result<Duration, String> {
     let c = PgCluster::new(&data_dir.join("pg")).map_err(|e| e.to_string())?;
-    // the cluster's own stop command line (pg_ctl, dropping to the postgres user as root),
-    // turned into a restart that waits and keeps logging where the server logs
-    let stop = c.stop_command_line("fast");
-    if !stop.contains(" stop -D ") {
-        return Err(format!("unexpected pg_ctl command line: {stop}"));
-    }
-    let line = format!(
-        "{} -w -t 60 -l '{}'",
-        stop.replacen(" stop -D ", " restart -D ", 1),
-        c.log_file().display()
-    );
+    // the cluster's own stop command (pg_ctl, dropping to the postgres user as root), turned
+    // into a restart that waits and keeps logging where the server logs
+    let mut argv = c.stop_command("fast");
+    let Some(verb) = argv.iter().position(|a| a == "stop") else {
+        return Err(format!("unexpected pg_ctl command: {argv:?}"));
+    };
+    argv[verb] = "restart".into();
+    argv.extend(["-w".into(), "-t".into(), "60".into(), "-l".into()]);
+    argv.push(c.log_file().into_os_string());
+    let line = format!("{argv:?}");
     let start = Instant::now();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(&line)
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

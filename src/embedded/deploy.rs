@@ -164,14 +164,18 @@ impl Runtime {
 /// A watchdog: once `pid` is gone, stop the cluster, but only while no newer run holds the
 /// data dir's lock (flock waits for it; the newer run stops the cluster itself).
 fn stop_cluster_when_gone(cluster: &PgCluster, pid: u32, lock: &Path) {
-    let stop = cluster.stop_command_line("fast");
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; flock '{}' {stop} >/dev/null 2>&1",
-        lock.display()
-    );
+    // a fixed script: the pid, the lock file and the stop command are positional parameters,
+    // so no path is ever parsed by the shell
+    const SCRIPT: &str = r#"pid=$1; lock=$2; shift 2
+while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+exec flock -- "$lock" "$@" >/dev/null 2>&1"#;
     let spawned = Command::new("sh")
         .arg("-c")
-        .arg(script)
+        .arg(SCRIPT)
+        .arg("steward-deploy-watchdog")
+        .arg(pid.to_string())
+        .arg(lock)
+        .args(cluster.stop_command("fast"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -1,14 +1,38 @@
-//! A private PostgreSQL cluster: `initdb` + `pg_ctl`, listening only on a unix socket in its
-//! own directory.
+//! A private PostgreSQL cluster: `initdb` + `postgres`, listening only on a unix socket in its
+//! own directory, with password (SCRAM) authentication.
 //!
-//! Layout under the cluster root: `data/` (the cluster), `run/` (the socket), `postgres.log`.
-//! As root, the cluster runs as the `postgres` user (PostgreSQL refuses to run as root); the
-//! root then belongs to that user. Starting is idempotent: a cluster left running by a killed
-//! server is reused (its socket answers), one that is down is started.
+//! Layout under the cluster root: `data/` (the cluster), `run/` (the socket), `postgres.log`,
+//! `secret` (the password of the `postgres` role). As root, the cluster runs as the `postgres`
+//! user (PostgreSQL refuses to run as root); the root then belongs to that user. Starting is
+//! idempotent: a cluster left running by a killed server is reused (its socket answers), one
+//! that is down is started.
+//!
+//! Who can get in (see SECURITY.md, "The private PostgreSQL"): the root and the socket
+//! directory are mode 0700 (owned by the server's user, or by `postgres` when the server runs
+//! as root; root passes anyway), the socket itself is 0700, there is no TCP listener, and
+//! `pg_hba.conf` allows only `local` connections with `scram-sha-256`. The password is
+//! generated once (32 random bytes, hex) into `secret` (0600, owned by the server's user) and
+//! is reused on every start; it travels only in the database URL of [`PgCluster::url`] and in
+//! the environment of our own `psql`/`createdb` children, never on a command line.
+//!
+//! A cluster made by an older version (trust authentication) is upgraded on start: the server
+//! is stopped if it runs, the password is set in single-user mode (`postgres --single`, no
+//! socket, the statement on its stdin), then `pg_hba.conf` is replaced and the server started.
+//!
+//! No shell ever sees a path: `postgres` is started directly (not through `pg_ctl start`,
+//! which runs its command line through `/bin/sh`), and the watchdogs are a fixed `sh` script
+//! that gets the paths as positional parameters.
 
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The first line of a `pg_hba.conf` written by us: a cluster without it still has the trust
+/// authentication of older versions and is upgraded on start.
+const HBA_MARKER: &str = "# steward: password (scram-sha-256) logins on the unix socket only";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
@@ -51,7 +75,7 @@ fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
         candidates.extend(versions);
     }
     candidates.push(PathBuf::from("/usr/local/pgsql/bin"));
-    let needed = ["initdb", "pg_ctl", "createdb", "psql"];
+    let needed = ["initdb", "pg_ctl", "postgres", "createdb", "psql"];
     for c in candidates {
         if needed.iter().all(|b| c.join(b).is_file()) {
             return Ok(c);
@@ -140,11 +164,64 @@ fn relocate_if_unreachable(root: &Path, user: (u32, u32)) -> Result<(), Embedded
     Ok(())
 }
 
+/// The effective uid of this process.
+fn euid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions
+    unsafe { libc::geteuid() }
+}
+
+/// `s` percent-encoded for a URL query value (everything but unreserved characters and `/`).
+fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A fresh password: 32 bytes from the kernel's random source, in hex.
+fn generate_secret() -> Result<String, EmbeddedError> {
+    let mut bytes = [0u8; 32];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        // SAFETY: getrandom(2) writes at most len bytes into the buffer we own
+        let n = unsafe {
+            libc::getrandom(bytes[filled..].as_mut_ptr().cast(), bytes.len() - filled, 0)
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(EmbeddedError::Command {
+                what: "generating the database password".into(),
+                detail: e.to_string(),
+            });
+        }
+        filled += n as usize;
+    }
+    Ok(hex::encode(bytes))
+}
+
+/// `path` as one entry of `unix_socket_directories`: double-quoted, quotes doubled.
+fn socket_dir_setting(path: &Path) -> String {
+    format!("\"{}\"", path.display().to_string().replace('"', "\"\""))
+}
+
 pub struct PgCluster {
     root: PathBuf,
     bin: PathBuf,
     run_as: Option<(u32, u32)>,
     port: u16,
+    /// The password of the `postgres` role, read or generated on start. No Debug, no Display:
+    /// it must not end up in a log.
+    secret: std::sync::OnceLock<String>,
+    /// The secret was generated by this process and is not the role's password yet.
+    password_pending: std::sync::atomic::AtomicBool,
 }
 
 impl PgCluster {
@@ -161,6 +238,8 @@ impl PgCluster {
             bin: find_bin_dir()?,
             run_as,
             port: 5432,
+            secret: std::sync::OnceLock::new(),
+            password_pending: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -176,11 +255,82 @@ impl PgCluster {
         self.root.join("postgres.log")
     }
 
-    /// `postgres://postgres@/<db>?host=<socket dir>&port=5432`
+    /// Where the password of the `postgres` role lives (0600, owned by the server's user).
+    pub fn secret_file(&self) -> PathBuf {
+        self.root.join("secret")
+    }
+
+    /// The password of the `postgres` role: read from [`Self::secret_file`], generated there
+    /// on first use (then the next start sets it as the role's password).
+    fn load_or_create_secret(&self) -> Result<String, EmbeddedError> {
+        if let Some(s) = self.secret.get() {
+            return Ok(s.clone());
+        }
+        let path = self.secret_file();
+        let secret = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => {
+                let m = f.metadata().map_err(io_err(&path))?;
+                if !m.is_file() || m.uid() != euid() {
+                    return Err(EmbeddedError::Command {
+                        what: "reading the database password".into(),
+                        detail: format!(
+                            "{} is not a regular file owned by this user",
+                            path.display()
+                        ),
+                    });
+                }
+                if m.mode() & 0o077 != 0 {
+                    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                        .map_err(io_err(&path))?;
+                }
+                let text = std::io::read_to_string(f).map_err(io_err(&path))?;
+                let secret = text.trim().to_string();
+                if secret.is_empty() {
+                    return Err(EmbeddedError::Command {
+                        what: "reading the database password".into(),
+                        detail: format!("{} is empty", path.display()),
+                    });
+                }
+                secret
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let secret = generate_secret()?;
+                // written under another name and renamed: a crash leaves no half secret
+                let tmp = self.root.join(".secret.tmp");
+                let _ = std::fs::remove_file(&tmp);
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&tmp)
+                    .map_err(io_err(&tmp))?;
+                f.write_all(format!("{secret}\n").as_bytes())
+                    .and_then(|_| f.sync_all())
+                    .map_err(io_err(&tmp))?;
+                std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+                self.password_pending
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                secret
+            }
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let _ = self.secret.set(secret.clone());
+        Ok(secret)
+    }
+
+    /// `postgres://postgres:<password>@localhost/<db>?host=<socket dir>&port=5432`: it holds
+    /// the password, never log it. Valid once the cluster was started.
     pub fn url(&self, db: &str) -> String {
+        let secret = self.load_or_create_secret().unwrap_or_default();
         format!(
-            "postgres://postgres@localhost/{db}?host={}&port={}",
-            self.socket_dir().display(),
+            "postgres://postgres:{secret}@localhost/{}?host={}&port={}",
+            url_encode(db),
+            url_encode(&self.socket_dir().display().to_string()),
             self.port
         )
     }
@@ -199,8 +349,19 @@ impl PgCluster {
         // never inherit a PGDATA/PGHOST meant for another cluster
         c.env_remove("PGDATA")
             .env_remove("PGHOST")
-            .env_remove("PGPORT");
+            .env_remove("PGPORT")
+            .env_remove("PGPASSWORD")
+            .env_remove("PGPASSFILE");
         c
+    }
+
+    /// A client program (`psql`, `createdb`) that logs in with the password: it gets it in
+    /// its environment (readable only by its own user), never on its command line.
+    fn client_command(&self, program: &str) -> Result<Command, EmbeddedError> {
+        let secret = self.load_or_create_secret()?;
+        let mut c = self.command(program);
+        c.env("PGPASSWORD", secret);
+        Ok(c)
     }
 
     fn run(&self, what: &str, mut c: Command) -> Result<String, EmbeddedError> {
@@ -225,8 +386,10 @@ impl PgCluster {
         let Some((uid, gid)) = self.run_as else {
             return Ok(());
         };
-        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io_err(path))?;
-        if path.is_dir() {
+        // never through a symbolic link: the postgres user could point one anywhere
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io_err(path))?;
+        let meta = std::fs::symlink_metadata(path).map_err(io_err(path))?;
+        if meta.is_dir() {
             for e in std::fs::read_dir(path).map_err(io_err(path))? {
                 let e = e.map_err(io_err(path))?;
                 self.chown_tree(&e.path())?;
@@ -235,10 +398,22 @@ impl PgCluster {
         Ok(())
     }
 
-    /// Make the directories the postgres user needs; as root, hand them over.
+    /// Make the directories the postgres user needs, reachable by nobody else (0700); as
+    /// root, hand them over.
     fn prepare(&self) -> Result<(), EmbeddedError> {
         for d in [self.root.clone(), self.socket_dir()] {
             std::fs::create_dir_all(&d).map_err(io_err(&d))?;
+            if std::fs::symlink_metadata(&d)
+                .map_err(io_err(&d))?
+                .is_symlink()
+            {
+                return Err(EmbeddedError::Command {
+                    what: "preparing the PostgreSQL cluster".into(),
+                    detail: format!("{} is a symbolic link", d.display()),
+                });
+            }
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
+                .map_err(io_err(&d))?;
         }
         if self.run_as.is_some() {
             std::os::unix::fs::chown(
@@ -267,11 +442,87 @@ impl PgCluster {
         c.status().map(|s| s.success()).unwrap_or(false)
     }
 
+    fn is_secured(&self) -> bool {
+        std::fs::read_to_string(self.data_dir().join("pg_hba.conf"))
+            .map(|t| t.starts_with(HBA_MARKER))
+            .unwrap_or(false)
+    }
+
+    /// Set the password of the `postgres` role in single-user mode (the server must be
+    /// down): no socket is opened, the statement goes in on stdin.
+    fn set_password_offline(&self, secret: &str) -> Result<(), EmbeddedError> {
+        let mut c = self.command("postgres");
+        c.arg("--single")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args([
+                "-c",
+                "listen_addresses=",
+                "-c",
+                "password_encryption=scram-sha-256",
+                // a failing statement must not be echoed to the log with the password in it
+                "-c",
+                "log_min_error_statement=panic",
+                "postgres",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| EmbeddedError::Command {
+            what: "postgres --single".into(),
+            detail: e.to_string(),
+        })?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let written =
+            stdin.write_all(format!("ALTER ROLE postgres PASSWORD '{secret}'\n").as_bytes());
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .map_err(|e| EmbeddedError::Command {
+                what: "postgres --single".into(),
+                detail: e.to_string(),
+            })?;
+        let stderr = String::from_utf8_lossy(&out.stderr).replace(secret, "<password>");
+        if written.is_err() || !out.status.success() || stderr.contains("ERROR") {
+            return Err(EmbeddedError::Command {
+                what: "setting the database password (postgres --single)".into(),
+                detail: stderr.trim().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Only password (SCRAM) logins, only on the unix socket; written last, once the role
+    /// has its password.
+    fn write_hba(&self) -> Result<(), EmbeddedError> {
+        let path = self.data_dir().join("pg_hba.conf");
+        let tmp = self.data_dir().join("pg_hba.conf.steward");
+        let _ = std::fs::remove_file(&tmp);
+        let text = format!(
+            "{HBA_MARKER}\n# (written by steward on start; see SECURITY.md)\n# TYPE  DATABASE  USER  METHOD\nlocal   all       all   scram-sha-256\n"
+        );
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(text.as_bytes())
+            .and_then(|_| f.sync_all())
+            .map_err(io_err(&tmp))?;
+        self.chown_tree(&tmp)?;
+        std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        Ok(())
+    }
+
     /// Initialize if needed and start (or reuse a running server). `durable = false` turns
     /// off fsync: for test clusters only.
     pub fn start(&self, durable: bool) -> Result<(), EmbeddedError> {
         self.prepare()?;
+        let secret = self.load_or_create_secret()?;
         if !self.is_initialized() {
+            // trust only until the password is set below, with no server running: nobody
+            // can connect in between
             let mut c = self.command("initdb");
             c.arg("-D").arg(self.data_dir()).args([
                 "-U",
@@ -287,52 +538,95 @@ impl PgCluster {
             }
             self.run("initdb", c)?;
         }
+        let pending = &self.password_pending;
+        if !self.is_secured() || pending.load(std::sync::atomic::Ordering::SeqCst) {
+            // a cluster of an older version (trust authentication), or one whose secret was
+            // lost: set the password with the server down, then switch to scram
+            if self.is_running() {
+                tracing::info!(cluster = %self.root.display(), "restarting the private PostgreSQL cluster to turn on password authentication");
+                self.stop()?;
+            }
+            self.set_password_offline(&secret)?;
+            self.write_hba()?;
+            pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
         if self.is_running() {
             return Ok(());
         }
-        // a stale pid file after a crash is handled by pg_ctl itself
-        let mut opts = format!(
-            "-c listen_addresses='' -k {} -p {} -c max_connections=200 -c shared_buffers=64MB",
-            self.socket_dir().display(),
-            self.port
-        );
-        if !durable {
-            opts.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
-        }
-        let mut c = self.command("pg_ctl");
-        c.arg("start")
-            .arg("-D")
+        // started directly, not with `pg_ctl start`: that one runs its command line (with
+        // the data dir and log paths in it) through /bin/sh
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.log_file())
+            .map_err(io_err(&self.log_file()))?;
+        self.chown_tree(&self.log_file())?;
+        let log2 = log.try_clone().map_err(io_err(&self.log_file()))?;
+        let mut c = self.command("postgres");
+        c.arg("-D")
             .arg(self.data_dir())
-            .arg("-l")
-            .arg(self.log_file())
-            .args(["-w", "-t", "60", "-o"])
-            .arg(opts);
-        // pg_ctl must not keep our stdout/stderr open: the server it starts outlives it
-        c.stdout(Stdio::null()).stderr(Stdio::piped());
-        let out = c.output().map_err(|e| EmbeddedError::Command {
-            what: "pg_ctl start".into(),
+            .args(["-c", "listen_addresses="])
+            .arg("-c")
+            .arg(format!(
+                "unix_socket_directories={}",
+                socket_dir_setting(&self.socket_dir())
+            ))
+            .args(["-c", "unix_socket_permissions=0700"])
+            .args(["-c", "password_encryption=scram-sha-256"])
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "max_connections=200", "-c", "shared_buffers=64MB"]);
+        if !durable {
+            c.args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ]);
+        }
+        // the server outlives us; it must not keep our stdout/stderr open
+        c.stdout(log).stderr(log2);
+        let mut child = c.spawn().map_err(|e| EmbeddedError::Command {
+            what: "starting postgres".into(),
             detail: e.to_string(),
         })?;
-        if !out.status.success() {
-            let log = std::fs::read_to_string(self.log_file()).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(8).collect();
-            return Err(EmbeddedError::Command {
-                what: "pg_ctl start".into(),
-                detail: format!(
-                    "{}\n{}",
-                    String::from_utf8_lossy(&out.stderr).trim(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                ),
-            });
-        }
-        self.wait_for_socket(Duration::from_secs(30))
+        let ready = self.wait_until_ready(&mut child, Duration::from_secs(60));
+        // reap it when it ends (while we live), so that no zombie looks like a live server
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        ready
     }
 
-    fn wait_for_socket(&self, limit: Duration) -> Result<(), EmbeddedError> {
+    /// Wait until the server says it accepts connections (`ready` in its pid file) and the
+    /// socket is there; fail with the end of its log if it exits first.
+    fn wait_until_ready(
+        &self,
+        child: &mut std::process::Child,
+        limit: Duration,
+    ) -> Result<(), EmbeddedError> {
         let sock = self.socket_dir().join(format!(".s.PGSQL.{}", self.port));
+        let pid_file = self.data_dir().join("postmaster.pid");
         let start = Instant::now();
         while start.elapsed() < limit {
-            if sock.exists() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                return Err(EmbeddedError::Command {
+                    what: "postgres start".into(),
+                    detail: format!(
+                        "postgres exited ({status})\n{}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ),
+                });
+            }
+            let ready = std::fs::read_to_string(&pid_file)
+                .map(|t| t.lines().nth(7).is_some_and(|l| l.trim() == "ready"))
+                .unwrap_or(false);
+            if ready && sock.exists() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -359,9 +653,9 @@ impl PgCluster {
 
     /// Create a database unless it exists.
     pub fn ensure_database(&self, name: &str) -> Result<(), EmbeddedError> {
-        let mut c = self.command("psql");
+        let mut c = self.client_command("psql")?;
         c.args([
-            "-X", "-q", "-A", "-t", "-d", "postgres", "-U", "postgres", "-h",
+            "-X", "-w", "-q", "-A", "-t", "-d", "postgres", "-U", "postgres", "-h",
         ])
         .arg(self.socket_dir())
         .args(["-p", &self.port.to_string(), "-c"])
@@ -371,36 +665,51 @@ impl PgCluster {
         ));
         let exists = self.run("psql", c)?.trim() == "1";
         if !exists {
-            let mut c = self.command("createdb");
-            c.args(["-U", "postgres", "-h"])
+            let mut c = self.client_command("createdb")?;
+            c.args(["-w", "-U", "postgres", "-h"])
                 .arg(self.socket_dir())
-                .args(["-p", &self.port.to_string(), name]);
+                .args(["-p", &self.port.to_string(), "--", name]);
             self.run("createdb", c)?;
         }
         Ok(())
     }
 
-    /// A shell command line that stops this cluster (`mode`: fast or immediate), for
-    /// watchdogs: run as root, it drops to the postgres user for pg_ctl.
-    pub fn stop_command_line(&self, mode: &str) -> String {
-        let mut pg_ctl = self.bin.join("pg_ctl").display().to_string();
+    /// The command (program and arguments, for exec, never for a shell) that stops this
+    /// cluster (`mode`: fast or immediate), for watchdogs: run as root, it drops to the
+    /// postgres user for pg_ctl.
+    pub fn stop_command(&self, mode: &str) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = Vec::new();
         if let Some((uid, gid)) = self.run_as {
-            pg_ctl = format!("setpriv --reuid={uid} --regid={gid} --clear-groups {pg_ctl}");
+            argv.extend([
+                "setpriv".into(),
+                format!("--reuid={uid}").into(),
+                format!("--regid={gid}").into(),
+                "--clear-groups".into(),
+            ]);
         }
-        format!("{pg_ctl} stop -D '{}' -m {mode}", self.data_dir().display())
+        argv.push(self.bin.join("pg_ctl").into_os_string());
+        argv.extend(["stop".into(), "-D".into()]);
+        argv.push(self.data_dir().into_os_string());
+        argv.extend(["-m".into(), mode.into()]);
+        argv
     }
 
     /// A process that stops this cluster and removes its directory once `pid` (normally
     /// ours) has exited, however it ends: test clusters must not outlive their test binary.
     pub fn remove_when_process_exits(&self, pid: u32) -> Result<(), EmbeddedError> {
-        let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {} >/dev/null 2>&1; rm -rf '{}'",
-            self.stop_command_line("immediate"),
-            self.root.display()
-        );
+        // a fixed script: the pid, the root and the stop command are positional parameters,
+        // so no path is ever parsed by the shell
+        const SCRIPT: &str = r#"pid=$1; root=$2; shift 2
+while kill -0 "$pid" 2>/dev/null; do sleep 0.5; done
+"$@" >/dev/null 2>&1
+rm -rf -- "$root""#;
         Command::new("sh")
             .arg("-c")
-            .arg(script)
+            .arg(SCRIPT)
+            .arg("steward-pg-watchdog")
+            .arg(pid.to_string())
+            .arg(&self.root)
+            .args(self.stop_command("immediate"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -223,3 +223,92 @@ fn a_killed_run_is_picked_up_by_the_next() {
     let pg = dir.join("data/deploy/pg/data/postmaster.pid");
     assert!(!pg.exists(), "PostgreSQL still runs after the run ended");
 }
+
+/// A temp dir the postgres user can enter (as root, the cluster then stays in the project
+/// instead of moving to /var/lib/steward), and a project dir under it whose path a shell
+/// would misread: a space, a quote and a `$(touch …)` that must never run.
+fn hostile_project() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pwned = crate::pg_security::marker();
+    let dir = crate::pg_security::hostile_dir(tmp.path(), &pwned).join("project");
+    (tmp, dir, pwned)
+}
+
+#[test]
+fn deploy_works_in_a_path_a_shell_would_misread() {
+    let (tmp, dir, pwned) = hostile_project();
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart"),
+        &dir,
+    );
+    // the site goes to a plain path: the model's own commands are not under test here
+    let site = tmp.path().join("site");
+    let run = || {
+        Command::new(steward_bin())
+            .arg("deploy")
+            .arg("-p")
+            .arg(&dir)
+            .env("QUICKSTART_ROOT", &site)
+            .output()
+            .expect("run steward deploy")
+    };
+    let first = run();
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("12 deployed"), "{}", text(&first));
+    assert!(site.join("shop/site.conf").exists());
+    let second = run();
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(text(&second).contains("no changes"), "{}", text(&second));
+    // the cluster lives in the project (not moved), and is stopped with the run
+    let pg = dir.join("data/deploy/pg/data");
+    assert!(pg.join("PG_VERSION").is_file());
+    assert!(!pg.join("postmaster.pid").exists(), "PostgreSQL still runs");
+    assert!(!pwned.exists(), "a path was run by a shell");
+}
+
+#[test]
+fn the_deploy_watchdog_stops_the_cluster_of_a_killed_run_in_a_hostile_path() {
+    let (tmp, dir, pwned) = hostile_project();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("project.yml"), "name: slow\nmodulepath: libs\n").unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(
+        dir.join("main.cf"),
+        format!(
+            "import exec\nhost = std::Host(name=\"localhost\", os=std::linux)\nexec::Run(host=host, command=\"sh -c 'touch {}/started; sleep 20'\")\n",
+            out.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(steward_bin())
+        .args(["deploy", "-p"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !out.join("started").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run did not start deploying"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid_file = dir.join("data/deploy/pg/data/postmaster.pid");
+    assert!(pid_file.exists(), "PostgreSQL runs during the run");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while pid_file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watchdog did not stop PostgreSQL after the run was killed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!pwned.exists(), "a path was run by a shell");
+}

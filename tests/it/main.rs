@@ -17,6 +17,7 @@ mod gitops_feedback;
 mod gitops_support;
 mod integration;
 mod openapi;
+mod pg_security;
 mod retention;
 mod security;
 mod support;
