@@ -257,14 +257,8 @@ async fn resources_the_model_routes_elsewhere_are_never_applied_here() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_server_takes_its_executors_and_their_commands_with_it() {
-    let db = new_database();
-    let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let admin = "stw_test_admin_secret_for_executor_death";
-    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
-    wait_healthy(&url).await;
-    let c = Client::new(&url, Some(admin.into()));
+    let mut srv = crate::support::Spawned::start("stw_test_admin_secret_for_executor_death").await;
+    let c = srv.client.clone();
     let env = crate::deploy::env_with(&c, "death", json!({})).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
@@ -282,11 +276,7 @@ async fn a_killed_server_takes_its_executors_and_their_commands_with_it() {
         started.then_some(pid)
     })
     .await;
-    std::process::Command::new("kill")
-        .args(["-9", &child.id().to_string()])
-        .status()
-        .unwrap();
-    child.wait().unwrap();
+    srv.kill9();
     // the executor goes with it, and so does the command it was running
     crate::support::eventually(5, "the executor to die", || async {
         let alive = std::fs::read_to_string(format!("/proc/{executor}/stat"))
@@ -302,13 +292,10 @@ async fn a_killed_server_takes_its_executors_and_their_commands_with_it() {
         "the old command finished after its server died: {text}"
     );
     // the restarted server runs it once, alone
-    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
-    wait_healthy(&url).await;
+    srv.restart().await;
     wait_deployed(&c, &env, v, 30).await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text, "start\nstart\nend\n", "{text}");
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 fn peak_rss_mib(pid: u32) -> u64 {
@@ -325,14 +312,9 @@ fn peak_rss_mib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn bodies_are_read_only_for_callers_allowed_and_slow_clients_are_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let db = new_database();
-    let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
     let admin = "stw_test_admin_secret_for_bodies";
-    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
-    wait_healthy(&url).await;
-    let c = Client::new(&url, Some(admin.into()));
+    let srv = crate::support::Spawned::start(admin).await;
+    let (c, url, port) = (srv.client.clone(), srv.url.clone(), srv.port);
     let env = crate::deploy::env_with(&c, "bodies", json!({})).await;
     let t = c.create_token("look", "viewer", Some(&env)).await.unwrap();
     let viewer = t["secret"].as_str().unwrap().to_string();
@@ -351,7 +333,7 @@ async fn bodies_are_read_only_for_callers_allowed_and_slow_clients_are_cut_off()
             assert_eq!(r.status(), 403);
         }
     }
-    let peak = peak_rss_mib(child.id());
+    let peak = peak_rss_mib(srv.child.id());
     assert!(
         peak < 400,
         "the server peaked at {peak} MiB for refused bodies"
@@ -400,20 +382,12 @@ async fn bodies_are_read_only_for_callers_allowed_and_slow_clients_are_cut_off()
     );
     assert!(b < Duration::from_secs(20), "a stalled body held for {b:?}");
     assert!(c.health().await.is_ok());
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_in_a_source_url_are_kept_out_of_it() {
-    let db = new_database();
-    let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let admin = "stw_test_admin_secret_for_url_credentials";
-    let mut child = crate::support::spawn_server(&db, port, admin, data.path());
-    wait_healthy(&url).await;
-    let c = Client::new(&url, Some(admin.into()));
+    let srv = crate::support::Spawned::start("stw_test_admin_secret_for_url_credentials").await;
+    let (c, url) = (srv.client.clone(), srv.url.clone());
     let env = c
         .create_environment("sec", "creds", None)
         .await
@@ -443,7 +417,7 @@ async fn credentials_in_a_source_url_are_kept_out_of_it() {
     // nothing the server wrote to disk holds it either (mirror config, logs)
     let found = std::process::Command::new("grep")
         .args(["-r", "-l", secret])
-        .arg(data.path())
+        .arg(srv.data.path())
         .output()
         .unwrap();
     let files = String::from_utf8_lossy(&found.stdout);
@@ -451,8 +425,6 @@ async fn credentials_in_a_source_url_are_kept_out_of_it() {
     for f in files.lines() {
         assert!(f.contains("/pg/"), "{f} holds the credential");
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

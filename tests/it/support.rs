@@ -339,6 +339,62 @@ pub fn spawn_server(
         .expect("spawn steward server")
 }
 
+/// A real `steward server` child process with its own database, data dir and port, and an
+/// admin client; killed when dropped. `restart` kills it with -9 and starts it again on
+/// the same database, data dir and port.
+#[allow(dead_code)]
+pub struct Spawned {
+    pub child: std::process::Child,
+    pub url: String,
+    pub port: u16,
+    pub db: String,
+    pub admin: String,
+    pub data: tempfile::TempDir,
+    pub client: Client,
+}
+
+#[allow(dead_code)]
+impl Spawned {
+    pub async fn start(admin: &str) -> Spawned {
+        let db = new_database();
+        let data = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let child = spawn_server(&db, port, admin, data.path());
+        wait_healthy(&url).await;
+        let client = Client::new(&url, Some(admin.into()));
+        Spawned {
+            child,
+            url,
+            port,
+            db,
+            admin: admin.into(),
+            data,
+            client,
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.child = spawn_server(&self.db, self.port, &self.admin, self.data.path());
+        wait_healthy(&self.url).await;
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Copy a project directory (leaving out its data/).
 #[allow(dead_code)]
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
