@@ -3,6 +3,7 @@
 mod api;
 mod api_auth;
 mod api_durability;
+mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;
 mod deploy;
