@@ -432,13 +432,12 @@ async fn run_compiler(
             limit(libc::RLIMIT_FSIZE, COMPILE_FILE_SIZE, COMPILE_FILE_SIZE)?;
             limit(libc::RLIMIT_NOFILE, COMPILE_OPEN_FILES, COMPILE_OPEN_FILES)?;
             limit(libc::RLIMIT_CORE, 0, 0)?;
-            if let Some((uid, gid)) = user {
-                if libc::setgroups(0, std::ptr::null()) != 0
+            if let Some((uid, gid)) = user
+                && (libc::setgroups(0, std::ptr::null()) != 0
                     || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+                    || libc::setuid(uid) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -485,7 +484,92 @@ async fn run_compiler(
 
 #[cfg(test)]
 mod tests {
-    use super::public_url;
+    use super::*;
+
+    #[tokio::test]
+    async fn output_keeps_its_head_and_tail_and_says_what_was_cut() {
+        let mut big = Vec::new();
+        for i in 0..100_000 {
+            big.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        let total = big.len();
+        let kept = read_capped(&big[..], 1024).await;
+        assert!(kept.starts_with("line 0\nline 1\n"));
+        assert!(kept.ends_with("line 99999\n"));
+        assert!(
+            kept.contains(&format!(
+                "output cut: {} of {total} bytes left out",
+                total - 2048
+            )),
+            "{kept}"
+        );
+        assert!(kept.len() < 2048 + 200);
+        // short output is kept whole, without a note
+        assert_eq!(read_capped(&b"short\n"[..], 1024).await, "short\n");
+        let exact = vec![b'x'; 2048];
+        assert_eq!(read_capped(&exact[..], 1024).await.len(), 2048);
+    }
+
+    #[test]
+    fn an_export_over_the_limit_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("export.json");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(MAX_EXPORT + 1).unwrap(); // sparse: no disk used
+        let err = read_export(&path).err().unwrap();
+        assert!(err.contains("over the 256 MiB limit"), "{err}");
+    }
+
+    /// The compiler's process as the server starts it: a stand-in reporting what it sees.
+    #[tokio::test]
+    async fn the_compiler_runs_limited_with_its_own_tmpdir() {
+        use std::os::unix::fs::PermissionsExt;
+        let work = tempfile::Builder::new()
+            .prefix("steward-compile-")
+            .tempdir()
+            .unwrap();
+        let project = work.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        let bin = work.path().join("fake-steward");
+        std::fs::write(
+            &bin,
+            "#!/bin/sh\necho uid=$(id -u) tmp=$TMPDIR cpu=$(ulimit -t) mem=$(ulimit -v) \\\n  files=$(ulimit -n) fsize=$(ulimit -f) core=$(ulimit -c) home=$HOME\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ran = run_compiler(
+            &bin,
+            work.path(),
+            &project,
+            &work.path().join("export.json"),
+            Duration::from_secs(7),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+        let tmp = work.path().join("tmp");
+        let root = unsafe { libc::geteuid() } == 0;
+        let uid = if root {
+            compile_user().expect("nobody exists").0
+        } else {
+            unsafe { libc::geteuid() }
+        };
+        assert_eq!(
+            ran.stdout.trim(),
+            format!(
+                "uid={uid} tmp={} cpu=7 mem={} files={COMPILE_OPEN_FILES} fsize={} core=0 home={}",
+                tmp.display(),
+                COMPILE_MEMORY >> 10,
+                COMPILE_FILE_SIZE / 512,
+                project.display()
+            )
+        );
+        if root {
+            assert_ne!(uid, 0);
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(&tmp).unwrap().uid(), uid);
+        }
+    }
 
     #[test]
     fn credentials_never_leave() {
