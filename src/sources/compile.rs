@@ -412,6 +412,9 @@ async fn run_compiler(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .process_group(0);
+    if user.is_some() {
+        cmd.env("USER", COMPILE_USER).env("LOGNAME", COMPILE_USER);
+    }
     // SAFETY: only async-signal-safe calls (prctl, setrlimit, setgroups, setgid, setuid) on
     // values computed before the fork
     unsafe {
