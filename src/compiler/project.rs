@@ -101,13 +101,16 @@ pub fn read_confined(root: &Path, path: &Path) -> std::io::Result<String> {
 }
 
 pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diagnostic> {
+    let yml = dir.join("project.yml");
     let root = dir.canonicalize().map_err(|e| {
         Diagnostic::error(
             "project",
-            format!("can not open the project directory {}: {e}", dir.display()),
+            format!(
+                "can not read {}: {e} (a project directory holds project.yml and main.cf)",
+                yml.display()
+            ),
         )
     })?;
-    let yml = dir.join("project.yml");
     let text = read_confined(&root, &yml).map_err(|e| {
         Diagnostic::error(
             "project",
