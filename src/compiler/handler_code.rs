@@ -97,7 +97,9 @@ fn walk(dir: &Path, add: &mut impl FnMut(&Path) -> Result<(), String>) -> Result
             .map_err(|err| format!("{}: {err}", e.path().display()))?;
         if ft.is_dir() {
             walk(&e.path(), add)?;
-        } else if ft.is_file() {
+        } else if ft.is_file() || (ft.is_symlink() && e.path().is_file()) {
+            // a symlink to a file counts as that file: `add` refuses it unless it stays
+            // inside the module
             add(&e.path())?;
         }
     }

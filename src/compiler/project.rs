@@ -349,6 +349,17 @@ impl<'a> Loader<'a> {
             vec![format!("model/{p}.cf"), format!("model/{p}/_init.cf")]
         };
         for c in candidates {
+            if let ModuleRoot::Dir(d) = &m.root
+                && d.join(&c).exists()
+                && let Err(e) = d
+                    .canonicalize()
+                    .and_then(|root| confined(&root, &d.join(&c)))
+            {
+                return Err(format!(
+                    "{}: {e}",
+                    relative_display(&self.project.dir, &d.join(&c).display().to_string())
+                ));
+            }
             if let Some((text, display, _)) = m.read(&c) {
                 let display = match &m.root {
                     ModuleRoot::Dir(_) => relative_display(&self.project.dir, &display),

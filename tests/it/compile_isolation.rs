@@ -159,6 +159,17 @@ fn model_files_and_module_paths_out_of_the_project_are_refused() {
     let (code, _, err) = compile(p.path());
     assert_eq!(code, Some(1));
     assert!(err.contains("outside the project directory"), "{err}");
+    // a model file of a module that is a symlink out: its text would be quoted too
+    let p = project("import m::s\n");
+    let m = module(p.path());
+    std::os::unix::fs::symlink(secret_dir.path().join("s.cf"), m.join("model/s.cf")).unwrap();
+    let (code, out, err) = compile(p.path());
+    assert_eq!(code, Some(1));
+    assert!(!err.contains(SECRET) && !out.contains(SECRET), "{err}");
+    assert!(
+        err.contains("libs/m/model/s.cf: it resolves outside the project directory"),
+        "{err}"
+    );
 }
 
 /// The real server path: a committed symlink to a file outside the checkout, and models
@@ -242,4 +253,51 @@ async fn server_caps_compile_output() {
         &out[out.len() - 100..]
     );
     assert!(out.contains("output cut:"), "the cut is said");
+}
+
+/// Handler code a module exports: a symlink out of the module is refused, not exported.
+#[test]
+fn handler_code_through_a_symlink_out_is_refused() {
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), SECRET).unwrap();
+    let p = project(
+        "import h\nhost = std::Host(name=\"localhost\", os=std::linux)\nh::R(host=host, name=\"r\")\n",
+    );
+    let m = p.path().join("libs/h");
+    std::fs::create_dir_all(m.join("model")).unwrap();
+    std::fs::create_dir_all(m.join("handler")).unwrap();
+    std::fs::write(
+        m.join("module.yml"),
+        "name: h\nversion: 1.0.0\nresources:\n  h::R:\n    agent: host.name\n    id: name\n    fields: [name, purged, send_event, receive_events]\n    handler: handler/main.sh\n",
+    )
+    .unwrap();
+    std::fs::write(
+        m.join("model/_init.cf"),
+        "entity R extends std::PurgeableResource:\n    string name\nend\nR.host [1] -- std::Host\nimplement R using std::none\n",
+    )
+    .unwrap();
+    std::fs::write(m.join("handler/main.sh"), "#!/bin/sh\n").unwrap();
+    let export = |p: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_steward"))
+            .args(["export", "-j", "out.json"])
+            .current_dir(p)
+            .output()
+            .unwrap()
+    };
+    let ok = export(p.path());
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    std::os::unix::fs::symlink(secret.path(), m.join("handler/leak")).unwrap();
+    std::fs::remove_file(m.join("handler/main.sh")).unwrap();
+    std::os::unix::fs::symlink(secret.path(), m.join("handler/main.sh")).unwrap();
+    std::fs::remove_file(p.path().join("out.json")).unwrap();
+    let out = export(p.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("outside the project directory"), "{err}");
+    let written = std::fs::read_to_string(p.path().join("out.json")).unwrap_or_default();
+    assert!(!written.contains(&hex::encode(SECRET)) && !err.contains(SECRET));
 }
