@@ -429,7 +429,6 @@ async fn run_compiler(
                 }
                 Ok(())
             };
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             limit(libc::RLIMIT_CPU, cpu, cpu + 5)?;
             limit(libc::RLIMIT_AS, COMPILE_MEMORY, COMPILE_MEMORY)?;
             limit(libc::RLIMIT_FSIZE, COMPILE_FILE_SIZE, COMPILE_FILE_SIZE)?;
@@ -442,6 +441,8 @@ async fn run_compiler(
             {
                 return Err(std::io::Error::last_os_error());
             }
+            // after the user switch: changing credentials clears the parent-death signal
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
     }
