@@ -185,6 +185,11 @@ async fn server_compiles_never_leak_files_of_the_server() {
     std::os::unix::fs::symlink(secret.path(), m.join("files/leak")).unwrap();
     std::os::unix::fs::symlink("../../../../../../../../../etc/passwd", m.join("files/up"))
         .unwrap();
+    // lexically inside, but out through another symlink: `here -> .`, then `here/..`
+    std::os::unix::fs::symlink(".", repo.work.join("here")).unwrap();
+    std::os::unix::fs::symlink("../../../here/..", m.join("files/sneaky")).unwrap();
+    // inside: kept
+    std::os::unix::fs::symlink("ok.txt", m.join("files/alias")).unwrap();
     let first = repo.commit("import m\nstd::print(std::source(\"m/leak\"))\n", "leak");
     repo.push_ok();
     let env = follow(&c, "leak", &repo, json!({})).await;
@@ -198,7 +203,10 @@ async fn server_compiles_never_leak_files_of_the_server() {
     assert!(
         detail.contains("symlinks pointing outside the checkout were not written")
             && detail.contains("libs/m/files/leak")
-            && detail.contains("libs/m/files/up"),
+            && detail.contains("libs/m/files/up")
+            && detail.contains("libs/m/files/sneaky -> ../../../here/..")
+            && !detail.contains("alias")
+            && !detail.contains("here ->"),
         "{detail}"
     );
     assert!(r["error"].as_str().unwrap().contains("main.cf:2:"), "{r:#}");
@@ -208,12 +216,13 @@ async fn server_compiles_never_leak_files_of_the_server() {
         "std::file(\"//etc/passwd\")",
         "std::template(\"m/../../../../../../../etc/passwd\")",
         "std::source(\"m/up\")",
+        "std::source(\"m/sneaky/project/tmp/../../etc/passwd\")",
     ]
     .iter()
     .enumerate()
     {
         let commit = repo.commit(
-            &format!("import m\nstd::print({call})\n"),
+            &format!("import m\nstd::print({call})\nstd::print(std::source(\"m/alias\"))\n"),
             &format!("attempt {i}"),
         );
         repo.push_ok();
@@ -225,6 +234,13 @@ async fn server_compiles_never_leak_files_of_the_server() {
         let error = r["error"].as_str().unwrap();
         assert!(error.contains("main.cf:2:"), "{call}: {error}");
     }
+    // a symlink inside the checkout is read as usual
+    let commit = repo.commit("import m\nstd::print(std::source(\"m/alias\"))\n", "inside");
+    repo.push_ok();
+    c.trigger_compile(&env, Some(&commit)).await.unwrap();
+    let r = compiled(&c, &env, &commit, 60).await;
+    assert_eq!(r["status"], "success", "{r:#}");
+    assert_eq!(r["stdout"], "fine\n");
     git_ok(&repo.work, &["status"]);
 }
 
