@@ -36,7 +36,13 @@ pub fn collect(
     let mut files = BTreeMap::new();
     let mut code = BTreeMap::new();
     let mut total = 0u64;
+    let real_root = root
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", root.display()))?;
     let mut add = |path: &Path| -> Result<(), String> {
+        // nothing outside the module, even through a symlink
+        super::project::confined(&real_root, path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
         total += meta.len();
         if total > MAX_CODE {
@@ -91,7 +97,9 @@ fn walk(dir: &Path, add: &mut impl FnMut(&Path) -> Result<(), String>) -> Result
             .map_err(|err| format!("{}: {err}", e.path().display()))?;
         if ft.is_dir() {
             walk(&e.path(), add)?;
-        } else if ft.is_file() {
+        } else if ft.is_file() || (ft.is_symlink() && e.path().is_file()) {
+            // a symlink to a file counts as that file: `add` refuses it unless it stays
+            // inside the module
             add(&e.path())?;
         }
     }

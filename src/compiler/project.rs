@@ -73,14 +73,45 @@ struct ProjectYml {
 #[derive(Clone, Debug)]
 pub struct Project {
     pub dir: PathBuf,
+    /// `dir` with every symlink resolved: every file the model reads resolves inside it.
+    pub root: PathBuf,
     pub name: String,
     pub module_paths: Vec<PathBuf>,
     pub main_file: String,
 }
 
+/// The canonical form of `path` if it resolves (symlinks followed) inside `root` (canonical).
+/// A model reads only files of its project: a path that leaves it (absolute, `..`, or a
+/// symlink pointing out) is refused before anything is read.
+pub fn confined(root: &Path, path: &Path) -> std::io::Result<PathBuf> {
+    let real = path.canonicalize()?;
+    if real.starts_with(root) {
+        Ok(real)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "it resolves outside the project directory (a model may only read files of its project and modules)",
+        ))
+    }
+}
+
+/// `std::fs::read_to_string` of a file that must resolve inside `root`.
+pub fn read_confined(root: &Path, path: &Path) -> std::io::Result<String> {
+    std::fs::read_to_string(confined(root, path)?)
+}
+
 pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diagnostic> {
     let yml = dir.join("project.yml");
-    let text = std::fs::read_to_string(&yml).map_err(|e| {
+    let root = dir.canonicalize().map_err(|e| {
+        Diagnostic::error(
+            "project",
+            format!(
+                "can not read {}: {e} (a project directory holds project.yml and main.cf)",
+                yml.display()
+            ),
+        )
+    })?;
+    let text = read_confined(&root, &yml).map_err(|e| {
         Diagnostic::error(
             "project",
             format!(
@@ -96,20 +127,38 @@ pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diag
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_else(|| "project".into())
     });
-    let mut module_paths = Vec::new();
+    let mut entries = Vec::new();
     match parsed.modulepath {
-        Some(serde_yaml_ng::Value::String(s)) => module_paths.push(dir.join(s)),
+        Some(serde_yaml_ng::Value::String(s)) => entries.push(s),
         Some(serde_yaml_ng::Value::Sequence(items)) => {
-            for i in items {
-                if let Some(s) = i.as_str() {
-                    module_paths.push(dir.join(s));
-                }
-            }
+            entries.extend(items.iter().filter_map(|i| i.as_str().map(String::from)));
         }
         _ => {}
     }
+    let mut module_paths = Vec::new();
+    for s in entries {
+        // module directories are part of the project: relative, no `..`, no symlink out
+        let rel = Path::new(&s);
+        let path = dir.join(rel);
+        let escapes = rel.components().any(|c| {
+            !matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        }) || (path.exists() && confined(&root, &path).is_err());
+        if escapes {
+            return Err(Diagnostic::error(
+                "project",
+                format!(
+                    "invalid project.yml: the module path {s:?} leaves the project directory (module paths are relative directories inside the project)"
+                ),
+            ));
+        }
+        module_paths.push(path);
+    }
     Ok(Project {
         dir: dir.to_path_buf(),
+        root,
         name,
         module_paths,
         main_file: main_file.unwrap_or("main.cf").to_string(),
@@ -176,7 +225,8 @@ impl ModuleInfo {
                 }),
             ModuleRoot::Dir(d) => {
                 let path = d.join(rel);
-                let text = std::fs::read_to_string(&path).ok()?;
+                // the module's own files only: nothing a symlink points to outside it
+                let text = read_confined(&d.canonicalize().ok()?, &path).ok()?;
                 Some((text, path.display().to_string(), path.display().to_string()))
             }
         }
@@ -230,7 +280,13 @@ impl<'a> Loader<'a> {
                 if root.join("module.yml").is_file()
                     || root.join("model").join("_init.cf").is_file()
                 {
-                    let yml = std::fs::read_to_string(root.join("module.yml"))
+                    if confined(&self.project.root, &root).is_err() {
+                        return Err(format!(
+                            "module {name} ({}) resolves outside the project directory",
+                            relative_display(&self.project.dir, &root.display().to_string())
+                        ));
+                    }
+                    let yml = read_confined(&self.project.root, &root.join("module.yml"))
                         .ok()
                         .map(|t| serde_yaml_ng::from_str::<ModuleYml>(&t))
                         .transpose()
@@ -293,6 +349,17 @@ impl<'a> Loader<'a> {
             vec![format!("model/{p}.cf"), format!("model/{p}/_init.cf")]
         };
         for c in candidates {
+            if let ModuleRoot::Dir(d) = &m.root
+                && d.join(&c).exists()
+                && let Err(e) = d
+                    .canonicalize()
+                    .and_then(|root| confined(&root, &d.join(&c)))
+            {
+                return Err(format!(
+                    "{}: {e}",
+                    relative_display(&self.project.dir, &d.join(&c).display().to_string())
+                ));
+            }
             if let Some((text, display, _)) = m.read(&c) {
                 let display = match &m.root {
                     ModuleRoot::Dir(_) => relative_display(&self.project.dir, &display),
@@ -313,7 +380,7 @@ impl<'a> Loader<'a> {
         // (namespace, text, display) to parse, in load order
         let mut queue: VecDeque<(String, String, String, Option<Span>)> = VecDeque::new();
         let main_path = self.project.dir.join(&self.project.main_file);
-        let main_text = match std::fs::read_to_string(&main_path) {
+        let main_text = match read_confined(&self.project.root, &main_path) {
             Ok(t) => t,
             Err(e) => {
                 return Err(vec![Diagnostic::error(
@@ -462,8 +529,10 @@ pub fn module_file(
     dir: &str,
     path: &str,
 ) -> Result<(String, String), String> {
-    if path.split('/').any(|p| p == "..") {
-        return Err(format!("{path}: paths may not leave the module"));
+    if path.split('/').any(|p| p == "..") || path.starts_with('/') {
+        return Err(format!(
+            "{path}: paths may not leave the module (no absolute paths, no `..`)"
+        ));
     }
     // the project's own files: "/name" (as the reference) or "<project name>/name"
     if module.is_empty()
@@ -471,15 +540,29 @@ pub fn module_file(
         || (module == project.name && !modules.contains_key(module))
     {
         let full = project.dir.join(dir).join(path);
-        return std::fs::read_to_string(&full)
-            .map(|t| (t, full.display().to_string()))
-            .map_err(|_| format!("{path} isn't a valid file ({})", full.display()));
+        return match confined(&project.root, &full) {
+            Ok(real) => std::fs::read_to_string(&real)
+                .map(|t| (t, full.display().to_string()))
+                .map_err(|_| format!("{path} isn't a valid file ({})", full.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Err(format!("{path} can not be read: {e}"))
+            }
+            Err(_) => Err(format!("{path} isn't a valid file ({})", full.display())),
+        };
     }
     let Some(m) = modules.get(module) else {
         return Err(format!(
             "Module {module} does not exist for path {module}/{path}"
         ));
     };
+    if let ModuleRoot::Dir(d) = &m.root {
+        let full = d.join(dir).join(path);
+        if full.exists()
+            && let Err(e) = d.canonicalize().and_then(|root| confined(&root, &full))
+        {
+            return Err(format!("{module}/{path} can not be read: {e}"));
+        }
+    }
     match m.read(&format!("{dir}/{path}")) {
         Some((text, _, abs)) => Ok((text, abs)),
         None => Err(format!("{module}/{path} isn't a valid file")),

@@ -16,8 +16,17 @@ use crate::model::ExportFile;
 use crate::store::sources::{CompileRow, SourceRow};
 use crate::store::{self, versions};
 
-/// Output kept per stream in a report.
-const MAX_OUTPUT: usize = 256 << 10;
+/// Output kept per stream in a report: its first and its last this many bytes.
+const KEEP_OUTPUT: usize = 256 << 10;
+/// Largest export read back from the compiler.
+const MAX_EXPORT: u64 = 256 << 20;
+/// Limits of the compiler process (`setrlimit`): address space, size of a file it writes,
+/// open files. Its CPU time is limited to the source's compile_timeout.
+const COMPILE_MEMORY: u64 = 4 << 30;
+const COMPILE_FILE_SIZE: u64 = 512 << 20;
+const COMPILE_OPEN_FILES: u64 = 256;
+/// The user compiles run as when the server runs as root.
+const COMPILE_USER: &str = "nobody";
 
 pub struct CompileResult {
     pub success: bool,
@@ -53,18 +62,6 @@ pub fn public_url(url: &str) -> String {
         Some((_, host)) => format!("{scheme}://{host}{}", &rest[end..]),
         None => url.to_string(),
     }
-}
-
-fn cap(mut s: String) -> String {
-    if s.len() > MAX_OUTPUT {
-        let mut end = MAX_OUTPUT;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("\n… (output cut)");
-    }
-    s
 }
 
 /// The report of a compile as it goes: timed stages, then the result.
@@ -142,7 +139,18 @@ pub async fn run(
         .await
     };
     match checkout {
-        Ok(Ok(())) => report.passed("checkout", at, &format!("commit {}", job.commit)),
+        Ok(Ok(refused)) if refused.is_empty() => {
+            report.passed("checkout", at, &format!("commit {}", job.commit))
+        }
+        Ok(Ok(refused)) => report.passed(
+            "checkout",
+            at,
+            &format!(
+                "commit {}; symlinks pointing outside the checkout were not written: {}",
+                job.commit,
+                refused.join(", ")
+            ),
+        ),
         Ok(Err(e)) => {
             return report.failed(
                 "checkout",
@@ -157,13 +165,14 @@ pub async fn run(
     let at = begin();
     let export_file = workdir.path().join("export.json");
     let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
-    let out = match run_compiler(steward_bin, &project, &export_file, timeout).await {
+    let out = match run_compiler(steward_bin, workdir.path(), &project, &export_file, timeout).await
+    {
         Ok(out) => out,
         Err(e) => return report.failed("compile", at, e),
     };
     report.result.exit_code = out.code;
-    report.result.stdout = cap(out.stdout);
-    report.result.stderr = cap(out.stderr.clone());
+    report.result.stdout = out.stdout;
+    report.result.stderr = out.stderr.clone();
     // `compile --json` reports on stderr as one JSON document
     let doc = out.stderr.lines().rev().find_map(|l| {
         serde_json::from_str::<Value>(l)
@@ -183,14 +192,26 @@ pub async fn run(
                 )
             }
             (Some(m), None) => format!("the model does not compile: {m}"),
-            _ => format!("the compiler failed (exit status {:?})", out.code),
+            _ => match out.signal {
+                Some(libc::SIGXCPU) => format!(
+                    "the compiler used more than its {} s of CPU time and was stopped",
+                    timeout.as_secs()
+                ),
+                Some(libc::SIGXFSZ) => format!(
+                    "the compiler wrote a file over the {} MiB limit and was stopped",
+                    COMPILE_FILE_SIZE >> 20
+                ),
+                Some(sig) => format!(
+                    "the compiler was killed by signal {sig} (its limits: {} MiB of memory, {} s of CPU)",
+                    COMPILE_MEMORY >> 20,
+                    timeout.as_secs()
+                ),
+                None => format!("the compiler failed (exit status {:?})", out.code),
+            },
         };
         return report.failed("compile", at, error);
     }
-    let export = match std::fs::read(&export_file)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice::<ExportFile>(&b).map_err(|e| e.to_string()))
-    {
+    let export = match read_export(&export_file) {
         Ok(x) => x,
         Err(e) => {
             return report.failed(
@@ -255,19 +276,123 @@ pub async fn run(
     }
 }
 
+/// The export the compiler wrote, refused over [`MAX_EXPORT`].
+fn read_export(path: &Path) -> Result<ExportFile, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if len > MAX_EXPORT {
+        return Err(format!(
+            "it is {} MiB, over the {} MiB limit",
+            len >> 20,
+            MAX_EXPORT >> 20
+        ));
+    }
+    let mut b = Vec::with_capacity(len as usize);
+    f.take(MAX_EXPORT + 1)
+        .read_to_end(&mut b)
+        .map_err(|e| e.to_string())?;
+    if b.len() as u64 > MAX_EXPORT {
+        return Err(format!("it is over the {} MiB limit", MAX_EXPORT >> 20));
+    }
+    serde_json::from_slice::<ExportFile>(&b).map_err(|e| e.to_string())
+}
+
 struct Ran {
     code: Option<i32>,
+    signal: Option<i32>,
     stdout: String,
     stderr: String,
 }
 
-/// `steward compile --json --export FILE -p DIR`, isolated from the server's environment.
+/// A stream read to its end keeping only its first and last `keep` bytes: the memory a
+/// compile's output takes in the server is bounded whatever the model prints.
+async fn read_capped(mut r: impl tokio::io::AsyncRead + Unpin, keep: usize) -> String {
+    let mut head: Vec<u8> = Vec::new();
+    let mut tail: std::collections::VecDeque<u8> = std::collections::VecDeque::new();
+    let mut total: u64 = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        total += n as u64;
+        let mut chunk = &buf[..n];
+        if head.len() < keep {
+            let take = chunk.len().min(keep - head.len());
+            head.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+        }
+        tail.extend(chunk);
+        if tail.len() > keep {
+            tail.drain(..tail.len() - keep);
+        }
+    }
+    let cut = total - head.len() as u64 - tail.len() as u64;
+    let mut s = String::from_utf8_lossy(&head).into_owned();
+    if cut > 0 {
+        s.push_str(&format!(
+            "\n… (output cut: {cut} of {total} bytes left out, the first and last {} KiB kept) …\n",
+            keep >> 10
+        ));
+    }
+    s.push_str(&String::from_utf8_lossy(tail.make_contiguous()));
+    s
+}
+
+/// The uid and gid compiles run as: [`COMPILE_USER`] when the server runs as root.
+fn compile_user() -> Option<(libc::uid_t, libc::gid_t)> {
+    // SAFETY: geteuid(2) can not fail
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let name = std::ffi::CString::new(COMPILE_USER).expect("no NUL");
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwnam_r with buffers we own, of the sizes given
+    let rc = unsafe {
+        libc::getpwnam_r(
+            name.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    (rc == 0 && !found.is_null() && pw.pw_uid != 0).then_some((pw.pw_uid, pw.pw_gid))
+}
+
+/// Hand `dir` and everything in it to `uid`/`gid` (symlinks themselves, not their targets).
+fn chown_tree(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    if std::fs::symlink_metadata(dir)?.is_dir() {
+        for e in std::fs::read_dir(dir)? {
+            chown_tree(&e?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+/// `steward compile --json --export FILE -p DIR`, isolated from the server: a clean
+/// environment, a private TMPDIR inside `workdir`, resource limits, its own process group,
+/// and an unprivileged user when the server runs as root (see docs/isolation.md).
 async fn run_compiler(
     bin: &Path,
+    workdir: &Path,
     project: &Path,
     export: &PathBuf,
     timeout: Duration,
 ) -> Result<Ran, String> {
+    let tmp = workdir.join("tmp");
+    std::fs::create_dir(&tmp).map_err(|e| format!("can not make {}: {e}", tmp.display()))?;
+    let user = compile_user();
+    if let Some((uid, gid)) = user {
+        chown_tree(workdir, uid, gid)
+            .map_err(|e| format!("can not hand the workdir to {COMPILE_USER}: {e}"))?;
+    }
+    let cpu = timeout.as_secs().max(1);
     let mut cmd = tokio::process::Command::new(bin);
     cmd.arg("compile")
         .arg("--json")
@@ -280,38 +405,71 @@ async fn run_compiler(
         .env_clear()
         .envs(crate::executor::passed_environment())
         .env("HOME", project)
+        .env("TMPDIR", &tmp)
         .env("LANG", "C.UTF-8")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .process_group(0);
+    if user.is_some() {
+        cmd.env("USER", COMPILE_USER).env("LOGNAME", COMPILE_USER);
+    }
+    // SAFETY: only async-signal-safe calls (prctl, setrlimit, setgroups, setgid, setuid) on
+    // values computed before the fork
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = |resource, soft: u64, hard: u64| {
+                let l = libc::rlimit {
+                    rlim_cur: soft as libc::rlim_t,
+                    rlim_max: hard as libc::rlim_t,
+                };
+                if libc::setrlimit(resource, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            limit(libc::RLIMIT_CPU, cpu, cpu + 5)?;
+            limit(libc::RLIMIT_AS, COMPILE_MEMORY, COMPILE_MEMORY)?;
+            limit(libc::RLIMIT_FSIZE, COMPILE_FILE_SIZE, COMPILE_FILE_SIZE)?;
+            limit(libc::RLIMIT_NOFILE, COMPILE_OPEN_FILES, COMPILE_OPEN_FILES)?;
+            limit(libc::RLIMIT_CORE, 0, 0)?;
+            if let Some((uid, gid)) = user
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // after the user switch: changing credentials clears the parent-death signal
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("can not start the compiler {}: {e}", bin.display()))?;
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let read_out = async {
-        let mut b = Vec::new();
-        let _ = out.read_to_end(&mut b).await;
-        b
-    };
-    let read_err = async {
-        let mut b = Vec::new();
-        let _ = err.read_to_end(&mut b).await;
-        b
-    };
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
     let waited = tokio::time::timeout(timeout, async {
-        let (o, e, status) = tokio::join!(read_out, read_err, child.wait());
-        (o, e, status)
+        tokio::join!(
+            read_capped(out, KEEP_OUTPUT),
+            read_capped(err, KEEP_OUTPUT),
+            child.wait()
+        )
     })
     .await;
     match waited {
-        Ok((o, e, status)) => Ok(Ran {
-            code: status.ok().and_then(|s| s.code()),
-            stdout: String::from_utf8_lossy(&o).into_owned(),
-            stderr: String::from_utf8_lossy(&e).into_owned(),
-        }),
+        Ok((o, e, status)) => {
+            use std::os::unix::process::ExitStatusExt;
+            let status = status.ok();
+            Ok(Ran {
+                code: status.and_then(|s| s.code()),
+                signal: status.and_then(|s| s.signal()),
+                stdout: o,
+                stderr: e,
+            })
+        }
         Err(_) => {
             if let Some(pid) = child.id() {
                 // SAFETY: kill(2) on the process group we created for the compiler
@@ -330,7 +488,92 @@ async fn run_compiler(
 
 #[cfg(test)]
 mod tests {
-    use super::public_url;
+    use super::*;
+
+    #[tokio::test]
+    async fn output_keeps_its_head_and_tail_and_says_what_was_cut() {
+        let mut big = Vec::new();
+        for i in 0..100_000 {
+            big.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        let total = big.len();
+        let kept = read_capped(&big[..], 1024).await;
+        assert!(kept.starts_with("line 0\nline 1\n"));
+        assert!(kept.ends_with("line 99999\n"));
+        assert!(
+            kept.contains(&format!(
+                "output cut: {} of {total} bytes left out",
+                total - 2048
+            )),
+            "{kept}"
+        );
+        assert!(kept.len() < 2048 + 200);
+        // short output is kept whole, without a note
+        assert_eq!(read_capped(&b"short\n"[..], 1024).await, "short\n");
+        let exact = vec![b'x'; 2048];
+        assert_eq!(read_capped(&exact[..], 1024).await.len(), 2048);
+    }
+
+    #[test]
+    fn an_export_over_the_limit_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("export.json");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(MAX_EXPORT + 1).unwrap(); // sparse: no disk used
+        let err = read_export(&path).err().unwrap();
+        assert!(err.contains("over the 256 MiB limit"), "{err}");
+    }
+
+    /// The compiler's process as the server starts it: a stand-in reporting what it sees.
+    #[tokio::test]
+    async fn the_compiler_runs_limited_with_its_own_tmpdir() {
+        use std::os::unix::fs::PermissionsExt;
+        let work = tempfile::Builder::new()
+            .prefix("steward-compile-")
+            .tempdir()
+            .unwrap();
+        let project = work.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        let bin = work.path().join("fake-steward");
+        std::fs::write(
+            &bin,
+            "#!/bin/sh\necho uid=$(id -u) tmp=$TMPDIR cpu=$(ulimit -t) mem=$(ulimit -v) \\\n  files=$(ulimit -n) fsize=$(ulimit -f) core=$(ulimit -c) home=$HOME\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ran = run_compiler(
+            &bin,
+            work.path(),
+            &project,
+            &work.path().join("export.json"),
+            Duration::from_secs(7),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+        let tmp = work.path().join("tmp");
+        let root = unsafe { libc::geteuid() } == 0;
+        let uid = if root {
+            compile_user().expect("nobody exists").0
+        } else {
+            unsafe { libc::geteuid() }
+        };
+        assert_eq!(
+            ran.stdout.trim(),
+            format!(
+                "uid={uid} tmp={} cpu=7 mem={} files={COMPILE_OPEN_FILES} fsize={} core=0 home={}",
+                tmp.display(),
+                COMPILE_MEMORY >> 10,
+                COMPILE_FILE_SIZE / 512,
+                project.display()
+            )
+        );
+        if root {
+            assert_ne!(uid, 0);
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(&tmp).unwrap().uid(), uid);
+        }
+    }
 
     #[test]
     fn credentials_never_leave() {

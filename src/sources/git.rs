@@ -717,7 +717,7 @@ pub fn checkout(
     commit_hex: &str,
     dest: &Path,
     subpath: Option<&str>,
-) -> Result<(), GitError> {
+) -> Result<Vec<String>, GitError> {
     let mut repo = open_mirror(mirror_dir)?;
     repo.object_cache_size_if_unset(16 * 1024 * 1024);
     let commit = parse_commit_id(commit_hex)?;
@@ -748,6 +748,10 @@ pub fn checkout(
         protect_hfs: false,
         protect_ntfs: false,
     };
+    // Symlinks written, and those refused (with why): a symlink may only point inside the
+    // checkout, so that nothing read through the checkout is a file of the server.
+    let mut links: Vec<PathBuf> = Vec::new();
+    let mut refused: Vec<String> = Vec::new();
     // Depth-first with an explicit stack (no recursion limit issues).
     let mut stack: Vec<(gix::ObjectId, PathBuf)> = vec![(tree, dest.to_path_buf())];
     while let Some((tree_id, dir)) = stack.pop() {
@@ -804,8 +808,18 @@ pub fn checkout(
                             "cannot read symlink target for {}",
                             path.display()
                         )))?;
-                    std::os::unix::fs::symlink(OsStr::from_bytes(&blob.data), &path)
+                    let target = Path::new(OsStr::from_bytes(&blob.data));
+                    let depth = path
+                        .parent()
+                        .and_then(|p| p.strip_prefix(dest).ok())
+                        .map_or(0, |p| p.components().count());
+                    if link_escapes(depth, target) {
+                        refused.push(format!("{} -> {}", shown(dest, &path), target.display()));
+                        continue;
+                    }
+                    std::os::unix::fs::symlink(target, &path)
                         .map_err(|e| io("create symlink", &path, e))?;
+                    links.push(path);
                 }
                 EntryKind::Commit => {
                     // Submodule: like an uninitialised submodule in git, an empty directory.
@@ -814,5 +828,63 @@ pub fn checkout(
             }
         }
     }
-    Ok(())
+    // Lexically inside is not enough (`a -> .` then `b -> a/../x`): every symlink that
+    // resolves, once all are written, must resolve inside the checkout.
+    let real_dest = dest.canonicalize().map_err(|e| io("resolve", dest, e))?;
+    for link in links {
+        if let Ok(real) = link.canonicalize()
+            && !real.starts_with(&real_dest)
+        {
+            let target = std::fs::read_link(&link).unwrap_or_default();
+            std::fs::remove_file(&link).map_err(|e| io("remove symlink", &link, e))?;
+            refused.push(format!("{} -> {}", shown(dest, &link), target.display()));
+        }
+    }
+    Ok(refused)
+}
+
+/// Whether a symlink `depth` directories below the checkout root, pointing to `target`,
+/// leaves the checkout (absolute, or more `..` than directories above it).
+fn link_escapes(depth: usize, target: &Path) -> bool {
+    use std::path::Component;
+    let mut depth = depth as isize;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return true;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return true,
+        }
+    }
+    false
+}
+
+/// A path of the checkout as the repository names it.
+fn shown(dest: &Path, path: &Path) -> String {
+    path.strip_prefix(dest)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::link_escapes;
+    use std::path::Path;
+
+    #[test]
+    fn symlinks_leaving_the_checkout_are_recognised() {
+        assert!(link_escapes(0, Path::new("/etc/passwd")));
+        assert!(link_escapes(0, Path::new("../secret")));
+        assert!(link_escapes(1, Path::new("../../secret")));
+        assert!(link_escapes(1, Path::new("a/../../../x")));
+        assert!(!link_escapes(1, Path::new("../main.cf")));
+        assert!(!link_escapes(0, Path::new("files/./x")));
+        assert!(!link_escapes(2, Path::new("../../files/x")));
+    }
 }

@@ -4,6 +4,7 @@ mod api;
 mod api_auth;
 mod api_durability;
 mod chaos;
+mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;
 mod deploy;
