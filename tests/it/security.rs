@@ -463,3 +463,31 @@ async fn a_replayed_webhook_under_a_new_delivery_id_triggers_nothing() {
         "a replay under a new delivery id was accepted: {answers:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dry_run_runs_guards_but_never_the_command() {
+    // auto_release off: the version is only dry-run, never deployed
+    let (_srv, c, env, dir) = deploying_env("dry", json!({"auto_release": false})).await;
+    let d = dir.path().display().to_string();
+    let run = exec_run(
+        AGENT,
+        &format!("touch {d}/command-ran"),
+        json!({"unless": format!("sh -c 'touch {d}/guard-ran; exit 1'")}),
+        &[],
+    );
+    let v = upload(&c, &env, vec![run]).await;
+    let started = c.start_dryrun(&env, Some(v)).await.unwrap();
+    let id = started["id"].as_str().unwrap().to_string();
+    let report = crate::support::eventually(30, "the dry-run to finish", || async {
+        let r = c.dryrun(&env, &id).await.unwrap();
+        (r["complete"] == true).then_some(r)
+    })
+    .await;
+    assert_eq!(report["results"].as_array().unwrap().len(), 1, "{report}");
+    assert!(
+        !std::path::Path::new(&format!("{d}/command-ran")).exists(),
+        "a dry-run ran the command"
+    );
+    // documented (SECURITY.md, README): the guard is how the handler reads state
+    assert!(std::path::Path::new(&format!("{d}/guard-ran")).exists());
+}
