@@ -364,7 +364,7 @@ async fn polling_picks_up_a_commit_without_any_trigger() {
     let srv = TestServer::start_deploying().await;
     let c = srv.admin_client();
     let repo = Repo::new();
-    repo.commit(&repo.model(&[("p", "1")], ""), "one");
+    let first = repo.commit(&repo.model(&[("p", "1")], ""), "one");
     repo.push_ok();
     // no hook installed, no filesystem watch: only polling can see the push
     let env = follow(
@@ -374,6 +374,8 @@ async fn polling_picks_up_a_commit_without_any_trigger() {
         json!({"poll_interval": 1, "watch": false}),
     )
     .await;
+    // following starts with the branch as it is; the push below comes after that look
+    compiled(&c, &env, &first, 30).await;
     let later = repo.commit(&repo.model(&[("p", "2")], ""), "two");
     repo.push_ok();
     let r = compiled(&c, &env, &later, 30).await;
