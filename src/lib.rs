@@ -11,6 +11,7 @@ pub mod client;
 #[allow(clippy::result_large_err)]
 pub mod compiler;
 pub mod embedded;
+pub mod events;
 pub mod executor;
 pub mod model;
 pub mod scheduler;

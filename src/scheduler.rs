@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 pub use env::{AgentStatus, Control, Status};
 
-use crate::server::{Event, Notifier};
+use crate::events::{Event, Notifier};
 use crate::store;
 
 #[derive(Debug, thiserror::Error)]

@@ -27,47 +27,11 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use sqlx::PgPool;
-use tokio::sync::broadcast;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
 
-/// Something changed in an environment: parts that act on their own re-read it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// A version was released (or rolled back to).
-    Released { environment: Uuid, version: i32 },
-    /// Settings changed.
-    Settings { environment: Uuid },
-    /// The environment was deleted.
-    Deleted { environment: Uuid },
-    /// A user asked for a deploy or repair, or a pause/halt changed.
-    Control { environment: Uuid },
-}
-
-#[derive(Clone)]
-pub struct Notifier(pub broadcast::Sender<Event>);
-
-impl Notifier {
-    pub fn new() -> Notifier {
-        Notifier(broadcast::channel(1024).0)
-    }
-
-    pub fn send(&self, e: Event) {
-        // nobody listening is fine
-        let _ = self.0.send(e);
-    }
-
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.0.subscribe()
-    }
-}
-
-impl Default for Notifier {
-    fn default() -> Self {
-        Notifier::new()
-    }
-}
+// the event vocabulary lives below the server, the scheduler and the sources
+pub use crate::events::{Event, Notifier};
 
 #[derive(Clone)]
 pub struct AppState {

@@ -29,7 +29,7 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::server::{Event, Notifier};
+use crate::events::{Event, Notifier};
 use crate::store::sources::SourceRow;
 use crate::store::{self, StoreError};
 use feedback::{Feedback, Outgoing, State};
