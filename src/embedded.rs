@@ -1,5 +1,4 @@
-//! Running without external infrastructure: the private PostgreSQL cluster used when no
-//! database URL is given (server, tests), and the all-in-one `steward deploy`.
+//! The all-in-one `steward deploy`: a private server (its PostgreSQL cluster is
+//! `store::cluster`, shared with `steward server`), its scheduler, and progress, in one run.
 
 pub mod deploy;
-pub mod postgres;

@@ -7,6 +7,7 @@
 
 pub mod actions;
 pub mod audit;
+pub mod cluster;
 pub mod code;
 pub mod deploy;
 pub mod environments;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use steward::embedded::postgres::PgCluster;
+use steward::store::cluster::PgCluster;
 
 /// A `steward server` child process; killed (and its cluster stopped) when dropped, so a
 /// panic or an early return leaves nothing running.

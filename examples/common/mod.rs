@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use steward::embedded::postgres::PgCluster;
+use steward::store::cluster::PgCluster;
 
 /// Start a cluster under `dir/pg` and connect to a migrated database in it.
 pub async fn database(dir: &Path, connections: u32) -> (PgCluster, sqlx::PgPool) {

@@ -14,16 +14,16 @@ use std::process::{Command, Stdio};
 
 use uuid::Uuid;
 
-use super::postgres::{EmbeddedError, PgCluster};
 use crate::client::Client;
 use crate::model::Role;
 use crate::scheduler::Schedulers;
+use crate::store::cluster::{ClusterError, PgCluster};
 use crate::store::{self, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeployError {
     #[error(transparent)]
-    Embedded(#[from] EmbeddedError),
+    Cluster(#[from] ClusterError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("another `steward deploy` is running on {0} (wait for it, or stop it)")]
@@ -90,7 +90,7 @@ impl Runtime {
         let lock = DirLock::take(data_dir)?;
         let root = data_dir.join("pg");
         let lock_path = lock.path.clone();
-        let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, EmbeddedError> {
+        let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, ClusterError> {
             let c = PgCluster::new(&root)?;
             c.start(true)?;
             c.ensure_database("steward")?;

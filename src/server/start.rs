@@ -6,14 +6,14 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use super::{AppState, Notifier, ServerConfig, ops, router};
-use crate::embedded::postgres::{EmbeddedError, PgCluster};
 use crate::model::Role;
+use crate::store::cluster::{ClusterError, PgCluster};
 use crate::store::{self, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
-    Embedded(#[from] EmbeddedError),
+    Cluster(#[from] ClusterError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("can not listen on {addr}: {source}")]
@@ -41,7 +41,7 @@ pub async fn database(config: &ServerConfig) -> Result<OwnedDatabase, ServerErro
         });
     }
     let root = config.data_dir.join("pg");
-    let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, EmbeddedError> {
+    let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, ClusterError> {
         let c = PgCluster::new(&root)?;
         c.start(true)?;
         c.ensure_database("steward")?;

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use steward::client::Client;
-use steward::embedded::postgres::PgCluster;
+use steward::store::cluster::PgCluster;
 
 use crate::support::{
     TestServer, free_port, new_database, null_export, spawn_server, wait_healthy,

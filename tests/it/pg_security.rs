@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use steward::embedded::postgres::PgCluster;
+use steward::store::cluster::PgCluster;
 
 use crate::support::{cluster, new_database};
 

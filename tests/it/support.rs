@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use steward::client::Client;
-use steward::embedded::postgres::PgCluster;
 use steward::server;
+use steward::store::cluster::PgCluster;
 
 static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
 static NEXT_DB: AtomicU32 = AtomicU32::new(1);

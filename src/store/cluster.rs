@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 const HBA_MARKER: &str = "# steward: password (scram-sha-256) logins on the unix socket only";
 
 #[derive(Debug, thiserror::Error)]
-pub enum EmbeddedError {
+pub enum ClusterError {
     #[error(
         "PostgreSQL binaries not found: {0} (install the PostgreSQL server package, or give a database URL)"
     )]
@@ -50,15 +50,15 @@ pub enum EmbeddedError {
     },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
-    move |source| EmbeddedError::Io {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
+    move |source| ClusterError::Io {
         path: path.display().to_string(),
         source,
     }
 }
 
 /// Where the PostgreSQL server binaries live.
-fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
+fn find_bin_dir() -> Result<PathBuf, ClusterError> {
     if let Ok(dir) = std::env::var("STEWARD_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }
@@ -81,7 +81,7 @@ fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
             return Ok(c);
         }
     }
-    Err(EmbeddedError::MissingBinaries(needed.join(", ")))
+    Err(ClusterError::MissingBinaries(needed.join(", ")))
 }
 
 /// The uid/gid to run PostgreSQL as when we are root.
@@ -136,7 +136,7 @@ fn reachable_by(path: &Path, (uid, gid): (u32, u32)) -> bool {
 /// As root, a cluster under a directory the postgres user can not enter (a checkout in
 /// /root, say) lives in /var/lib/steward/clusters instead, and `root` becomes a link to it:
 /// the data stays where the user expects to find it, and PostgreSQL can reach it.
-fn relocate_if_unreachable(root: &Path, user: (u32, u32)) -> Result<(), EmbeddedError> {
+fn relocate_if_unreachable(root: &Path, user: (u32, u32)) -> Result<(), ClusterError> {
     if root.is_symlink() || reachable_by(root, user) {
         return Ok(());
     }
@@ -150,7 +150,7 @@ fn relocate_if_unreachable(root: &Path, user: (u32, u32)) -> Result<(), Embedded
         .next()
         .is_some()
     {
-        return Err(EmbeddedError::Command {
+        return Err(ClusterError::Command {
             what: "placing the PostgreSQL cluster".into(),
             detail: format!(
                 "{} is not reachable by the postgres user and is not empty; make its parent directories searchable (chmod o+x) or move the project",
@@ -184,7 +184,7 @@ fn url_encode(s: &str) -> String {
 }
 
 /// A fresh password: 32 bytes from the kernel's random source, in hex.
-fn generate_secret() -> Result<String, EmbeddedError> {
+fn generate_secret() -> Result<String, ClusterError> {
     let mut bytes = [0u8; 32];
     let mut filled = 0;
     while filled < bytes.len() {
@@ -197,7 +197,7 @@ fn generate_secret() -> Result<String, EmbeddedError> {
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(EmbeddedError::Command {
+            return Err(ClusterError::Command {
                 what: "generating the database password".into(),
                 detail: e.to_string(),
             });
@@ -226,7 +226,7 @@ pub struct PgCluster {
 
 impl PgCluster {
     /// A cluster rooted at `root` (created on first start).
-    pub fn new(root: &Path) -> Result<PgCluster, EmbeddedError> {
+    pub fn new(root: &Path) -> Result<PgCluster, ClusterError> {
         std::fs::create_dir_all(root).map_err(io_err(root))?;
         let run_as = postgres_user();
         if let Some(user) = run_as {
@@ -262,7 +262,7 @@ impl PgCluster {
 
     /// The password of the `postgres` role: read from [`Self::secret_file`], generated there
     /// on first use (then the next start sets it as the role's password).
-    fn load_or_create_secret(&self) -> Result<String, EmbeddedError> {
+    fn load_or_create_secret(&self) -> Result<String, ClusterError> {
         if let Some(s) = self.secret.get() {
             return Ok(s.clone());
         }
@@ -275,7 +275,7 @@ impl PgCluster {
             Ok(f) => {
                 let m = f.metadata().map_err(io_err(&path))?;
                 if !m.is_file() || m.uid() != euid() {
-                    return Err(EmbeddedError::Command {
+                    return Err(ClusterError::Command {
                         what: "reading the database password".into(),
                         detail: format!(
                             "{} is not a regular file owned by this user",
@@ -290,7 +290,7 @@ impl PgCluster {
                 let text = std::io::read_to_string(f).map_err(io_err(&path))?;
                 let secret = text.trim().to_string();
                 if secret.is_empty() {
-                    return Err(EmbeddedError::Command {
+                    return Err(ClusterError::Command {
                         what: "reading the database password".into(),
                         detail: format!("{} is empty", path.display()),
                     });
@@ -357,20 +357,20 @@ impl PgCluster {
 
     /// A client program (`psql`, `createdb`) that logs in with the password: it gets it in
     /// its environment (readable only by its own user), never on its command line.
-    fn client_command(&self, program: &str) -> Result<Command, EmbeddedError> {
+    fn client_command(&self, program: &str) -> Result<Command, ClusterError> {
         let secret = self.load_or_create_secret()?;
         let mut c = self.command(program);
         c.env("PGPASSWORD", secret);
         Ok(c)
     }
 
-    fn run(&self, what: &str, mut c: Command) -> Result<String, EmbeddedError> {
-        let out = c.output().map_err(|e| EmbeddedError::Command {
+    fn run(&self, what: &str, mut c: Command) -> Result<String, ClusterError> {
+        let out = c.output().map_err(|e| ClusterError::Command {
             what: what.into(),
             detail: e.to_string(),
         })?;
         if !out.status.success() {
-            return Err(EmbeddedError::Command {
+            return Err(ClusterError::Command {
                 what: what.into(),
                 detail: format!(
                     "{}{}",
@@ -382,7 +382,7 @@ impl PgCluster {
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
 
-    fn chown_tree(&self, path: &Path) -> Result<(), EmbeddedError> {
+    fn chown_tree(&self, path: &Path) -> Result<(), ClusterError> {
         let Some((uid, gid)) = self.run_as else {
             return Ok(());
         };
@@ -400,14 +400,14 @@ impl PgCluster {
 
     /// Make the directories the postgres user needs, reachable by nobody else (0700); as
     /// root, hand them over.
-    fn prepare(&self) -> Result<(), EmbeddedError> {
+    fn prepare(&self) -> Result<(), ClusterError> {
         for d in [self.root.clone(), self.socket_dir()] {
             std::fs::create_dir_all(&d).map_err(io_err(&d))?;
             if std::fs::symlink_metadata(&d)
                 .map_err(io_err(&d))?
                 .is_symlink()
             {
-                return Err(EmbeddedError::Command {
+                return Err(ClusterError::Command {
                     what: "preparing the PostgreSQL cluster".into(),
                     detail: format!("{} is a symbolic link", d.display()),
                 });
@@ -450,7 +450,7 @@ impl PgCluster {
 
     /// Set the password of the `postgres` role in single-user mode (the server must be
     /// down): no socket is opened, the statement goes in on stdin.
-    fn set_password_offline(&self, secret: &str) -> Result<(), EmbeddedError> {
+    fn set_password_offline(&self, secret: &str) -> Result<(), ClusterError> {
         let mut c = self.command("postgres");
         c.arg("--single")
             .arg("-D")
@@ -468,7 +468,7 @@ impl PgCluster {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = c.spawn().map_err(|e| EmbeddedError::Command {
+        let mut child = c.spawn().map_err(|e| ClusterError::Command {
             what: "postgres --single".into(),
             detail: e.to_string(),
         })?;
@@ -478,13 +478,13 @@ impl PgCluster {
         drop(stdin);
         let out = child
             .wait_with_output()
-            .map_err(|e| EmbeddedError::Command {
+            .map_err(|e| ClusterError::Command {
                 what: "postgres --single".into(),
                 detail: e.to_string(),
             })?;
         let stderr = String::from_utf8_lossy(&out.stderr).replace(secret, "<password>");
         if written.is_err() || !out.status.success() || stderr.contains("ERROR") {
-            return Err(EmbeddedError::Command {
+            return Err(ClusterError::Command {
                 what: "setting the database password (postgres --single)".into(),
                 detail: stderr.trim().to_string(),
             });
@@ -494,7 +494,7 @@ impl PgCluster {
 
     /// Only password (SCRAM) logins, only on the unix socket; written last, once the role
     /// has its password.
-    fn write_hba(&self) -> Result<(), EmbeddedError> {
+    fn write_hba(&self) -> Result<(), ClusterError> {
         let path = self.data_dir().join("pg_hba.conf");
         let tmp = self.data_dir().join("pg_hba.conf.steward");
         let _ = std::fs::remove_file(&tmp);
@@ -517,7 +517,7 @@ impl PgCluster {
 
     /// Initialize if needed and start (or reuse a running server). `durable = false` turns
     /// off fsync: for test clusters only.
-    pub fn start(&self, durable: bool) -> Result<(), EmbeddedError> {
+    pub fn start(&self, durable: bool) -> Result<(), ClusterError> {
         self.prepare()?;
         let secret = self.load_or_create_secret()?;
         if !self.is_initialized() {
@@ -589,7 +589,7 @@ impl PgCluster {
         }
         // the server outlives us; it must not keep our stdout/stderr open
         c.stdout(log).stderr(log2);
-        let mut child = c.spawn().map_err(|e| EmbeddedError::Command {
+        let mut child = c.spawn().map_err(|e| ClusterError::Command {
             what: "starting postgres".into(),
             detail: e.to_string(),
         })?;
@@ -607,7 +607,7 @@ impl PgCluster {
         &self,
         child: &mut std::process::Child,
         limit: Duration,
-    ) -> Result<(), EmbeddedError> {
+    ) -> Result<(), ClusterError> {
         let sock = self.socket_dir().join(format!(".s.PGSQL.{}", self.port));
         let pid_file = self.data_dir().join("postmaster.pid");
         let start = Instant::now();
@@ -615,7 +615,7 @@ impl PgCluster {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(self.log_file()).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(8).collect();
-                return Err(EmbeddedError::Command {
+                return Err(ClusterError::Command {
                     what: "postgres start".into(),
                     detail: format!(
                         "postgres exited ({status})\n{}",
@@ -631,14 +631,14 @@ impl PgCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(EmbeddedError::Command {
+        Err(ClusterError::Command {
             what: "PostgreSQL start".into(),
             detail: format!("socket {} did not appear", sock.display()),
         })
     }
 
     /// Stop the server (fast shutdown: sessions are cut, data is safe).
-    pub fn stop(&self) -> Result<(), EmbeddedError> {
+    pub fn stop(&self) -> Result<(), ClusterError> {
         if !self.is_running() {
             return Ok(());
         }
@@ -652,7 +652,7 @@ impl PgCluster {
     }
 
     /// Create a database unless it exists.
-    pub fn ensure_database(&self, name: &str) -> Result<(), EmbeddedError> {
+    pub fn ensure_database(&self, name: &str) -> Result<(), ClusterError> {
         let mut c = self.client_command("psql")?;
         c.args([
             "-X", "-w", "-q", "-A", "-t", "-d", "postgres", "-U", "postgres", "-h",
@@ -696,7 +696,7 @@ impl PgCluster {
 
     /// A process that stops this cluster and removes its directory once `pid` (normally
     /// ours) has exited, however it ends: test clusters must not outlive their test binary.
-    pub fn remove_when_process_exits(&self, pid: u32) -> Result<(), EmbeddedError> {
+    pub fn remove_when_process_exits(&self, pid: u32) -> Result<(), ClusterError> {
         // a fixed script: the pid, the root and the stop command are positional parameters,
         // so no path is ever parsed by the shell
         const SCRIPT: &str = r#"pid=$1; root=$2; shift 2
@@ -714,7 +714,7 @@ rm -rf -- "$root""#;
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| EmbeddedError::Command {
+            .map_err(|e| ClusterError::Command {
                 what: "watchdog".into(),
                 detail: e.to_string(),
             })?;
