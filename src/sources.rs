@@ -444,9 +444,8 @@ impl GitSources {
             }
         };
         // only someone naming a commit may compile a failed one again
-        let named = commit_named;
         if let Some(done) =
-            store::sources::existing_compile(&self.0.pool, env, &target, named).await?
+            store::sources::existing_compile(&self.0.pool, env, &target, commit_named).await?
         {
             return Ok(Triggered {
                 commit: target,

@@ -16,11 +16,18 @@ use super::feedback::{Outgoing, State};
 use crate::store::sources::SourceRow;
 use crate::store::{self, StoreError};
 
+/// What the deploy reporter last found in an environment.
+struct Look {
+    active: i32,
+    /// the active version's outcome is in its commit's timeline (or it has no commit)
+    settled: bool,
+}
+
 impl GitSources {
     /// Report deploys for ever: woken by releases, and every second while deploys settle.
     pub(super) async fn report_deploys(self, wake: Arc<Notify>) {
-        // environment -> active version at the last look (None at start: look at all)
-        let mut seen: HashMap<Uuid, i32> = HashMap::new();
+        // environment -> what the last look found (nothing at start: look at all)
+        let mut seen: HashMap<Uuid, Look> = HashMap::new();
         loop {
             match store::sources::list_sources(&self.0.pool).await {
                 Ok(list) => {
@@ -41,23 +48,41 @@ impl GitSources {
     async fn report_environment(
         &self,
         src: &SourceRow,
-        seen: &mut HashMap<Uuid, i32>,
+        seen: &mut HashMap<Uuid, Look>,
     ) -> Result<(), StoreError> {
         let pool = &self.0.pool;
         let env = src.environment_id;
         let Some(active) = store::versions::active(pool, env).await? else {
             return Ok(());
         };
-        if seen.get(&env) != Some(&active) {
-            self.report_releases(src, active).await?;
-            seen.insert(env, active);
+        match seen.get(&env) {
+            // nothing left to report until another version is released
+            Some(l) if l.active == active && l.settled => return Ok(()),
+            Some(l) if l.active == active => {}
+            _ => {
+                self.report_releases(src, active).await?;
+                seen.insert(
+                    env,
+                    Look {
+                        active,
+                        settled: false,
+                    },
+                );
+            }
         }
+        let settle = |seen: &mut HashMap<Uuid, Look>| {
+            if let Some(l) = seen.get_mut(&env) {
+                l.settled = true;
+            }
+        };
         let info = store::versions::get(pool, env, active).await?;
         let Some(commit) = info.provenance["commit"].as_str() else {
+            settle(seen);
             return Ok(());
         };
         let done = store::sources::version_events(pool, env, commit, active).await?;
         if done.iter().any(|e| e == "deployed" || e == "deploy_failed") {
+            settle(seen);
             return Ok(());
         }
         let summary = store::state::deploy_summary(pool, env, active).await?;
@@ -82,6 +107,7 @@ impl GitSources {
             json!({"commit": commit, "version": active, "by_status": detail["by_status"]}),
         );
         self.record(src, &[(commit, event, detail)], out).await?;
+        settle(seen);
         tracing::info!(environment = %env, commit, version = active, event, "commit deploy settled");
         Ok(())
     }

@@ -653,7 +653,7 @@ async fn health_and_metrics() {
             .await
             .unwrap();
     }
-    let other = setup_env(&c, "other", true).await;
+    setup_env(&c, "other", true).await;
     let scoped = c
         .create_token("metrics-viewer", "viewer", Some(&env))
         .await
@@ -674,5 +674,4 @@ async fn health_and_metrics() {
         !text.contains("proj/other"),
         "a scoped token sees another environment: {text}"
     );
-    let _ = other;
 }

@@ -20,7 +20,7 @@ async fn count(pool: &sqlx::PgPool, sql: &str, env: uuid::Uuid) -> i64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn old_records_are_pruned_and_what_is_in_use_is_kept() {
-    let (srv, c, env, _dir) = deploying_env("prune", json!({})).await;
+    let (srv, _c, env, _dir) = deploying_env("prune", json!({})).await;
     let id: uuid::Uuid = env.parse().unwrap();
     let pool = &srv.pool;
     // 300 finished actions of one resource in the last hour, 20 from 40 days ago, one
@@ -146,7 +146,6 @@ async fn old_records_are_pruned_and_what_is_in_use_is_kept() {
     // a second pass finds nothing
     let again = prune_all(pool, None).await.unwrap();
     assert_eq!(again.total(), 0, "{again:?}");
-    let _ = c;
 }
 
 #[tokio::test(flavor = "multi_thread")]
