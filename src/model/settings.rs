@@ -6,14 +6,16 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How often something happens: every N seconds, or on a 5-field cron schedule (UTC);
-/// `0` disables it.
+use super::cron::CronSchedule;
+
+/// How often something happens: every N seconds, or on a 5-field cron schedule (UTC, see
+/// [`CronSchedule`] for the syntax); `0` disables it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "serde_json::Value", into = "String")]
 pub enum Interval {
     Disabled,
     Seconds(u64),
-    Cron(String),
+    Cron(CronSchedule),
 }
 
 impl Interval {
@@ -26,8 +28,7 @@ impl Interval {
                 Interval::Seconds(n as u64)
             });
         }
-        crate::model::settings::validate_cron(t)?;
-        Ok(Interval::Cron(t.to_string()))
+        Ok(Interval::Cron(CronSchedule::parse(t)?))
     }
 }
 
@@ -49,65 +50,9 @@ impl From<Interval> for String {
         match i {
             Interval::Disabled => "0".into(),
             Interval::Seconds(n) => n.to_string(),
-            Interval::Cron(c) => c,
+            Interval::Cron(c) => c.to_string(),
         }
     }
-}
-
-/// Check a 5-field crontab expression: minute hour day-of-month month day-of-week.
-pub fn validate_cron(expr: &str) -> Result<(), String> {
-    let fields: Vec<&str> = expr.split_whitespace().collect();
-    if fields.len() != 5 {
-        return Err(format!(
-            "'{expr}' is neither a number of seconds nor a 5-field cron expression (minute hour day month weekday)"
-        ));
-    }
-    let ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
-    for (f, (lo, hi)) in fields.iter().zip(ranges) {
-        for part in f.split(',') {
-            let (range, step) = match part.split_once('/') {
-                Some((r, s)) => (r, Some(s)),
-                None => (part, None),
-            };
-            if let Some(s) = step
-                && s.parse::<u32>().map(|v| v == 0).unwrap_or(true)
-            {
-                return Err(format!("invalid step '{s}' in cron field '{f}'"));
-            }
-            if range == "*" {
-                continue;
-            }
-            let named = |x: &str| -> Option<u32> {
-                let names = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
-                let months = [
-                    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
-                    "dec",
-                ];
-                let l = x.to_ascii_lowercase();
-                names
-                    .iter()
-                    .position(|n| *n == l)
-                    .or_else(|| months.iter().position(|n| *n == l).map(|p| p + 1))
-                    .map(|p| p as u32)
-            };
-            let bounds: Vec<&str> = range.split('-').collect();
-            if bounds.is_empty() || bounds.len() > 2 {
-                return Err(format!("invalid cron field '{f}'"));
-            }
-            for b in bounds {
-                let v = b.parse::<u32>().ok().or_else(|| named(b));
-                match v {
-                    Some(v) if v >= lo && v <= hi => {}
-                    _ => {
-                        return Err(format!(
-                            "invalid value '{b}' in cron field '{f}' (allowed {lo}-{hi})"
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -301,7 +246,7 @@ mod tests {
         assert_eq!(Interval::parse("0").unwrap(), Interval::Disabled);
         assert_eq!(
             Interval::parse("*/5 * * * *").unwrap(),
-            Interval::Cron("*/5 * * * *".into())
+            Interval::Cron(CronSchedule::parse("*/5 * * * *").unwrap())
         );
         assert!(Interval::parse("61 * * * *").is_err());
         assert!(Interval::parse("soon").is_err());

@@ -20,7 +20,7 @@ use super::code::CodeCache;
 use super::executors::{Pool, PoolEvent, ProcId};
 use super::model::{Blocked, Compliance, Intent, Model};
 use super::queue::{Priority, Queue, TaskKey};
-use super::timers::{Cron, TimerKind, Timers, jittered};
+use super::timers::{TimerKind, Timers, jittered};
 use crate::executor::protocol::{
     ActionKind, ExternalHandler, Outcome, Reply, WorkItem, WorkResult,
 };
@@ -266,10 +266,10 @@ impl EnvScheduler {
         self.next_deploy_sweep = match &self.settings.deploy_interval {
             Interval::Disabled => None,
             Interval::Seconds(n) => Some(now + chrono::Duration::seconds(*n as i64)),
-            Interval::Cron(c) => Cron::parse(c).ok().and_then(|c| c.next_after(now)),
+            Interval::Cron(c) => c.next_after(now),
         };
         self.next_repair_sweep = match &self.settings.repair_interval {
-            Interval::Cron(c) => Cron::parse(c).ok().and_then(|c| c.next_after(now)),
+            Interval::Cron(c) => c.next_after(now),
             // seconds: per-resource timers
             _ => None,
         };

@@ -1,10 +1,11 @@
-//! Timers: per-resource repair and retry times, global cron schedules, retry backoff.
+//! Timers: per-resource repair and retry times, retry backoff. (Cron schedules are
+//! `model::cron`, shared with the settings that validate them.)
 //! Pure: the caller supplies `now`.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use chrono::{DateTime, Datelike, Duration, TimeZone, Timelike, Utc};
+use chrono::{DateTime, Duration, Utc};
 
 use crate::model::settings::RetryBackoff;
 
@@ -92,183 +93,12 @@ pub fn jittered(b: &RetryBackoff, failures: u32) -> Duration {
     exact - Duration::milliseconds((exact.num_milliseconds() as f64 * share) as i64)
 }
 
-/// A 5-field cron schedule (minute hour day-of-month month day-of-week), in UTC.
-#[derive(Clone, Debug)]
-pub struct Cron {
-    minutes: Vec<bool>,
-    hours: Vec<bool>,
-    dom: Vec<bool>,
-    months: Vec<bool>,
-    dow: Vec<bool>,
-    dom_any: bool,
-    dow_any: bool,
-}
-
-fn field(spec: &str, lo: u32, hi: u32, names: &[&str]) -> Result<(Vec<bool>, bool), String> {
-    let mut set = vec![false; hi as usize + 1];
-    let any = spec == "*";
-    let value = |s: &str| -> Result<u32, String> {
-        if let Ok(v) = s.parse::<u32>() {
-            return Ok(v);
-        }
-        names
-            .iter()
-            .position(|n| n.eq_ignore_ascii_case(s))
-            .map(|p| p as u32 + if names.len() == 12 { 1 } else { 0 })
-            .ok_or_else(|| format!("invalid cron value '{s}'"))
-    };
-    for part in spec.split(',') {
-        let (range, step) = match part.split_once('/') {
-            Some((r, s)) => (
-                r,
-                s.parse::<u32>()
-                    .map_err(|_| format!("invalid step in '{part}'"))?,
-            ),
-            None => (part, 1),
-        };
-        if step == 0 {
-            return Err(format!("invalid step in '{part}'"));
-        }
-        let (a, b) = if range == "*" {
-            (lo, hi)
-        } else if let Some((a, b)) = range.split_once('-') {
-            (value(a)?, value(b)?)
-        } else {
-            let v = value(range)?;
-            (v, if part.contains('/') { hi } else { v })
-        };
-        if a < lo || b > hi || a > b {
-            return Err(format!("cron field '{part}' out of range {lo}-{hi}"));
-        }
-        let mut v = a;
-        while v <= b {
-            set[v as usize] = true;
-            v += step;
-        }
-    }
-    Ok((set, any))
-}
-
-impl Cron {
-    pub fn parse(expr: &str) -> Result<Cron, String> {
-        let f: Vec<&str> = expr.split_whitespace().collect();
-        if f.len() != 5 {
-            return Err(format!("'{expr}' is not a 5-field cron expression"));
-        }
-        let days = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
-        let months = [
-            "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-        ];
-        let (minutes, _) = field(f[0], 0, 59, &[])?;
-        let (hours, _) = field(f[1], 0, 23, &[])?;
-        let (dom, dom_any) = field(f[2], 1, 31, &[])?;
-        let (months, _) = field(f[3], 1, 12, &months)?;
-        let (mut dow, dow_any) = field(f[4], 0, 7, &days)?;
-        if dow[7] {
-            dow[0] = true;
-        }
-        Ok(Cron {
-            minutes,
-            hours,
-            dom,
-            months,
-            dow,
-            dom_any,
-            dow_any,
-        })
-    }
-
-    fn day_matches(&self, t: &DateTime<Utc>) -> bool {
-        let dom = self.dom[t.day() as usize];
-        let dow = self.dow[t.weekday().num_days_from_sunday() as usize];
-        match (self.dom_any, self.dow_any) {
-            (true, true) => true,
-            (true, false) => dow,
-            (false, true) => dom,
-            (false, false) => dom || dow,
-        }
-    }
-
-    /// The first time strictly after `after` that matches.
-    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let mut t = Utc
-            .with_ymd_and_hms(
-                after.year(),
-                after.month(),
-                after.day(),
-                after.hour(),
-                after.minute(),
-                0,
-            )
-            .single()?
-            + Duration::minutes(1);
-        let limit = after + Duration::days(366 * 5);
-        while t <= limit {
-            if !self.months[t.month() as usize] {
-                let (y, m) = if t.month() == 12 {
-                    (t.year() + 1, 1)
-                } else {
-                    (t.year(), t.month() + 1)
-                };
-                t = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()?;
-                continue;
-            }
-            if !self.day_matches(&t) {
-                t = Utc
-                    .with_ymd_and_hms(t.year(), t.month(), t.day(), 0, 0, 0)
-                    .single()?
-                    + Duration::days(1);
-                continue;
-            }
-            if !self.hours[t.hour() as usize] {
-                t = Utc
-                    .with_ymd_and_hms(t.year(), t.month(), t.day(), t.hour(), 0, 0)
-                    .single()?
-                    + Duration::hours(1);
-                continue;
-            }
-            if !self.minutes[t.minute() as usize] {
-                t += Duration::minutes(1);
-                continue;
-            }
-            return Some(t);
-        }
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
-    }
-
-    #[test]
-    fn cron_next() {
-        let c = Cron::parse("*/15 * * * *").unwrap();
-        assert_eq!(
-            c.next_after(at("2026-01-01T10:07:30Z")).unwrap(),
-            at("2026-01-01T10:15:00Z")
-        );
-        let c = Cron::parse("0 3 * * *").unwrap();
-        assert_eq!(
-            c.next_after(at("2026-01-01T10:07:30Z")).unwrap(),
-            at("2026-01-02T03:00:00Z")
-        );
-        let c = Cron::parse("30 6 * * mon").unwrap();
-        // 2026-01-01 is a Thursday
-        assert_eq!(
-            c.next_after(at("2026-01-01T00:00:00Z")).unwrap(),
-            at("2026-01-05T06:30:00Z")
-        );
-        let c = Cron::parse("0 0 29 2 *").unwrap();
-        assert_eq!(
-            c.next_after(at("2026-03-01T00:00:00Z")).unwrap(),
-            at("2028-02-29T00:00:00Z")
-        );
-        assert!(Cron::parse("61 * * * *").is_err());
     }
 
     #[test]

@@ -86,6 +86,9 @@ async fn projects_and_environments() {
         json!({"nope": 1}),
         json!({"agent_parallelism": 0}),
         json!({"deploy_interval": "every now and then"}),
+        json!({"deploy_interval": "*/0 * * * *"}),
+        json!({"repair_interval": "0 3 * * 8"}),
+        json!({"repair_interval": "0 0 3 * * *"}),
         json!({"source": "svn"}),
         json!([1, 2]),
     ] {
