@@ -5,6 +5,7 @@ mod compile;
 mod control;
 mod deploy;
 mod env;
+mod progress;
 pub mod remote;
 pub mod render;
 mod resource;

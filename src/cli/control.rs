@@ -242,6 +242,8 @@ pub async fn run_dryrun(remote: Remote, cmd: DryrunCmd) -> anyhow::Result<ExitCo
 pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Result<ExitCode> {
     let env = remote.env()?;
     let mut told = None;
+    // only a wait shows progress: a single look prints its table below
+    let mut shown = wait.then(|| super::progress::DeployProgress::new(remote.json));
     let p = loop {
         let p = remote.client.progress(env, version).await?;
         let phase = p["phase"].as_str().unwrap_or_default().to_string();
@@ -250,21 +252,29 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
             phase.as_str(),
             "deploying" | "waiting_for_approval" | "halted"
         );
+        if let Some(shown) = &mut shown {
+            shown.update(&p);
+        }
         if !wait || !moving {
             break p;
         }
-        if told.as_deref() != Some(phase.as_str()) && !remote.json {
+        if told.as_deref() != Some(phase.as_str())
+            && let Some(shown) = &shown
+        {
             match phase.as_str() {
-                "waiting_for_approval" => eprintln!(
+                "waiting_for_approval" => shown.note(&format!(
                     "version {version} waits for approval (steward version release {version}); waiting…"
-                ),
-                "halted" => eprintln!("the environment is halted (steward env resume); waiting…"),
+                )),
+                "halted" => shown.note("the environment is halted (steward env resume); waiting…"),
                 _ => {}
             }
             told = Some(phase);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    if let Some(shown) = shown {
+        shown.finish();
+    }
     let phase = p["phase"].as_str().unwrap_or_default();
     // failures are what a person wants to see next
     let failed = p["by_status"]["failed"].as_i64().unwrap_or(0)

@@ -4,7 +4,6 @@
 //! a progress bar, print a summary, and stop everything. A second run deploys only what
 //! changed; a run that was killed is picked up by the next one.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -159,59 +158,18 @@ async fn dry_run(c: &Client, env: &str, number: i32) -> anyhow::Result<ExitCode>
     })
 }
 
-/// Follow the deploy of `number` until it is done, drawing progress.
+/// Follow the deploy of `number` until it is done, showing its progress.
 async fn follow(c: &Client, env: &str, number: i32) -> anyhow::Result<Value> {
-    let tty = std::io::stderr().is_terminal();
-    let mut last_line = String::new();
-    let mut last_print = Instant::now() - Duration::from_secs(10);
+    let mut shown = super::progress::DeployProgress::new(false);
     loop {
         let p = c.progress(env, number).await?;
-        let line = progress_line(&p, tty);
-        if tty {
-            eprint!("\r\x1b[2K{line}");
-            let _ = std::io::stderr().flush();
-        } else if line != last_line
-            && (last_print.elapsed() >= Duration::from_millis(500) || p["done"] == true)
-        {
-            eprintln!("{line}");
-            last_print = Instant::now();
-        }
-        last_line = line;
+        shown.update(&p);
         if p["done"] == true {
-            if tty {
-                eprintln!();
-            }
+            shown.finish();
             return Ok(p);
         }
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-}
-
-fn progress_line(p: &Value, tty: bool) -> String {
-    let total = p["total"].as_u64().unwrap_or(0);
-    let count = |s: &str| p["by_status"][s].as_u64().unwrap_or(0);
-    let settled = total - count("available") - count("deploying");
-    let failed: u64 = FAILED.iter().map(|s| count(s)).sum();
-    let counts = format!(
-        "{settled}/{total} · deployed {} · failed {failed} · deploying {} · waiting {}",
-        count("deployed"),
-        count("deploying"),
-        count("available")
-    );
-    if !tty {
-        return format!("progress: {counts}");
-    }
-    let width = 24usize;
-    let filled = if total == 0 {
-        width
-    } else {
-        (settled as usize * width) / total as usize
-    };
-    format!(
-        "[{}{}] {counts}",
-        "#".repeat(filled),
-        "-".repeat(width - filled)
-    )
 }
 
 async fn summary(

@@ -458,6 +458,8 @@ pub struct Progress {
     pub by_status: serde_json::Map<String, serde_json::Value>,
     /// Settled: it is active, nothing waits for a first or new deploy, nothing runs.
     pub done: bool,
+    /// Resources being deployed right now, the longest running first (at most 5).
+    pub working_on: Vec<String>,
 }
 
 /// Deploy progress of a version.
@@ -475,6 +477,11 @@ pub async fn progress(
     let active = versions::active(&state.pool, env.id).await?;
     let is_active = active == Some(number);
     let done = is_active && summary.pending == 0;
+    let working_on = if summary.by_status.contains_key("deploying") {
+        store::state::deploying_now(&state.pool, env.id, number, 5).await?
+    } else {
+        Vec::new()
+    };
     // one word for where the version is, so a client need not combine the fields
     let phase = match info.status.as_str() {
         "new" => "waiting_for_approval",
@@ -497,5 +504,6 @@ pub async fn progress(
         by_status: summary.by_status,
         // settled: nothing waiting for a first or new deploy, nothing running
         done,
+        working_on,
     }))
 }

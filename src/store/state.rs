@@ -92,6 +92,27 @@ pub async fn status_counts(
         .await?)
 }
 
+/// Resources of `version` being deployed now, the longest running first.
+pub async fn deploying_now(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+    limit: i64,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT vr.resource_id FROM version_resources vr JOIN resource_state s \
+           ON s.environment_id = vr.environment_id AND s.resource_id = vr.resource_id \
+         WHERE vr.environment_id = $1 AND vr.version = $2 AND s.deploying_since IS NOT NULL \
+           AND s.orphaned_after IS NULL \
+         ORDER BY s.deploying_since, vr.resource_id LIMIT $3",
+    )
+    .bind(env)
+    .bind(version)
+    .bind(limit)
+    .fetch_all(e)
+    .await?)
+}
+
 /// Statuses of resources whose deploy is still to come or under way.
 pub const PENDING: [&str; 2] = ["available", "deploying"];
 

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::deploy::{deploy_actions, deploying_env, state_of, upload};
 use crate::deploy_cli::{cli, ok};
-use crate::support::{eventually, fs_file, null_export, wait_deployed};
+use crate::support::{eventually, exec_run, fs_file, null_export, wait_deployed};
 
 const AGENT: &str = "localhost";
 
@@ -130,6 +130,16 @@ async fn progress_tells_waiting_for_approval_from_deploying() {
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stderr.contains("waits for approval"), "{stderr}");
     assert!(stdout.contains("deploy done"), "{stdout}");
+    // not a terminal: progress comes as plain lines on stderr, the last one settled
+    assert!(stderr.contains("progress: 0/1: "), "{stderr}");
+    assert!(
+        stderr.contains("progress: 1/1: 1 deployed · 0 failed · 0 deploying · 0 waiting"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\r'),
+        "no terminal control in plain mode: {stderr}"
+    );
     // a rejected version: --wait ends, and not with success
     let v2 = upload(&c, &env, vec![fs_file(AGENT, &format!("{d}/a"), "b", &[])]).await;
     c.reject(&env, v2, "no").await.unwrap();
@@ -140,6 +150,28 @@ async fn progress_tells_waiting_for_approval_from_deploying() {
     );
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains("rejected"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_names_the_resource_being_worked_on() {
+    let (_srv, c, env, dir) = deploying_env("working", json!({})).await;
+    let d = dir.path().display().to_string();
+    let run = exec_run(
+        AGENT,
+        &format!("sh -c 'sleep 2; touch {d}/slow'"),
+        json!({}),
+        &[],
+    );
+    let rid = run.id.0.clone();
+    let v = upload(&c, &env, vec![run]).await;
+    let p = eventually(20, "the slow command to be worked on", || async {
+        let p = c.progress(&env, v).await.unwrap();
+        (p["by_status"]["deploying"] == 1).then_some(p)
+    })
+    .await;
+    assert_eq!(p["working_on"], json!([rid]), "{p}");
+    let p = wait_deployed(&c, &env, v, 30).await;
+    assert_eq!(p["working_on"], json!([]), "{p}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
