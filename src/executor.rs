@@ -51,7 +51,7 @@ pub fn passed_environment() -> Vec<(String, std::ffi::OsString)> {
 fn remote_target(item: &WorkItem) -> Option<String> {
     let a = &item.resource.attributes;
     if let Some(t) = a
-        .get(crate::compiler::export::ROUTE_ATTRIBUTE)
+        .get(crate::model::ROUTE_ATTRIBUTE)
         .and_then(|v| v.as_str())
     {
         return Some(t.to_string());

@@ -7,6 +7,7 @@
 pub mod cron;
 pub mod diff;
 pub mod settings;
+pub mod urls;
 
 use std::collections::BTreeMap;
 
@@ -220,6 +221,63 @@ impl Role {
         Role::Agent,
         Role::Viewer,
     ];
+}
+
+/// Attribute set on a resource that the model routes to another machine (a
+/// `mitogen::Ssh`/`Sudo` context, or an agent whose `std::AgentConfig` has a remote URI):
+/// where it should run. Executors refuse such resources until remote execution exists, so a
+/// file meant for `web1` is never written on the server. Absent for local resources (their
+/// hash does not change).
+pub const ROUTE_ATTRIBUTE: &str = "remote_target";
+
+/// A dependency cycle (first found), as the list of ids around it.
+pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
+    let index: std::collections::HashMap<&ResourceId, usize> = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (&r.id, i))
+        .collect();
+    // 0 = new, 1 = on stack, 2 = done
+    let mut state = vec![0u8; resources.len()];
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    let mut path: Vec<usize> = Vec::new();
+    for start in 0..resources.len() {
+        if state[start] != 0 {
+            continue;
+        }
+        stack.push((start, 0));
+        state[start] = 1;
+        path.push(start);
+        while let Some((node, next)) = stack.pop() {
+            let reqs = &resources[node].requires;
+            if next < reqs.len() {
+                stack.push((node, next + 1));
+                if let Some(&dep) = index.get(&reqs[next]) {
+                    match state[dep] {
+                        0 => {
+                            state[dep] = 1;
+                            path.push(dep);
+                            stack.push((dep, 0));
+                        }
+                        1 => {
+                            let pos = path.iter().position(|&n| n == dep).unwrap_or(0);
+                            let mut cycle: Vec<ResourceId> = path[pos..]
+                                .iter()
+                                .map(|&n| resources[n].id.clone())
+                                .collect();
+                            cycle.push(resources[dep].id.clone());
+                            return Some(cycle);
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                state[node] = 2;
+                path.pop();
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

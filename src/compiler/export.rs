@@ -95,13 +95,6 @@ fn to_json(
     })
 }
 
-/// Attribute set on a resource that the model routes to another machine (a
-/// `mitogen::Ssh`/`Sudo` context, or an agent whose `std::AgentConfig` has a remote URI):
-/// where it should run. Executors refuse such resources until remote execution exists, so a
-/// file meant for `web1` is never written on the server. Absent for local resources (their
-/// hash does not change).
-pub const ROUTE_ATTRIBUTE: &str = "remote_target";
-
 /// The context an instance (or its host) is to be reached through, when it is not local.
 fn via_route(rt: &Runtime, inst: InstId) -> Option<String> {
     let ctx = ["via", "host.via"]
@@ -153,7 +146,7 @@ fn mark_remote_agents(resources: &mut [Resource]) {
         }
         if let Some(uri) = remote.get(&r.agent) {
             r.attributes
-                .entry(ROUTE_ATTRIBUTE)
+                .entry(crate::model::ROUTE_ATTRIBUTE)
                 .or_insert_with(|| serde_json::Value::String(uri.clone()));
         }
     }
@@ -358,7 +351,10 @@ pub fn export(
             undefined.push(id.clone());
         }
         if let Some(route) = via_route(rt, *inst) {
-            attributes.insert(ROUTE_ATTRIBUTE.into(), serde_json::Value::String(route));
+            attributes.insert(
+                crate::model::ROUTE_ATTRIBUTE.into(),
+                serde_json::Value::String(route),
+            );
         }
         resources.push(Resource {
             id,
@@ -369,7 +365,7 @@ pub fn export(
         });
     }
     mark_remote_agents(&mut resources);
-    if let Some(cycle) = find_cycle(&resources) {
+    if let Some(cycle) = crate::model::find_cycle(&resources) {
         errors.push(Diagnostic::error(
             "dependency-cycle",
             format!(
@@ -433,54 +429,4 @@ pub fn export(
                 .collect(),
         },
     })
-}
-
-/// A dependency cycle (first found), as the list of ids around it.
-pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
-    let index: HashMap<&ResourceId, usize> = resources
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (&r.id, i))
-        .collect();
-    // 0 = new, 1 = on stack, 2 = done
-    let mut state = vec![0u8; resources.len()];
-    let mut stack: Vec<(usize, usize)> = Vec::new();
-    let mut path: Vec<usize> = Vec::new();
-    for start in 0..resources.len() {
-        if state[start] != 0 {
-            continue;
-        }
-        stack.push((start, 0));
-        state[start] = 1;
-        path.push(start);
-        while let Some((node, next)) = stack.pop() {
-            let reqs = &resources[node].requires;
-            if next < reqs.len() {
-                stack.push((node, next + 1));
-                if let Some(&dep) = index.get(&reqs[next]) {
-                    match state[dep] {
-                        0 => {
-                            state[dep] = 1;
-                            path.push(dep);
-                            stack.push((dep, 0));
-                        }
-                        1 => {
-                            let pos = path.iter().position(|&n| n == dep).unwrap_or(0);
-                            let mut cycle: Vec<ResourceId> = path[pos..]
-                                .iter()
-                                .map(|&n| resources[n].id.clone())
-                                .collect();
-                            cycle.push(resources[dep].id.clone());
-                            return Some(cycle);
-                        }
-                        _ => {}
-                    }
-                }
-            } else {
-                state[node] = 2;
-                path.pop();
-            }
-        }
-    }
-    None
 }

@@ -131,7 +131,10 @@ impl Runtime {
             source,
         })?;
         let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, crate::server::router(state)).await;
+            // the server's own serving loop (its header and body timeouts); it runs until
+            // `stop` aborts it
+            let app = crate::server::router(state);
+            let _ = crate::server::listen::serve(listener, app, std::future::pending()).await;
         });
         Ok(Runtime {
             cluster,

@@ -22,7 +22,8 @@ use croner::parser::{CronParser, Seconds, Year};
 #[derive(Clone)]
 pub struct CronSchedule {
     text: String,
-    cron: croner::Cron,
+    // boxed: a parsed pattern is ~330 bytes, and settings hold two intervals
+    cron: Box<croner::Cron>,
 }
 
 impl CronSchedule {
@@ -43,7 +44,7 @@ impl CronSchedule {
             .map_err(|e| format!("invalid cron expression '{text}': {e}"))?;
         Ok(CronSchedule {
             text: text.to_string(),
-            cron,
+            cron: Box::new(cron),
         })
     }
 

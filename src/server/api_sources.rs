@@ -103,7 +103,7 @@ pub struct SourceBody {
 }
 
 fn validate(mut b: SourceBody) -> ApiResult<SourceSpec> {
-    let (url, secret) = crate::sources::urls::split_credentials(b.url.trim());
+    let (url, secret) = crate::model::urls::split_credentials(b.url.trim());
     if let Some(secret) = secret {
         if url.starts_with("ssh://") {
             return Err(ApiError::bad_request(
@@ -278,7 +278,7 @@ async fn store_source(
         &caller.name,
         Some(env.id),
         "source.set",
-        &crate::sources::compile::public_url(&spec.url),
+        &crate::model::urls::public_url(&spec.url),
         json!({"branch": spec.branch, "path": spec.path, "poll_interval": spec.poll_interval}),
     )
     .await?;

@@ -51,19 +51,6 @@ pub fn stage(
     json!({"name": name, "started_at": started, "ms": took.as_millis() as u64, "ok": ok, "detail": detail})
 }
 
-/// The repository URL without credentials, for provenance and logs.
-pub fn public_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    // credentials live in the authority: before the first '/'
-    let end = rest.find('/').unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://{host}{}", &rest[end..]),
-        None => url.to_string(),
-    }
-}
-
 /// The report of a compile as it goes: timed stages, then the result.
 struct Report {
     stages: Vec<Value>,
@@ -231,7 +218,7 @@ pub async fn run(
     // store as a version
     let at = begin();
     let provenance = json!({
-        "repository": public_url(&source.url),
+        "repository": crate::model::urls::public_url(&source.url),
         "branch": job.branch,
         "commit": job.commit,
         "path": source.path,
@@ -573,17 +560,5 @@ mod tests {
             use std::os::unix::fs::MetadataExt;
             assert_eq!(std::fs::metadata(&tmp).unwrap().uid(), uid);
         }
-    }
-
-    #[test]
-    fn credentials_never_leave() {
-        assert_eq!(
-            public_url("https://user:tok@git.example.com/a/b.git"),
-            "https://git.example.com/a/b.git"
-        );
-        assert_eq!(public_url("ssh://git@host/repo.git"), "ssh://host/repo.git");
-        assert_eq!(public_url("file:///srv/git/x.git"), "file:///srv/git/x.git");
-        assert_eq!(public_url("https://host/a@b"), "https://host/a@b");
-        assert_eq!(public_url("https://user:tok@host"), "https://host");
     }
 }

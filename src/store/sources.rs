@@ -81,7 +81,7 @@ impl SourceRow {
         SourceView {
             environment_id: self.environment_id,
             // stored URLs carry no credentials; one from before that rule shows none either
-            url: crate::sources::compile::public_url(&self.url),
+            url: crate::model::urls::public_url(&self.url),
             branch: self.branch.clone(),
             path: self.path.clone(),
             poll_interval: self.poll_interval,

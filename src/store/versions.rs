@@ -151,7 +151,7 @@ pub fn validate_export(export: &ExportFile) -> Result<()> {
             )));
         }
     }
-    if let Some(cycle) = crate::compiler::export::find_cycle(&export.resources) {
+    if let Some(cycle) = crate::model::find_cycle(&export.resources) {
         return Err(StoreError::Invalid(format!(
             "dependency cycle: {}",
             cycle

@@ -17,6 +17,7 @@ mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;
 mod integration;
+mod layout;
 mod openapi;
 mod pg_security;
 mod retention;

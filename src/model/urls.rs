@@ -1,4 +1,6 @@
-//! Repository URLs: credentials are kept out of them.
+//! Repository URLs: credentials are kept out of them. (Here, below the store and the git
+//! sources, because both apply the rule: the sources when they take a URL, the store when it
+//! shows one.)
 
 /// Split credentials out of a repository URL: `https://user:secret@host/repo` becomes
 /// `https://host/repo` and the secret (or, with no password, the user part, as GitHub
@@ -35,6 +37,19 @@ pub fn split_credentials(url: &str) -> (String, Option<String>) {
     )
 }
 
+/// The repository URL without credentials, for provenance and logs.
+pub fn public_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    // credentials live in the authority: before the first '/'
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://{host}{}", &rest[end..]),
+        None => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod credential_tests {
     use super::split_credentials;
@@ -62,5 +77,23 @@ mod credential_tests {
             split_credentials("https://host/o/r@v1"),
             ("https://host/o/r@v1".into(), None)
         );
+    }
+
+    #[test]
+    fn credentials_never_leave() {
+        assert_eq!(
+            super::public_url("https://user:tok@git.example.com/a/b.git"),
+            "https://git.example.com/a/b.git"
+        );
+        assert_eq!(
+            super::public_url("ssh://git@host/repo.git"),
+            "ssh://host/repo.git"
+        );
+        assert_eq!(
+            super::public_url("file:///srv/git/x.git"),
+            "file:///srv/git/x.git"
+        );
+        assert_eq!(super::public_url("https://host/a@b"), "https://host/a@b");
+        assert_eq!(super::public_url("https://user:tok@host"), "https://host");
     }
 }
