@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::persist::intent_of;
 use super::{AgentStatus, Control, DryrunCtx, EnvScheduler, Status};
 use crate::scheduler::model::{Blocked, Model};
 use crate::scheduler::queue::{Priority, TaskKey};
@@ -119,8 +118,8 @@ impl EnvScheduler {
     }
 
     pub(super) async fn start_dryrun(&mut self, id: Uuid, version: i32) {
-        let resources = match store::versions::resources(&self.pool, self.env, version).await {
-            Ok(r) => r,
+        let intents = match self.load_intents(version, false).await {
+            Ok(i) => i,
             Err(e) => {
                 tracing::error!(environment = %self.env, error = %e, "dry-run: loading the version failed");
                 return;
@@ -128,7 +127,7 @@ impl EnvScheduler {
         };
         // blocked resources of that version are reported without running anything
         let mut m = Model::default();
-        m.merge(version, resources.iter().map(intent_of).collect());
+        m.merge(version, intents);
         let mut intents = HashMap::new();
         for r in 0..m.len() {
             let i = m.intents[r].clone();

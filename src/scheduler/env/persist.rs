@@ -11,22 +11,10 @@ use uuid::Uuid;
 
 use super::EnvScheduler;
 use crate::executor::protocol::{ActionKind, Change, Outcome, WorkResult};
-use crate::scheduler::model::{Blocked, Compliance, Intent, RState};
+use crate::scheduler::model::{Blocked, Compliance, RState};
 use crate::scheduler::queue::TaskKey;
 use crate::store::deploy::{Batch, StateRow};
 use crate::store::{self, actions::ActionRecord};
-
-pub(super) fn intent_of(r: &store::versions::StoredResource) -> Intent {
-    Intent {
-        id: r.resource_id.clone(),
-        type_name: r.resource_type.clone(),
-        agent: r.agent.clone(),
-        hash: r.hash.clone(),
-        attributes: r.attributes.as_object().cloned().unwrap_or_default(),
-        requires: r.requires.clone(),
-        undefined: r.undefined,
-    }
-}
 
 pub(super) fn parse_outcome(s: &str) -> Option<Outcome> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).ok()

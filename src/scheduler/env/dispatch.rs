@@ -1,0 +1,402 @@
+//! Work: queueing a resource's deploy, starting queued actions on executors (or ending them
+//! at once when they cannot run), and taking their results back into the model.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::persist::{action_record, synthetic};
+use super::{EnvScheduler, RunInfo};
+use crate::executor::protocol::{
+    ActionKind, ExternalHandler, Outcome, Reply, WorkItem, WorkResult,
+};
+use crate::model::{Resource, ResourceId};
+use crate::scheduler::executors::PoolEvent;
+use crate::scheduler::model::Blocked;
+use crate::scheduler::queue::{Priority, TaskKey};
+use crate::store::actions::ActionRecord;
+
+impl EnvScheduler {
+    /// Queue a deploy of resource `r`.
+    pub(super) fn schedule(&mut self, r: usize, priority: Priority, reason: &str, force: bool) {
+        if self.model.states[r].blocked == Blocked::Blocked {
+            return;
+        }
+        let id = self.model.intents[r].id.clone();
+        let requires: Vec<String> = self.model.requires[r]
+            .iter()
+            .map(|&q| self.model.intents[q].id.clone())
+            .collect();
+        let dependents: Vec<String> = self.model.provides[r]
+            .iter()
+            .map(|&d| self.model.intents[d].id.clone())
+            .collect();
+        let agent = self.model.intents[r].agent.clone();
+        self.queue.schedule(
+            TaskKey::Deploy(id.clone()),
+            &agent,
+            priority,
+            reason,
+            &requires,
+            &dependents,
+            force,
+        );
+        self.timers.cancel(&id);
+    }
+
+    pub(super) async fn dispatch(&mut self) {
+        if self.halted {
+            return;
+        }
+        for agent in self.queue.agents_with_ready() {
+            if self.paused.contains(&agent) {
+                continue;
+            }
+            while self.queue.running_count(&agent) < self.settings.agent_parallelism as usize {
+                let Some((key, run)) = self.queue.pop(&agent) else {
+                    break;
+                };
+                self.start(key, &agent, run.reason, run.priority).await;
+            }
+        }
+    }
+
+    pub(super) async fn start(
+        &mut self,
+        key: TaskKey,
+        agent: &str,
+        reason: String,
+        priority: Priority,
+    ) {
+        let now = Utc::now();
+        let label = match &key {
+            TaskKey::Dryrun(..) => "dryrun",
+            TaskKey::Deploy(id) if self.tombstones.contains_key(id) => "delete",
+            _ if matches!(priority, Priority::UserRepair | Priority::IntervalRepair) => "repair",
+            _ => "deploy",
+        };
+        let (kind, intent, version, r, code) = match &key {
+            TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
+                (Some(r), _) => {
+                    let intent = self.model.intents[r].clone();
+                    let code = self.handlers.get(&intent.type_name).cloned();
+                    (
+                        ActionKind::Deploy,
+                        intent,
+                        self.model.version.unwrap_or(0),
+                        Some(r),
+                        code,
+                    )
+                }
+                (None, Some((t, code))) => (
+                    ActionKind::Deploy,
+                    t.clone(),
+                    self.model.version.unwrap_or(0),
+                    None,
+                    code.clone(),
+                ),
+                (None, None) => {
+                    self.queue.finish(&key);
+                    return;
+                }
+            },
+            TaskKey::Dryrun(id, rid) => match self.dryruns.get(id).and_then(|d| {
+                d.intents
+                    .get(rid)
+                    .map(|i| (d.version, i.clone(), d.handlers.get(&i.type_name).cloned()))
+            }) {
+                Some((v, i, code)) => (ActionKind::Dryrun, i, v, None, code),
+                None => {
+                    self.queue.finish(&key);
+                    return;
+                }
+            },
+        };
+        let action_id = Uuid::new_v4();
+        if let (ActionKind::Deploy, Some(r)) = (kind, r) {
+            if self.model.states[r].blocked == Blocked::Blocked {
+                self.queue.finish(&key);
+                return;
+            }
+            // dependency failure: skip, without bothering an executor
+            if let Some(q) = self.model.failing_requirement(r) {
+                let qi = &self.model.intents[q];
+                let msg = format!(
+                    "skipped: requirement {} is not deployed ({})",
+                    qi.id,
+                    self.model.states[q]
+                        .last_result
+                        .map(|o| o.as_str())
+                        .unwrap_or("not deployed yet")
+                );
+                self.model.states[r].blocked_reason = Some(msg.clone());
+                self.finish_at_once(
+                    key,
+                    action_id,
+                    version,
+                    (kind, label),
+                    Outcome::SkippedForDependency,
+                    &msg,
+                );
+                return;
+            }
+        }
+        let reload = r.is_some_and(|r| self.model.needs_reload(r));
+        // module handler code: on disk for the executor, as this version has it
+        let handler = match &code {
+            None => None,
+            Some(c) => match self.code.ensure(&self.pool, c).await {
+                Ok(dir) => Some(ExternalHandler {
+                    dir,
+                    entry: c.entry.clone(),
+                    digest: c.digest.clone(),
+                }),
+                Err(e) => {
+                    let msg = format!(
+                        "the handler code of module {} is not available: {e}",
+                        c.module
+                    );
+                    tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
+                    self.finish_at_once(
+                        key,
+                        action_id,
+                        version,
+                        (kind, label),
+                        Outcome::Unavailable,
+                        &msg,
+                    );
+                    return;
+                }
+            },
+        };
+        let item = WorkItem {
+            action_id,
+            kind,
+            resource: Resource {
+                id: ResourceId(intent.id.clone()),
+                type_name: intent.type_name.clone(),
+                agent: intent.agent.clone(),
+                attributes: intent.attributes.clone(),
+                requires: intent
+                    .requires
+                    .iter()
+                    .map(|q| ResourceId(q.clone()))
+                    .collect(),
+            },
+            version,
+            reload,
+            handler,
+            timeout: Some(self.settings.handler_timeout),
+        };
+        let proc = match self.executors.acquire(agent) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(environment = %self.env, error = %e, "no executor");
+                self.finish_at_once(
+                    key,
+                    action_id,
+                    version,
+                    (kind, label),
+                    Outcome::Unavailable,
+                    &format!("no executor: {e}"),
+                );
+                return;
+            }
+        };
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_secs(self.settings.handler_timeout);
+        self.running.insert(
+            key.clone(),
+            RunInfo {
+                proc,
+                action_id,
+                started: now,
+                deadline,
+                version,
+                kind,
+                label,
+            },
+        );
+        if kind == ActionKind::Deploy {
+            self.batch.actions.push(ActionRecord {
+                id: action_id,
+                environment_id: self.env,
+                version,
+                resource_id: intent.id.clone(),
+                action: label.into(),
+                started_at: now,
+                finished_at: None,
+                status: "deploying".into(),
+                change: "nochange".into(),
+                changes: serde_json::json!({}),
+                messages: serde_json::json!([{
+                    "level": "debug", "message": format!("{label} started on agent {agent} because {reason}"),
+                    "fields": {"reason": reason}, "at": now
+                }]),
+            });
+            if let Some(r) = r {
+                self.mark_state(r);
+            }
+        }
+        if let Err(e) = self.executors.send(proc, item).await {
+            let res = synthetic(
+                action_id,
+                Outcome::Unavailable,
+                &format!("executor failed: {e}"),
+                now,
+            );
+            self.finish(key, res);
+        }
+    }
+
+    /// End an action that never reached an executor (skipped for a dependency, no code, no
+    /// executor): recorded like any other.
+    pub(super) fn finish_at_once(
+        &mut self,
+        key: TaskKey,
+        action_id: Uuid,
+        version: i32,
+        (kind, label): (ActionKind, &'static str),
+        outcome: Outcome,
+        message: &str,
+    ) {
+        let now = Utc::now();
+        let res = synthetic(action_id, outcome, message, now);
+        self.running.insert(
+            key.clone(),
+            RunInfo {
+                proc: 0,
+                action_id,
+                started: now,
+                deadline: tokio::time::Instant::now(),
+                version,
+                kind,
+                label,
+            },
+        );
+        self.finish(key, res);
+    }
+
+    pub(super) fn on_pool_event(&mut self, ev: PoolEvent) {
+        match ev {
+            PoolEvent::Reply(proc, Reply::Result(mut res)) => {
+                self.executors.release(proc);
+                // the protocol boundary: what a handler printed must be storable
+                res.sanitize();
+                let key = self
+                    .running
+                    .iter()
+                    .find(|(_, r)| r.action_id == res.action_id && r.proc == proc)
+                    .map(|(k, _)| k.clone());
+                if let Some(key) = key {
+                    self.finish(key, *res);
+                }
+            }
+            PoolEvent::Reply(_, Reply::Ready { .. }) => {}
+            PoolEvent::Exited(proc, why) => {
+                self.executors.forget(proc);
+                let key = self
+                    .running
+                    .iter()
+                    .find(|(_, r)| r.proc == proc)
+                    .map(|(k, _)| k.clone());
+                if let Some(key) = key {
+                    let info = &self.running[&key];
+                    let (action_id, started) = (info.action_id, info.started);
+                    tracing::warn!(environment = %self.env, resource = key.resource(), "executor crashed: {why}");
+                    let res = synthetic(
+                        action_id,
+                        Outcome::Unavailable,
+                        &format!("the executor crashed ({why}); it will be restarted"),
+                        started,
+                    );
+                    self.finish(key, res);
+                }
+            }
+        }
+    }
+
+    /// An action ended: update state, log, send events, arm timers, release the queue.
+    pub(super) fn finish(&mut self, key: TaskKey, res: WorkResult) {
+        let Some(info) = self.running.remove(&key) else {
+            return;
+        };
+        let run = self.queue.finish(&key);
+        let now = Utc::now();
+        match &key {
+            TaskKey::Dryrun(id, rid) => {
+                self.batch.dryrun_results.push((
+                    *id,
+                    rid.clone(),
+                    res.outcome.as_str().into(),
+                    serde_json::to_value(&res.changes).unwrap_or_default(),
+                    serde_json::to_value(&res.messages).unwrap_or_default(),
+                ));
+                if let Some(d) = self.dryruns.get_mut(id) {
+                    d.intents.remove(rid);
+                    if d.intents.is_empty() {
+                        self.dryruns.remove(id);
+                    }
+                }
+                // a dry-run is logged in the action log too
+                self.batch
+                    .actions
+                    .push(action_record(self.env, info.version, rid, "dryrun", &res));
+            }
+            TaskKey::Deploy(rid) => {
+                self.batch.actions.push(action_record(
+                    self.env,
+                    info.version,
+                    rid,
+                    info.label,
+                    &res,
+                ));
+                if self.tombstones.remove(rid).is_some() {
+                    return;
+                }
+                let stale = run.as_ref().is_some_and(|r| r.stale);
+                let Some(r) = self.model.get(rid) else { return };
+                let message = res
+                    .messages
+                    .iter()
+                    .rev()
+                    .find(|m| m.level == "error")
+                    .or_else(|| res.messages.last())
+                    .map(|m| m.message.clone());
+                if stale {
+                    // the intent changed while it ran: only the timestamps count
+                    self.model.states[r].last_attempt = Some(info.started);
+                    self.model.states[r].last_deployed = Some(now);
+                } else {
+                    let fin =
+                        self.model
+                            .finish(r, res.outcome, res.change, message, info.started, now);
+                    let prio = run
+                        .as_ref()
+                        .map(|x| x.priority)
+                        .unwrap_or(Priority::NewVersion);
+                    let sender = rid.clone();
+                    for d in fin.events {
+                        self.schedule(
+                            d,
+                            prio,
+                            &format!("an event was received from {sender}"),
+                            true,
+                        );
+                    }
+                    for d in fin.recovered {
+                        self.schedule(d, prio, &format!("requirement {sender} recovered"), false);
+                    }
+                }
+                if let Some(run) = &run
+                    && let Some((p, reason)) = &run.follow_up
+                {
+                    self.schedule(r, *p, reason, false);
+                }
+                self.arm_timer(r, now);
+                self.mark_state(r);
+            }
+        }
+    }
+}

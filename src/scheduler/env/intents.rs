@@ -1,0 +1,148 @@
+//! A version's intents, built in one place, and merging a released version into the model.
+
+use std::collections::HashSet;
+
+use super::EnvScheduler;
+use crate::scheduler::model::{Blocked, Intent, Model};
+use crate::scheduler::queue::{Priority, TaskKey};
+use crate::store;
+
+impl EnvScheduler {
+    /// The intents of `version`: the one place they are built (restart, release, dry-run).
+    /// Attributes the model already holds (same hash) are taken over instead of being read
+    /// again, moved out of the model when `take` (it is about to be replaced by this
+    /// version) and copied otherwise: a release that changes one resource of 10,000 reads
+    /// one attribute set.
+    pub(super) async fn load_intents(
+        &mut self,
+        version: i32,
+        take: bool,
+    ) -> Result<Vec<Intent>, store::StoreError> {
+        let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
+        fn held(m: &Model, r: &store::versions::ResourceDigestRow) -> Option<usize> {
+            m.get(&r.resource_id)
+                .filter(|&i| m.intents[i].hash == r.hash)
+        }
+        let mut missing: Vec<String> = rows
+            .iter()
+            .filter(|r| held(&self.model, r).is_none())
+            .map(|r| r.hash.clone())
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
+        let mut intents = Vec::with_capacity(rows.len());
+        for r in rows {
+            let attributes = match held(&self.model, &r) {
+                Some(i) if take => std::mem::take(&mut self.model.intents[i].attributes),
+                Some(i) => self.model.intents[i].attributes.clone(),
+                None => blobs
+                    .get(&r.hash)
+                    .and_then(|v| v.as_object().cloned())
+                    .unwrap_or_default(),
+            };
+            intents.push(Intent {
+                id: r.resource_id,
+                type_name: r.resource_type,
+                agent: r.agent,
+                hash: r.hash,
+                attributes,
+                requires: r.requires,
+                undefined: r.undefined,
+            });
+        }
+        Ok(intents)
+    }
+
+    /// Take a released version into the model: new and changed resources are scheduled,
+    /// removed ones become orphans (or are deleted on their target), and what changed is
+    /// written back.
+    pub(super) async fn merge_version(&mut self, version: i32) -> Result<(), store::StoreError> {
+        if self.model.version.is_some_and(|v| v >= version) {
+            return Ok(());
+        }
+        let intents = self.load_intents(version, true).await?;
+        let new_handlers = store::code::handlers_of(&self.pool, self.env, version).await?;
+        let old_handlers = std::mem::replace(&mut self.handlers, new_handlers);
+        let old_version = self.model.version;
+        let merged = self.model.merge(version, intents);
+        let agents: HashSet<String> = self.model.intents.iter().map(|i| i.agent.clone()).collect();
+        let _ = store::deploy::ensure_agents(
+            &self.pool,
+            self.env,
+            &agents.into_iter().collect::<Vec<_>>(),
+        )
+        .await;
+        // removed resources: orphans, or deleted on their target when the environment says so
+        for gone in &merged.deleted {
+            self.queue.drop_deploy(&gone.id);
+            self.queue.mark_stale(&gone.id);
+            self.timers.cancel(&gone.id);
+            self.batch
+                .orphaned
+                .push((gone.id.clone(), old_version.unwrap_or(version)));
+            if self.settings.delete_removed_resources {
+                let mut t = gone.clone();
+                t.attributes
+                    .insert("purged".into(), serde_json::Value::Bool(true));
+                t.requires.clear();
+                let code = old_handlers.get(&t.type_name).cloned();
+                self.tombstones.insert(t.id.clone(), (t.clone(), code));
+                self.queue.schedule(
+                    TaskKey::Deploy(t.id.clone()),
+                    &t.agent,
+                    Priority::NewVersion,
+                    "removed from the model: deleting it on its target",
+                    &[],
+                    &[],
+                    false,
+                );
+            }
+        }
+        for &r in &merged.newly_blocked {
+            let id = self.model.intents[r].id.clone();
+            self.queue.drop_deploy(&id);
+            self.timers.cancel(&id);
+        }
+        for &r in &merged.updated {
+            let id = self.model.intents[r].id.clone();
+            self.queue.mark_stale(&id);
+        }
+        // new intent pre-empts a repair sweep, which starts over afterwards
+        let dropped = self.queue.drop_priority(Priority::IntervalRepair);
+        if !dropped.is_empty() {
+            self.repair_pending = true;
+        }
+        let affected: Vec<usize> = merged
+            .new
+            .iter()
+            .chain(merged.updated.iter())
+            .chain(merged.unblocked.iter())
+            .copied()
+            .collect();
+        for &r in &affected {
+            self.schedule(r, Priority::NewVersion, "a new version was released", false);
+        }
+        // persist what the merge changed; untouched resources keep their row (its
+        // intent_version is then the version that last changed their intent), so a release
+        // that changes one resource of 10,000 writes a handful of rows, not 10,000
+        let touched: Vec<usize> = affected
+            .iter()
+            .chain(merged.newly_blocked.iter())
+            .copied()
+            .chain(
+                (0..self.model.len())
+                    .filter(|&r| self.model.states[r].blocked != Blocked::NotBlocked),
+            )
+            .collect();
+        for r in touched {
+            self.mark_state(r);
+        }
+        self.batch.progress = Some(version);
+        tracing::info!(
+            environment = %self.env, version, new = merged.new.len(), updated = merged.updated.len(),
+            deleted = merged.deleted.len(), "version merged"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! Time in the scheduler: per-resource repair and retry timers, deploy and repair sweeps
+//! (seconds or cron), and handlers that overran their timeout.
+
+use chrono::{DateTime, Utc};
+
+use super::EnvScheduler;
+use super::persist::synthetic;
+use crate::executor::protocol::Outcome;
+use crate::model::settings::Interval;
+use crate::scheduler::model::{Blocked, Compliance};
+use crate::scheduler::queue::{Priority, TaskKey};
+use crate::scheduler::timers::{TimerKind, jittered};
+
+impl EnvScheduler {
+    pub(super) fn arm_sweeps(&mut self, now: DateTime<Utc>) {
+        self.next_deploy_sweep = match &self.settings.deploy_interval {
+            Interval::Disabled => None,
+            Interval::Seconds(n) => Some(now + chrono::Duration::seconds(*n as i64)),
+            Interval::Cron(c) => c.next_after(now),
+        };
+        self.next_repair_sweep = match &self.settings.repair_interval {
+            Interval::Cron(c) => c.next_after(now),
+            // seconds: per-resource timers
+            _ => None,
+        };
+    }
+
+    /// Per-resource timers: a repair for good resources (seconds mode), a retry with backoff
+    /// for failed ones.
+    pub(super) fn arm_timer(&mut self, r: usize, now: DateTime<Utc>) {
+        let id = self.model.intents[r].id.clone();
+        let s = &self.model.states[r];
+        if s.blocked == Blocked::Blocked || self.queue.deploy_pending(&id) {
+            self.timers.cancel(&id);
+            return;
+        }
+        if s.compliance == Compliance::NonCompliant && s.blocked == Blocked::NotBlocked {
+            // a persisted retry time (from before a restart) is kept; a finished attempt
+            // clears it, so every failure moves the next retry one step up the schedule
+            let at = match s.next_retry {
+                Some(at) => at,
+                None => {
+                    let failures = s.failure_count.max(1);
+                    let at = s.last_deployed.unwrap_or(now)
+                        + jittered(&self.settings.retry_backoff, failures);
+                    tracing::info!(
+                        environment = %self.env, resource = %id, failures,
+                        retry_in_s = (at - now).num_milliseconds() as f64 / 1000.0,
+                        "not deployed; retry scheduled"
+                    );
+                    at
+                }
+            };
+            self.model.states[r].next_retry = Some(at);
+            self.timers.set(&id, at, TimerKind::Retry);
+            return;
+        }
+        if let Interval::Seconds(n) = self.settings.repair_interval
+            && (s.compliance == Compliance::Compliant || s.blocked == Blocked::Temporarily)
+        {
+            let at = s.last_deployed.unwrap_or(now) + chrono::Duration::seconds(n as i64);
+            self.timers.set(&id, at, TimerKind::Repair);
+            return;
+        }
+        self.timers.cancel(&id);
+    }
+
+    pub(super) fn on_time(&mut self, now: DateTime<Utc>) {
+        for (id, kind) in self.timers.pop_due(now) {
+            let Some(r) = self.model.get(&id) else {
+                continue;
+            };
+            match kind {
+                TimerKind::Repair => {
+                    self.schedule(r, Priority::IntervalRepair, "periodic repair", false)
+                }
+                TimerKind::Retry => {
+                    let n = self.model.states[r].failure_count;
+                    self.schedule(
+                        r,
+                        Priority::Retry,
+                        &format!("retry after {n} failed attempt(s)"),
+                        false,
+                    )
+                }
+            }
+        }
+        if self.next_deploy_sweep.is_some_and(|t| t <= now) {
+            let dirty: Vec<usize> = self.model.dirty.iter().copied().collect();
+            for r in dirty {
+                self.schedule(r, Priority::IntervalDeploy, "periodic deploy", false);
+            }
+            self.arm_sweeps(now);
+        }
+        if self.next_repair_sweep.is_some_and(|t| t <= now) {
+            self.repair_sweep();
+            self.arm_sweeps(now);
+        }
+        // a pre-empted repair sweep starts over once the new intent is out
+        if self.repair_pending && !self.queue_has_new_intent() {
+            self.repair_pending = false;
+            self.repair_sweep();
+        }
+        // hung handlers: kill their executor, report, go on
+        let late: Vec<TaskKey> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.deadline <= tokio::time::Instant::now())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in late {
+            if let Some(info) = self.running.get(&key) {
+                let proc = info.proc;
+                let started = info.started;
+                let action_id = info.action_id;
+                self.executors.kill(proc);
+                let msg = format!(
+                    "the handler did not finish within {} s: its executor was killed",
+                    self.settings.handler_timeout
+                );
+                self.finish(key, synthetic(action_id, Outcome::TimedOut, &msg, started));
+            }
+        }
+    }
+
+    pub(super) fn queue_has_new_intent(&self) -> bool {
+        self.running.keys().any(|k| matches!(k, TaskKey::Deploy(_)))
+            && self
+                .queue
+                .running
+                .values()
+                .any(|r| r.priority <= Priority::NewVersion)
+            || !self.queue.is_empty()
+                && (0..self.model.len()).any(|r| {
+                    self.queue
+                        .queued_reason(&TaskKey::Deploy(self.model.intents[r].id.clone()))
+                        .is_some_and(|q| q.priority <= Priority::NewVersion)
+                })
+    }
+
+    pub(super) fn repair_sweep(&mut self) {
+        for r in 0..self.model.len() {
+            if self.model.states[r].blocked != Blocked::Blocked {
+                self.schedule(r, Priority::IntervalRepair, "periodic repair", false);
+            }
+        }
+    }
+}
