@@ -1,8 +1,9 @@
 //! Steward: an intent-based orchestrator for the Inmanta modelling language.
 //!
 //! The crate is one package with a library (every part lives here) and a thin binary
-//! (`src/main.rs`). See `../shared/DESIGN.md` for the architecture; each module opens with a
-//! paragraph on its job and invariants.
+//! (`src/main.rs`). See `docs/architecture.md` for the parts and how they fit; each module
+//! opens with a paragraph on its job and invariants. Section references in comments, such as
+//! `(SCHEDULER.md §6.3)`, are to the design contracts in `docs/design/`.
 
 pub mod cli;
 pub mod client;
