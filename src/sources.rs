@@ -14,7 +14,6 @@ pub mod compile;
 pub mod feedback;
 pub mod git;
 mod pipeline;
-pub mod urls;
 pub mod webhook;
 
 use std::collections::HashMap;
@@ -128,7 +127,7 @@ impl GitSources {
             Ok(list) => {
                 for src in list {
                     // a source stored before credentials were kept out of URLs
-                    let (url, secret) = urls::split_credentials(&src.url);
+                    let (url, secret) = crate::model::urls::split_credentials(&src.url);
                     if url != src.url && !url.starts_with("ssh://") {
                         let token = src.token.clone().or(secret);
                         match store::sources::move_url_credentials(
