@@ -42,6 +42,7 @@ fn item(i: usize, type_name: &str, handler: Option<ExternalHandler>) -> WorkItem
         reload: false,
         handler,
         timeout: Some(300),
+        at_target: false,
     }
 }
 

@@ -73,7 +73,8 @@ pub enum Command {
     Source(Remote<source::SourceCmd>),
     /// Compiles of commits of a git-following environment: list, show.
     CompileReport(Remote<source::CompileReportCmd>),
-    /// Agents of an environment: list, pause, unpause.
+    /// Agents of an environment: list, pause, unpause; `agent run` hosts agents on this
+    /// machine (an external agent process).
     Agent(Remote<control::AgentCmd>),
     /// Dry-runs: what a deploy of a version would change, without changing anything.
     Dryrun(Remote<control::DryrunCmd>),
@@ -122,19 +123,17 @@ where
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let level = if matches!(cli.command, Command::Server(_)) {
-        "info"
-    } else {
-        "warn"
+    let long_running = match &cli.command {
+        Command::Server(_) => true,
+        Command::Agent(r) => matches!(r.cmd, control::AgentCmd::Run { .. }),
+        _ => false,
     };
+    let level = if long_running { "info" } else { "warn" };
     init_tracing(cli.log_format, level);
     // A command whose output goes to `head` or a closed pager ends quietly, as Unix tools do,
     // instead of panicking in println!. Long-running processes keep Rust's default (ignore
     // SIGPIPE, get EPIPE): a server must never die because a client or a log reader went away.
-    if !matches!(
-        cli.command,
-        Command::Server(_) | Command::Executor { .. } | Command::Deploy(_)
-    ) {
+    if !long_running && !matches!(cli.command, Command::Executor { .. } | Command::Deploy(_)) {
         // SAFETY: restoring the default disposition of one signal before any thread starts
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);

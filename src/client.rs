@@ -321,6 +321,21 @@ impl Client {
         .await
     }
 
+    /// An agent token of `env` that may host only `agents`.
+    pub async fn create_agent_token(
+        &self,
+        name: &str,
+        env: &str,
+        agents: &[String],
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(&json!({"name": name, "role": "agent", "environment": env, "agents": agents})),
+        )
+        .await
+    }
+
     /// Tokens of `env`, or global ones, or (`all`) every token.
     pub async fn tokens(&self, env: Option<&str>, all: bool) -> Result<Vec<Token>> {
         match env {
@@ -493,6 +508,54 @@ impl Client {
             "{}/commits/{}",
             Self::env(env),
             encode_segment(commit)
+        ))
+        .await
+    }
+
+    // ---------------------------------------------------------------- agent processes
+
+    pub async fn agent_open(
+        &self,
+        env: &str,
+        hello: &crate::scheduler::agents::Hello,
+    ) -> Result<crate::scheduler::agents::PollReply> {
+        self.call(
+            Method::POST,
+            &format!("{}/agent-sessions", Self::env(env)),
+            Some(hello),
+        )
+        .await
+    }
+
+    pub async fn agent_poll(
+        &self,
+        env: &str,
+        instance: uuid::Uuid,
+        poll: &crate::scheduler::agents::Poll,
+    ) -> Result<crate::scheduler::agents::PollReply> {
+        self.call(
+            Method::POST,
+            &format!("{}/agent-sessions/{instance}/poll", Self::env(env)),
+            Some(poll),
+        )
+        .await
+    }
+
+    pub async fn agent_close(&self, env: &str, instance: uuid::Uuid) -> Result<()> {
+        self.call(
+            Method::DELETE,
+            &format!("{}/agent-sessions/{instance}", Self::env(env)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Handler code by digest: the code and its files' contents (hex).
+    pub async fn handler_code(&self, env: &str, digest: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/code/{}",
+            Self::env(env),
+            encode_segment(digest)
         ))
         .await
     }

@@ -81,7 +81,7 @@ pub fn execute(
         cache,
     );
     let builtin = handlers::builtin(&item.resource.type_name);
-    let remote = remote_target(item);
+    let remote = remote_target(item).filter(|_| !item.at_target);
     let outcome = match (&item.handler, builtin) {
         // meant for another machine: never done here
         _ if remote.is_some() => {

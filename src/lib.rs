@@ -5,6 +5,7 @@
 //! opens with a paragraph on its job and invariants. Section references in comments, such as
 //! `(SCHEDULER.md §6.3)`, are to the design contracts in `docs/design/`.
 
+pub mod agent;
 pub mod cli;
 pub mod client;
 // Diagnostics carry spans, notes and labels, so they are large; they travel only on the

@@ -60,12 +60,61 @@ pub enum AgentCmd {
     Pause { name: String },
     /// Let a paused agent work again.
     Unpause { name: String },
+    /// Host agents of the environment on this machine: connect out to the server (nothing
+    /// listens here) and run their actions in local executors. Needs an agent token of the
+    /// environment (`steward token create --role agent --agent NAME`) and the agents placed
+    /// `external` (setting agent_map, or std::AgentConfig(uri="external") in the model).
+    /// Runs until interrupted; with several processes for one agent, one is primary and the
+    /// others stand by.
+    Run {
+        /// An agent to host (repeat for several).
+        #[arg(long = "name", required = true, value_name = "AGENT")]
+        names: Vec<String>,
+        /// Where fetched handler code is cached [default: $XDG_CACHE_HOME/steward/agent,
+        /// or ~/.cache/steward/agent]
+        #[arg(long, env = "STEWARD_AGENT_DIR", value_name = "DIR")]
+        work_dir: Option<std::path::PathBuf>,
+    },
 }
 
 pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode> {
     let env = remote.env()?.to_string();
     let c = &remote.client;
     match cmd {
+        AgentCmd::Run { names, work_dir } => {
+            let work_dir = work_dir.unwrap_or_else(|| {
+                std::env::var_os("XDG_CACHE_HOME")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| {
+                        std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache"))
+                    })
+                    .unwrap_or_else(std::env::temp_dir)
+                    .join("steward")
+                    .join("agent")
+            });
+            let opts = crate::agent::AgentOptions {
+                environment: env,
+                names,
+                work_dir,
+                executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
+            };
+            let stop = async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {},
+                    _ = term.recv() => {},
+                }
+            };
+            return match crate::agent::run(remote.client.clone(), opts, stop).await {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::from(1))
+                }
+            };
+        }
         AgentCmd::List => {
             let a = c.agents(&env).await?;
             if remote.json {
@@ -80,17 +129,59 @@ pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode
                 .map(|l| {
                     l.iter()
                         .map(|x| {
+                            let primary = x["primary"].as_str().unwrap_or("");
+                            let processes = x["processes"]
+                                .as_array()
+                                .map(|ps| {
+                                    ps.iter()
+                                        .map(|p| {
+                                            let id = p["instance"].as_str().unwrap_or("");
+                                            format!(
+                                                "{}{} ({}, v{}, since {}, seen {})",
+                                                if id == primary { "*" } else { "" },
+                                                p["host"].as_str().unwrap_or("?"),
+                                                &id[..id.len().min(8)],
+                                                p["version"].as_str().unwrap_or("?"),
+                                                short_time(&p["connected_at"]),
+                                                short_time(&p["last_heartbeat"]),
+                                            )
+                                        })
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                })
+                                .unwrap_or_default();
                             vec![
                                 x["name"].as_str().unwrap_or("").to_string(),
                                 x["state"].as_str().unwrap_or("").to_string(),
+                                x["placement"].as_str().unwrap_or("local:").to_string(),
                                 x["queued"].to_string(),
                                 x["running"].to_string(),
+                                x["last_result"].as_str().unwrap_or("-").to_string(),
+                                if processes.is_empty() {
+                                    "-".into()
+                                } else {
+                                    processes
+                                },
                             ]
                         })
                         .collect()
                 })
                 .unwrap_or_default();
-            print!("{}", table(&["agent", "state", "queued", "running"], rows));
+            print!(
+                "{}",
+                table(
+                    &[
+                        "agent",
+                        "state",
+                        "runs at",
+                        "queued",
+                        "running",
+                        "last result",
+                        "processes (* primary)"
+                    ],
+                    rows
+                )
+            );
         }
         AgentCmd::Pause { name } => {
             c.set_paused(&env, &name, true).await?;
@@ -102,6 +193,14 @@ pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `2026-11-23T10:00:01.123Z` as `10:00:01`.
+fn short_time(v: &serde_json::Value) -> String {
+    v.as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.format("%H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
 }
 
 #[derive(Subcommand, Debug)]

@@ -15,6 +15,10 @@ pub enum TokenCmd {
         /// admin, approver, compiler, agent or viewer
         #[arg(long)]
         role: String,
+        /// An agent token may host only these agents (repeatable; default: any agent of
+        /// the environment).
+        #[arg(long = "agent", value_name = "NAME")]
+        agents: Vec<String>,
     },
     /// List the tokens of the environment (--env), or the global ones; --all lists every
     /// token with the environment each belongs to.
@@ -29,10 +33,16 @@ pub enum TokenCmd {
 pub async fn run(remote: Remote, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
     let c = &remote.client;
     match cmd {
-        TokenCmd::Create { name, role } => {
-            let t = c
-                .create_token(&name, &role, remote.environment.as_deref())
-                .await?;
+        TokenCmd::Create { name, role, agents } => {
+            let t = if agents.is_empty() {
+                c.create_token(&name, &role, remote.environment.as_deref())
+                    .await?
+            } else {
+                if role != "agent" {
+                    anyhow::bail!("--agent limits agent tokens only (use --role agent)");
+                }
+                c.create_agent_token(&name, remote.env()?, &agents).await?
+            };
             if remote.json {
                 print_json(&t);
             } else {

@@ -95,6 +95,11 @@ pub struct WorkItem {
     /// Seconds the action may take (the environment's handler timeout).
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// The executor runs where the model routes the resource's agent (an external agent
+    /// process, or over SSH): its route attribute is satisfied. A server-side executor
+    /// refuses routed resources.
+    #[serde(default)]
+    pub at_target: bool,
 }
 
 /// Handler code shipped by a module, materialized on this machine.

@@ -146,6 +146,11 @@ pub struct EnvSettings {
     pub delete_removed_resources: bool,
     /// What is kept of the records that grow with time.
     pub retention: Retention,
+    /// Where each agent's executor runs: `local:` (started by the server, the default),
+    /// `external` (a `steward agent run` process connects for it) or
+    /// `ssh://user@host:port` (started on the target over SSH). Wins over the model's
+    /// `std::AgentConfig(uri=…)`. A null value removes an entry.
+    pub agent_map: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for EnvSettings {
@@ -162,6 +167,7 @@ impl Default for EnvSettings {
             version_retention: 100,
             delete_removed_resources: false,
             retention: Retention::default(),
+            agent_map: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -187,7 +193,12 @@ impl EnvSettings {
             match (obj.get_mut(k), v) {
                 (Some(serde_json::Value::Object(cur)), serde_json::Value::Object(new)) => {
                     for (nk, nv) in new {
-                        cur.insert(nk.clone(), nv.clone());
+                        // null removes a key (an agent_map entry; a retention key's default)
+                        if nv.is_null() {
+                            cur.remove(nk);
+                        } else {
+                            cur.insert(nk.clone(), nv.clone());
+                        }
                     }
                 }
                 _ => {
@@ -216,6 +227,10 @@ impl EnvSettings {
         }
         if self.version_retention == 0 {
             return Err("version_retention must be at least 1".into());
+        }
+        for (agent, uri) in &self.agent_map {
+            super::placement::Placement::parse(uri)
+                .map_err(|e| format!("agent_map: agent '{agent}': {e}"))?;
         }
         let r = &self.retention;
         if r.days == 0 || r.audit_days == 0 {
@@ -285,6 +300,19 @@ mod tests {
         assert!(
             s.patched(&serde_json::json!({"deploy_interval": true}))
                 .is_err()
+        );
+        let m = s
+            .patched(&serde_json::json!({"agent_map": {"web1": "ssh://deploy@10.0.0.5:22", "api": "external"}}))
+            .unwrap();
+        assert_eq!(m.agent_map.len(), 2);
+        let m = m
+            .patched(&serde_json::json!({"agent_map": {"api": null}}))
+            .unwrap();
+        assert_eq!(m.agent_map.keys().collect::<Vec<_>>(), ["web1"]);
+        assert!(
+            s.patched(&serde_json::json!({"agent_map": {"web1": "telnet://x"}}))
+                .unwrap_err()
+                .contains("agent 'web1'")
         );
     }
 }

@@ -61,6 +61,22 @@ impl CodeCache {
     }
 }
 
+/// Write `code` under `dir/<digest>/` (and the Python helper under `dir/_lib/`) from its
+/// files' contents: what an agent process does with code it fetched from the server.
+pub fn materialize(
+    dir: &Path,
+    code: &HandlerCode,
+    blobs: &std::collections::HashMap<String, Vec<u8>>,
+) -> Result<PathBuf, String> {
+    write_helper(dir)
+        .map_err(|e| format!("writing the Python helper under {}: {e}", dir.display()))?;
+    let target = dir.join(&code.digest);
+    if !target.join(COMPLETE).is_file() {
+        write_code(dir, code, blobs)?;
+    }
+    Ok(target)
+}
+
 fn write_helper(dir: &Path) -> std::io::Result<()> {
     let lib = dir.join("_lib");
     std::fs::create_dir_all(&lib)?;

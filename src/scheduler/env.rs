@@ -67,6 +67,10 @@ pub struct AgentStatus {
     pub queued: usize,
     pub running: usize,
     pub executors: Vec<u32>,
+    /// where its executor runs: local:, external or ssh://…
+    pub placement: String,
+    /// it can take work (an external agent needs a connected primary)
+    pub ready: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -130,9 +134,11 @@ impl EnvScheduler {
         pool: PgPool,
         executor_bin: PathBuf,
         code_dir: PathBuf,
+        hub: super::agents::AgentHub,
         mut control: mpsc::UnboundedReceiver<Control>,
     ) {
         let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
+        let exec_pool = exec_pool.with_hub(env, hub);
         let (wtx, wrx) = mpsc::unbounded_channel();
         tokio::spawn(writer(pool.clone(), env, wrx));
         let mut s = EnvScheduler {
@@ -233,6 +239,7 @@ impl EnvScheduler {
             self.model = Model::restore(v, intents, states);
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
         }
+        self.refresh_placements();
         self.arm_sweeps(Utc::now());
         let active = store::versions::active(&self.pool, self.env).await?;
         if let Some(a) = active

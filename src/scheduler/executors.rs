@@ -11,8 +11,11 @@ use std::time::Instant;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
+use uuid::Uuid;
 
+use super::agents::AgentHub;
 use crate::executor::protocol::{Reply, Request, WorkItem};
+use crate::model::placement::Placement;
 
 pub type ProcId = u64;
 
@@ -31,12 +34,24 @@ struct Proc {
     last_used: Instant,
 }
 
+/// An action handed to an external agent process (through the [`AgentHub`]): a slot that
+/// stands for an executor, so the scheduler treats both alike.
+struct RemoteSlot {
+    agent: String,
+    action: Option<Uuid>,
+}
+
 pub struct Pool {
     binary: PathBuf,
     max: usize,
     procs: HashMap<ProcId, Proc>,
     next: ProcId,
     tx: mpsc::UnboundedSender<PoolEvent>,
+    /// where each agent's executor runs (absent: on this machine)
+    placements: HashMap<String, Placement>,
+    /// external agents: the hub and the environment they belong to
+    hub: Option<(AgentHub, Uuid)>,
+    remote: HashMap<ProcId, RemoteSlot>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +62,10 @@ pub enum PoolError {
     Full(usize),
     #[error("executor {0} is gone")]
     Gone(ProcId),
+    #[error("agent {0} runs in an external process, and none is connected")]
+    AgentDown(String),
+    #[error("agent {0} is placed at {1}, which this server can not reach yet")]
+    Unsupported(String, String),
 }
 
 impl Pool {
@@ -59,9 +78,51 @@ impl Pool {
                 procs: HashMap::new(),
                 next: 1,
                 tx,
+                placements: HashMap::new(),
+                hub: None,
+                remote: HashMap::new(),
             },
             rx,
         )
+    }
+
+    /// Let this pool hand actions of `external` agents to processes connected to `hub`.
+    pub fn with_hub(mut self, env: Uuid, hub: AgentHub) -> Pool {
+        hub.attach(env, self.tx.clone());
+        self.hub = Some((hub, env));
+        self
+    }
+
+    /// Where each agent's executor runs, from the settings and the model.
+    pub fn set_placements(&mut self, placements: HashMap<String, Placement>) {
+        self.placements = placements;
+    }
+
+    pub fn placement(&self, agent: &str) -> Placement {
+        self.placements
+            .get(agent)
+            .cloned()
+            .unwrap_or(Placement::Local)
+    }
+
+    /// Can an action of `agent` start now? An external agent needs a connected primary;
+    /// until it has one, its actions wait in the queue.
+    pub fn is_ready(&self, agent: &str) -> bool {
+        match self.placement(agent) {
+            Placement::External => self
+                .hub
+                .as_ref()
+                .is_some_and(|(hub, env)| hub.is_up(*env, agent)),
+            _ => true,
+        }
+    }
+
+    /// An action in flight whose agent is down: it waits for the agent, and its handler
+    /// timeout does not run meanwhile.
+    pub fn is_waiting(&self, id: ProcId) -> bool {
+        self.remote
+            .get(&id)
+            .is_some_and(|slot| !self.is_ready(&slot.agent))
     }
 
     pub fn len(&self) -> usize {
@@ -83,6 +144,25 @@ impl Pool {
     /// An idle executor of `agent`, started if needed (an idle one of another agent may be
     /// stopped to stay under the cap).
     pub fn acquire(&mut self, agent: &str) -> Result<ProcId, PoolError> {
+        match self.placement(agent) {
+            Placement::Local => {}
+            Placement::External => {
+                if !self.is_ready(agent) {
+                    return Err(PoolError::AgentDown(agent.to_string()));
+                }
+                let id = self.next;
+                self.next += 1;
+                self.remote.insert(
+                    id,
+                    RemoteSlot {
+                        agent: agent.to_string(),
+                        action: None,
+                    },
+                );
+                return Ok(id);
+            }
+            Placement::Ssh(uri) => return Err(PoolError::Unsupported(agent.to_string(), uri)),
+        }
         if let Some((id, p)) = self
             .procs
             .iter_mut()
@@ -188,7 +268,15 @@ impl Pool {
     }
 
     /// Hand a work item to an acquired executor.
-    pub async fn send(&mut self, id: ProcId, item: WorkItem) -> Result<(), PoolError> {
+    pub async fn send(&mut self, id: ProcId, mut item: WorkItem) -> Result<(), PoolError> {
+        if let Some(slot) = self.remote.get_mut(&id) {
+            let (hub, env) = self.hub.as_ref().ok_or(PoolError::Gone(id))?;
+            slot.action = Some(item.action_id);
+            // it runs where the model routes its agent
+            item.at_target = true;
+            hub.assign(*env, &slot.agent, id, item);
+            return Ok(());
+        }
         let p = self.procs.get_mut(&id).ok_or(PoolError::Gone(id))?;
         let mut line = serde_json::to_string(&Request::Work(Box::new(item))).expect("json");
         line.push('\n');
@@ -201,6 +289,9 @@ impl Pool {
 
     /// The executor finished its action: it is idle again.
     pub fn release(&mut self, id: ProcId) {
+        if self.remote.remove(&id).is_some() {
+            return;
+        }
         if let Some(p) = self.procs.get_mut(&id) {
             p.busy = false;
             p.last_used = Instant::now();
@@ -209,6 +300,12 @@ impl Pool {
 
     /// Kill an executor and whatever its handler started (a hung handler).
     pub fn kill(&mut self, id: ProcId) {
+        if let Some(slot) = self.remote.remove(&id) {
+            if let (Some((hub, _)), Some(action)) = (&self.hub, slot.action) {
+                hub.cancel(action);
+            }
+            return;
+        }
         if let Some(mut p) = self.procs.remove(&id) {
             if let Some(pid) = p.child.id() {
                 // SAFETY: kill(2) on a process group we created; no memory is involved
@@ -222,6 +319,7 @@ impl Pool {
 
     /// Forget an executor that exited on its own.
     pub fn forget(&mut self, id: ProcId) {
+        self.remote.remove(&id);
         self.procs.remove(&id);
     }
 

@@ -243,9 +243,17 @@ pub struct Agent {
     pub queued: usize,
     /// Resources deploying now.
     pub running: usize,
-    /// Process ids of its executors.
+    /// Process ids of its executors on this server.
     pub executors: Vec<u32>,
-    /// halted, paused, deploying or idle
+    /// Where its executor runs: `local:`, `external` or `ssh://…`.
+    pub placement: String,
+    /// External processes hosting it (host, version, connected since, last heartbeat).
+    pub processes: Vec<crate::scheduler::agents::SessionView>,
+    /// The process that is its primary (of `processes`), if any.
+    pub primary: Option<uuid::Uuid>,
+    /// The result of its last finished action.
+    pub last_result: Option<String>,
+    /// halted, paused, down (external, no process connected), deploying or idle
     pub state: &'static str,
 }
 
@@ -273,22 +281,45 @@ pub async fn list_agents(
         }
         _ => None,
     };
+    let sessions = state
+        .schedulers
+        .as_ref()
+        .map(|s| s.hub().sessions(env.id))
+        .unwrap_or_default();
+    let last_results = store::deploy::last_results_by_agent(&state.pool, env.id).await?;
     let agents = rows
         .iter()
         .map(|a| {
             let l = live
                 .as_ref()
                 .and_then(|l| l.agents.iter().find(|x| x.name == a.name));
+            let processes: Vec<_> = sessions
+                .iter()
+                .filter(|s| s.agents.contains(&a.name))
+                .cloned()
+                .collect();
+            let primary = processes
+                .iter()
+                .find(|s| s.primary.contains_key(&a.name))
+                .map(|s| s.instance);
             Agent {
                 name: a.name.clone(),
                 paused: a.paused,
                 queued: l.map(|l| l.queued).unwrap_or(0),
                 running: l.map(|l| l.running).unwrap_or(0),
                 executors: l.map(|l| l.executors.clone()).unwrap_or_default(),
+                placement: l
+                    .map(|l| l.placement.clone())
+                    .unwrap_or_else(|| "local:".into()),
+                primary,
+                processes,
+                last_result: last_results.get(&a.name).cloned(),
                 state: if env.halted {
                     "halted"
                 } else if a.paused {
                     "paused"
+                } else if l.is_some_and(|l| !l.ready) {
+                    "down"
                 } else if l.is_some_and(|l| l.running > 0) {
                     "deploying"
                 } else {

@@ -65,6 +65,9 @@ pub struct CreateToken {
     /// environment name or id; absent: a global (admin) token
     #[serde(default)]
     pub environment: Option<String>,
+    /// an agent token: the agents it may host (absent: any agent of its environment)
+    #[serde(default)]
+    pub agents: Option<Vec<String>>,
 }
 
 /// A new token with its secret (shown this once).
@@ -98,15 +101,23 @@ pub async fn create(
         Some(e) => caller.require(Perm::Manage, Some(e))?,
         None => caller.require(Perm::Global, None)?,
     }
-    let (token, secret) =
-        tokens::create(&state.pool, &body.name, role, env, &caller.name, None).await?;
+    let (token, secret) = tokens::create_for_agents(
+        &state.pool,
+        &body.name,
+        role,
+        env,
+        &caller.name,
+        None,
+        body.agents.as_deref(),
+    )
+    .await?;
     audit::record(
         &state.pool,
         &caller.name,
         env,
         "token.create",
         &token.name,
-        json!({"id": token.id, "role": role.as_str()}),
+        json!({"id": token.id, "role": role.as_str(), "agents": token.agents}),
     )
     .await?;
     Ok((StatusCode::CREATED, Json(CreatedToken { token, secret })))
@@ -134,6 +145,10 @@ pub async fn revoke(
         None => caller.require(Perm::Global, None)?,
     }
     tokens::revoke(&state.pool, id).await?;
+    // its agent processes are disconnected now, not at their next request
+    if let Some(s) = &state.schedulers {
+        s.hub().revoke(id).await;
+    }
     audit::record(
         &state.pool,
         &caller.name,

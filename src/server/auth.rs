@@ -47,6 +47,8 @@ pub struct Caller {
     pub role: Role,
     /// None: global.
     pub environment: Option<Uuid>,
+    /// An agent token's agents (None: any agent).
+    pub agents: Option<Vec<String>>,
 }
 
 impl Caller {
@@ -56,6 +58,7 @@ impl Caller {
             name: "local (--no-auth)".into(),
             role: Role::Admin,
             environment: None,
+            agents: None,
         }
     }
 
@@ -128,6 +131,7 @@ impl FromRequestParts<AppState> for Caller {
             name: token.name,
             role: token.role,
             environment: token.environment_id,
+            agents: token.agents,
         })
     }
 }

@@ -20,6 +20,7 @@ pub const RESOURCES: &str = "resources";
 pub const SOURCES: &str = "git sources";
 pub const DEPLOY: &str = "deploy control";
 pub const TOKENS: &str = "tokens and audit";
+pub const AGENTS: &str = "agent processes";
 
 /// The name of the security scheme: `Authorization: Bearer <token>`.
 pub const BEARER: &str = "bearer";
@@ -46,6 +47,7 @@ pub const BEARER: &str = "bearer";
         (name = SOURCES, description = "Git sources: the repository an environment follows, compiles, webhooks, commit timelines."),
         (name = DEPLOY, description = "Deploy and repair triggers, dry-runs, agents, halt and resume, deploy progress."),
         (name = TOKENS, description = "API tokens and the audit log."),
+        (name = AGENTS, description = "External agent processes (`steward agent run`): sessions, polls with results and work, handler code."),
     )
 )]
 struct Base;

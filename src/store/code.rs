@@ -148,3 +148,23 @@ pub async fn blobs(e: impl PgExecutor<'_>, hashes: &[String]) -> Result<HashMap<
             .await?;
     Ok(rows.into_iter().collect())
 }
+
+/// The handler code with this digest, as some version of `env` ships it.
+pub async fn by_digest(e: impl PgExecutor<'_>, env: Uuid, digest: &str) -> Result<HandlerCode> {
+    let row: Option<(String, String, serde_json::Value, String)> = sqlx::query_as(
+        "SELECT module, entry, files, digest FROM version_handlers \
+         WHERE environment_id = $1 AND digest = $2 LIMIT 1",
+    )
+    .bind(env)
+    .bind(digest)
+    .fetch_optional(e)
+    .await?;
+    let (module, entry, files, digest) =
+        row.ok_or_else(|| super::StoreError::NotFound(format!("handler code {digest}")))?;
+    Ok(HandlerCode {
+        module,
+        entry,
+        files: serde_json::from_value(files).unwrap_or_default(),
+        digest,
+    })
+}

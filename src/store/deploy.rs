@@ -311,6 +311,22 @@ pub async fn ensure_agents(e: impl PgExecutor<'_>, env: Uuid, names: &[String]) 
     Ok(())
 }
 
+/// Each agent's last finished action result (`deployed`, `failed`, …).
+pub async fn last_results_by_agent(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+) -> Result<std::collections::HashMap<String, String>> {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT ON (agent) agent, last_result FROM resource_state \
+         WHERE environment_id = $1 AND last_result IS NOT NULL AND last_attempt IS NOT NULL \
+         ORDER BY agent, last_attempt DESC",
+    )
+    .bind(env)
+    .fetch_all(e)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 pub async fn set_paused(e: impl PgExecutor<'_>, env: Uuid, name: &str, paused: bool) -> Result<()> {
     sqlx::query(
         "INSERT INTO agents (environment_id, name, paused) VALUES ($1, $2, $3) \

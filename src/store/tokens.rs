@@ -20,6 +20,9 @@ pub struct Token {
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
     pub last_used_at: Option<DateTime<Utc>>,
+    /// An agent token hosts only these agents of its environment; absent: any of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -32,6 +35,7 @@ struct TokenRow {
     created_at: DateTime<Utc>,
     revoked_at: Option<DateTime<Utc>>,
     last_used_at: Option<DateTime<Utc>>,
+    agents: Option<Vec<String>>,
 }
 
 impl From<TokenRow> for Token {
@@ -45,12 +49,13 @@ impl From<TokenRow> for Token {
             created_at: r.created_at,
             revoked_at: r.revoked_at,
             last_used_at: r.last_used_at,
+            agents: r.agents,
         }
     }
 }
 
 const COLUMNS: &str =
-    "id, name, role, environment_id, created_by, created_at, revoked_at, last_used_at";
+    "id, name, role, environment_id, created_by, created_at, revoked_at, last_used_at, agents";
 
 /// A new random secret: `stw_` + 64 hex digits (256 bits from the OS random source).
 pub fn new_secret() -> String {
@@ -77,6 +82,29 @@ pub async fn create(
     created_by: &str,
     secret: Option<&str>,
 ) -> Result<(Token, String)> {
+    create_for_agents(e, name, role, environment_id, created_by, secret, None).await
+}
+
+/// [`create`], for an agent token limited to the agents named (None: any agent).
+pub async fn create_for_agents(
+    e: impl PgExecutor<'_>,
+    name: &str,
+    role: Role,
+    environment_id: Option<Uuid>,
+    created_by: &str,
+    secret: Option<&str>,
+    agents: Option<&[String]>,
+) -> Result<(Token, String)> {
+    if agents.is_some() && role != Role::Agent {
+        return Err(StoreError::Invalid(
+            "only agent tokens are limited to agents".into(),
+        ));
+    }
+    if agents.is_some_and(|a| a.is_empty() || a.iter().any(|n| n.trim().is_empty())) {
+        return Err(StoreError::Invalid(
+            "an agent token's agent names must not be empty".into(),
+        ));
+    }
     if name.trim().is_empty() || name.len() > 200 {
         return Err(StoreError::Invalid(
             "a token needs a name of 1-200 characters".into(),
@@ -89,8 +117,8 @@ pub async fn create(
     }
     let secret = secret.map(str::to_string).unwrap_or_else(new_secret);
     let sql = format!(
-        "INSERT INTO tokens (id, name, secret_hash, role, environment_id, created_by) \
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
+        "INSERT INTO tokens (id, name, secret_hash, role, environment_id, created_by, agents) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
     );
     let row = sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
         .bind(Uuid::new_v4())
@@ -99,6 +127,7 @@ pub async fn create(
         .bind(role.as_str())
         .bind(environment_id)
         .bind(created_by)
+        .bind(agents)
         .fetch_one(e)
         .await
         .map_err(|err| match StoreError::from(err) {

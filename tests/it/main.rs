@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per part.
 
+mod agents;
 mod api;
 mod api_auth;
 mod api_durability;

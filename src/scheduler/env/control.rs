@@ -22,6 +22,7 @@ impl EnvScheduler {
             Control::Settings => {
                 if let Ok(env) = store::environments::get_environment(&self.pool, self.env).await {
                     self.settings = env.settings;
+                    self.refresh_placements();
                     let now = Utc::now();
                     self.arm_sweeps(now);
                     for r in 0..self.model.len() {
@@ -79,6 +80,8 @@ impl EnvScheduler {
             a.queued = self.queue.queued_count(name);
             a.running = self.queue.running_count(name);
             a.executors = self.executors.pids(name);
+            a.placement = self.executors.placement(name).to_string();
+            a.ready = self.executors.is_ready(name);
         }
         let mut agents: Vec<AgentStatus> = agents.into_values().collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));

@@ -50,7 +50,8 @@ impl EnvScheduler {
             return;
         }
         for agent in self.queue.agents_with_ready() {
-            if self.paused.contains(&agent) {
+            // a paused agent, or an external one with no process connected: its work waits
+            if self.paused.contains(&agent) || !self.executors.is_ready(&agent) {
                 continue;
             }
             while self.queue.running_count(&agent) < self.settings.agent_parallelism as usize {
@@ -188,6 +189,7 @@ impl EnvScheduler {
             reload,
             handler,
             timeout: Some(self.settings.handler_timeout),
+            at_target: false,
         };
         let proc = match self.executors.acquire(agent) {
             Ok(p) => p,

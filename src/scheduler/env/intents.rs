@@ -138,6 +138,7 @@ impl EnvScheduler {
         for r in touched {
             self.mark_state(r);
         }
+        self.refresh_placements();
         self.batch.progress = Some(version);
         tracing::info!(
             environment = %self.env, version, new = merged.new.len(), updated = merged.updated.len(),

@@ -12,6 +12,36 @@ use crate::scheduler::queue::{Priority, TaskKey};
 use crate::scheduler::timers::{TimerKind, jittered};
 
 impl EnvScheduler {
+    /// Where each agent's executor runs: the `agent_map` setting, else the model's
+    /// `std::AgentConfig(agentname, uri)`, else on this server.
+    pub(super) fn refresh_placements(&mut self) {
+        use crate::model::placement::Placement;
+        let mut placements = std::collections::HashMap::new();
+        for i in &self.model.intents {
+            if i.type_name != "std::AgentConfig" {
+                continue;
+            }
+            let name = i.attributes.get("agentname").and_then(|v| v.as_str());
+            let uri = i.attributes.get("uri").and_then(|v| v.as_str());
+            if let (Some(name), Some(uri)) = (name, uri) {
+                match Placement::parse(uri) {
+                    Ok(p) => {
+                        placements.insert(name.to_string(), p);
+                    }
+                    Err(e) => tracing::warn!(environment = %self.env, agent = name,
+                        "std::AgentConfig: {e}; the agent runs on this server"),
+                }
+            }
+        }
+        for (agent, uri) in &self.settings.agent_map {
+            if let Ok(p) = Placement::parse(uri) {
+                placements.insert(agent.clone(), p);
+            }
+        }
+        placements.retain(|_, p| !p.is_local());
+        self.executors.set_placements(placements);
+    }
+
     pub(super) fn arm_sweeps(&mut self, now: DateTime<Utc>) {
         self.next_deploy_sweep = match &self.settings.deploy_interval {
             Interval::Disabled => None,
@@ -100,6 +130,13 @@ impl EnvScheduler {
         if self.repair_pending && !self.queue_has_new_intent() {
             self.repair_pending = false;
             self.repair_sweep();
+        }
+        // an action whose external agent is down waits for it: its timeout starts over
+        let timeout = std::time::Duration::from_secs(self.settings.handler_timeout);
+        for r in self.running.values_mut() {
+            if self.executors.is_waiting(r.proc) {
+                r.deadline = tokio::time::Instant::now() + timeout;
+            }
         }
         // hung handlers: kill their executor, report, go on
         let late: Vec<TaskKey> = self

@@ -1,0 +1,547 @@
+//! External agents: `steward agent run` processes on managed machines that connect to the
+//! server and run the actions of the agents they host (DESIGN.md §9, the `external`
+//! transport of the executor protocol).
+//!
+//! A process opens a *session* and then polls: each poll carries the results of the actions
+//! it finished and brings back new work (it waits up to [`MAX_POLL_WAIT`] for some), so an
+//! action costs one round trip. Polls are the heartbeat. When several processes host the
+//! same agent, the one holding the agent's lease in PostgreSQL (`store::leases`, renewed by
+//! every poll, [`LEASE_MS`] long) is its primary and gets the work; the others are
+//! standbys that take the lease over when the primary stops renewing it. Work is handed out
+//! with the lease's term and comes back with it: a result whose term is no longer held (a
+//! primary that was stopped past its lease, or cut off) is refused, and the action is run
+//! again by the new primary. While an agent has no primary its actions wait: queued ones
+//! are not started, and ones in flight are handed to whichever process becomes primary
+//! (re-run: a handler reads before it changes anything, so a re-run of a finished action
+//! changes nothing). A result is taken once, by action id.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::sync::{Notify, mpsc};
+use uuid::Uuid;
+
+use super::executors::{PoolEvent, ProcId};
+use crate::executor::protocol::{Reply, WorkItem, WorkResult};
+use crate::store::{self, leases::LeaseKind};
+
+/// How long an agent's primary lease lasts without a renewal (a poll).
+pub const LEASE_MS: i64 = 3000;
+/// The longest a poll waits for work before it answers empty (it must come back well
+/// within the lease to renew it).
+pub const MAX_POLL_WAIT: Duration = Duration::from_millis(1000);
+/// A session not heard from for this long is gone.
+const SESSION_TIMEOUT: Duration = Duration::from_millis(LEASE_MS as u64 + 2000);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    /// The session is unknown (expired, or the server restarted): open a new one.
+    #[error("unknown agent session {0}: open a new one")]
+    UnknownSession(Uuid),
+    /// A result's term is no longer held: the process was deposed.
+    #[error(
+        "agent {agent}: term {term} is no longer held by this process (another process is primary now); its results are refused"
+    )]
+    Fenced { agent: String, term: i64 },
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+}
+
+/// What a process says when it opens a session.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Hello {
+    /// The process's identity, stable across its reconnects (it holds leases under it).
+    pub instance: Uuid,
+    /// The agents it hosts.
+    pub agents: Vec<String>,
+    /// Its machine's name, for `steward agent list`.
+    #[serde(default)]
+    pub host: String,
+    /// Its Steward version.
+    #[serde(default)]
+    pub version: String,
+}
+
+/// An action handed to a process, under the term of its agent's lease.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Assignment {
+    pub agent: String,
+    pub term: i64,
+    #[schema(value_type = Object)]
+    pub item: WorkItem,
+}
+
+/// A finished action, reported with the term it was handed out under.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Report {
+    pub agent: String,
+    pub term: i64,
+    #[schema(value_type = Object)]
+    pub result: WorkResult,
+}
+
+/// A poll: results in, work out.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Poll {
+    #[serde(default)]
+    pub results: Vec<Report>,
+    /// Milliseconds to wait for work when there is none (at most 1000).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PollReply {
+    pub work: Vec<Assignment>,
+    /// Actions to abandon (their handler overran its timeout): kill their executor.
+    pub cancel: Vec<Uuid>,
+    /// The agents this process is primary of, with their terms.
+    pub primary: BTreeMap<String, i64>,
+    /// How long its leases last from now, in milliseconds: start no new action after that
+    /// without a successful poll.
+    pub lease_ms: i64,
+}
+
+/// A process as `steward agent list` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionView {
+    pub instance: Uuid,
+    pub host: String,
+    pub version: String,
+    pub agents: Vec<String>,
+    pub primary: BTreeMap<String, i64>,
+    pub connected_at: DateTime<Utc>,
+    pub last_heartbeat: DateTime<Utc>,
+    pub in_flight: usize,
+}
+
+struct Session {
+    env: Uuid,
+    token: Option<Uuid>,
+    hello: Hello,
+    primary: BTreeMap<String, i64>,
+    connected_at: DateTime<Utc>,
+    last_seen: Instant,
+    last_seen_at: DateTime<Utc>,
+    outbox: Vec<Assignment>,
+    cancels: Vec<Uuid>,
+    wake: Arc<Notify>,
+}
+
+struct InFlight {
+    env: Uuid,
+    agent: String,
+    proc: ProcId,
+    item: WorkItem,
+    /// the session and term it was handed to; None while the agent has no primary
+    holder: Option<(Uuid, i64)>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<Uuid, Session>,
+    inflight: HashMap<Uuid, InFlight>,
+    /// each environment scheduler's executor events
+    envs: HashMap<Uuid, mpsc::UnboundedSender<PoolEvent>>,
+}
+
+/// The server's side of all external agent sessions (cheap to clone).
+#[derive(Clone)]
+pub struct AgentHub {
+    pool: PgPool,
+    state: Arc<Mutex<State>>,
+}
+
+fn lease_key(env: Uuid, agent: &str) -> String {
+    format!("{env}/{agent}")
+}
+
+impl AgentHub {
+    pub fn new(pool: PgPool) -> AgentHub {
+        let hub = AgentHub {
+            pool,
+            state: Arc::new(Mutex::new(State::default())),
+        };
+        let h = hub.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                h.drop_silent_sessions();
+            }
+        });
+        hub
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An environment's scheduler receives its external results here.
+    pub fn attach(&self, env: Uuid, events: mpsc::UnboundedSender<PoolEvent>) {
+        self.lock().envs.insert(env, events);
+    }
+
+    /// Open (or reopen, after a reconnect) a session. `allowed`: the agents the caller's
+    /// token may host (None: any).
+    pub async fn open(
+        &self,
+        env: Uuid,
+        token: Option<Uuid>,
+        allowed: Option<&[String]>,
+        hello: Hello,
+    ) -> Result<PollReply, HubError> {
+        if hello.agents.is_empty() {
+            return Err(HubError::Invalid("name at least one agent to host".into()));
+        }
+        if let Some(allowed) = allowed
+            && let Some(a) = hello.agents.iter().find(|a| !allowed.contains(a))
+        {
+            return Err(HubError::Forbidden(format!(
+                "this token may not host agent '{a}' (it may host: {})",
+                allowed.join(", ")
+            )));
+        }
+        let instance = hello.instance;
+        {
+            let mut st = self.lock();
+            if let Some(s) = st.sessions.get(&instance)
+                && (s.env != env || s.token != token)
+            {
+                return Err(HubError::Forbidden(
+                    "this instance id belongs to another environment or token".into(),
+                ));
+            }
+            let now = Utc::now();
+            let previous = st.sessions.remove(&instance);
+            st.sessions.insert(
+                instance,
+                Session {
+                    env,
+                    token,
+                    hello,
+                    primary: previous
+                        .as_ref()
+                        .map(|p| p.primary.clone())
+                        .unwrap_or_default(),
+                    connected_at: now,
+                    last_seen: Instant::now(),
+                    last_seen_at: now,
+                    outbox: previous
+                        .as_ref()
+                        .map(|p| p.outbox.clone())
+                        .unwrap_or_default(),
+                    cancels: Vec::new(),
+                    wake: previous
+                        .map(|p| p.wake)
+                        .unwrap_or_else(|| Arc::new(Notify::new())),
+                },
+            );
+        }
+        tracing::info!(environment = %env, instance = %instance, "agent process connected");
+        self.poll(env, instance, token, Poll::default()).await
+    }
+
+    /// Take results, renew the leases, hand out work.
+    pub async fn poll(
+        &self,
+        env: Uuid,
+        instance: Uuid,
+        token: Option<Uuid>,
+        poll: Poll,
+    ) -> Result<PollReply, HubError> {
+        let agents = {
+            let mut st = self.lock();
+            let s = st
+                .sessions
+                .get_mut(&instance)
+                .filter(|s| s.env == env && s.token == token)
+                .ok_or(HubError::UnknownSession(instance))?;
+            s.last_seen = Instant::now();
+            s.last_seen_at = Utc::now();
+            s.hello.agents.clone()
+        };
+        // the heartbeat: renew or take each agent's lease
+        let mut primary = BTreeMap::new();
+        for agent in &agents {
+            let key = lease_key(env, agent);
+            if let Some(term) = store::leases::acquire(
+                &self.pool,
+                LeaseKind::AgentPrimary,
+                &key,
+                &instance.to_string(),
+                LEASE_MS,
+            )
+            .await?
+            {
+                primary.insert(agent.clone(), term);
+            }
+        }
+        // fencing: every result must come under a term this process holds now
+        for r in &poll.results {
+            if !agents.contains(&r.agent) {
+                return Err(HubError::Forbidden(format!(
+                    "this process does not host agent '{}'",
+                    r.agent
+                )));
+            }
+            if primary.get(&r.agent) != Some(&r.term) {
+                tracing::warn!(environment = %env, instance = %instance, agent = %r.agent, term = r.term,
+                    "results of a deposed agent process refused");
+                return Err(HubError::Fenced {
+                    agent: r.agent.clone(),
+                    term: r.term,
+                });
+            }
+        }
+        let wake = {
+            let mut st = self.lock();
+            let Some(s) = st.sessions.get_mut(&instance) else {
+                return Err(HubError::UnknownSession(instance));
+            };
+            let newly: Vec<(String, i64)> = primary
+                .iter()
+                .filter(|(a, t)| s.primary.get(*a) != Some(t))
+                .map(|(a, t)| (a.clone(), *t))
+                .collect();
+            s.primary = primary.clone();
+            let wake = s.wake.clone();
+            for r in poll.results {
+                self.accept(&mut st, env, r);
+            }
+            // a process that just became primary gets what was in flight for its agent
+            for (agent, term) in newly {
+                tracing::info!(environment = %env, instance = %instance, agent = %agent, term, "agent process is primary");
+                let moved: Vec<Assignment> = st
+                    .inflight
+                    .values_mut()
+                    .filter(|f| f.env == env && f.agent == agent)
+                    .filter(|f| f.holder.is_none_or(|(i, t)| i != instance || t != term))
+                    .map(|f| {
+                        f.holder = Some((instance, term));
+                        Assignment {
+                            agent: agent.clone(),
+                            term,
+                            item: f.item.clone(),
+                        }
+                    })
+                    .collect();
+                if let Some(s) = st.sessions.get_mut(&instance) {
+                    s.outbox.retain(|a| a.agent != agent);
+                    s.outbox.extend(moved);
+                }
+            }
+            wake
+        };
+        let deadline = Instant::now() + Duration::from_millis(poll.wait_ms).min(MAX_POLL_WAIT);
+        loop {
+            let notified = wake.notified();
+            {
+                let mut st = self.lock();
+                let Some(s) = st.sessions.get_mut(&instance) else {
+                    return Err(HubError::UnknownSession(instance));
+                };
+                // work only under a term this process holds now (a deposed process's
+                // leftovers stay in flight and go to the new primary)
+                let primary = s.primary.clone();
+                s.outbox.retain(|a| primary.get(&a.agent) == Some(&a.term));
+                if !s.outbox.is_empty() || !s.cancels.is_empty() || Instant::now() >= deadline {
+                    return Ok(PollReply {
+                        work: std::mem::take(&mut s.outbox),
+                        cancel: std::mem::take(&mut s.cancels),
+                        primary: s.primary.clone(),
+                        lease_ms: LEASE_MS,
+                    });
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline.into(), notified).await;
+        }
+    }
+
+    /// A result, once: to the scheduler whose action it is.
+    fn accept(&self, st: &mut State, env: Uuid, r: Report) {
+        let Some(f) = st.inflight.get(&r.result.action_id) else {
+            // reported already, abandoned, or from before a restart: never twice
+            return;
+        };
+        if f.env != env || f.agent != r.agent {
+            return;
+        }
+        let f = st.inflight.remove(&r.result.action_id).expect("present");
+        if let Some(tx) = st.envs.get(&env) {
+            let _ = tx.send(PoolEvent::Reply(f.proc, Reply::Result(Box::new(r.result))));
+        }
+    }
+
+    /// Close a session (a process that stops): its leases go at once to a standby.
+    pub async fn close(
+        &self,
+        env: Uuid,
+        instance: Uuid,
+        token: Option<Uuid>,
+    ) -> Result<(), HubError> {
+        let agents = {
+            let mut st = self.lock();
+            match st.sessions.get(&instance) {
+                Some(s) if s.env == env && s.token == token => {}
+                _ => return Err(HubError::UnknownSession(instance)),
+            }
+            let s = st.sessions.remove(&instance).expect("present");
+            s.wake.notify_waiters();
+            s.hello.agents
+        };
+        for a in agents {
+            store::leases::release(
+                &self.pool,
+                LeaseKind::AgentPrimary,
+                &lease_key(env, &a),
+                &instance.to_string(),
+            )
+            .await?;
+        }
+        tracing::info!(environment = %env, instance = %instance, "agent process disconnected");
+        Ok(())
+    }
+
+    /// A token was revoked: its processes are disconnected now and their leases freed.
+    pub async fn revoke(&self, token: Uuid) {
+        let gone: Vec<(Uuid, Uuid, Vec<String>)> = {
+            let mut st = self.lock();
+            let ids: Vec<Uuid> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.token == Some(token))
+                .map(|(i, _)| *i)
+                .collect();
+            ids.into_iter()
+                .filter_map(|i| st.sessions.remove(&i).map(|s| (i, s)))
+                .map(|(i, s)| {
+                    s.wake.notify_waiters();
+                    (i, s.env, s.hello.agents)
+                })
+                .collect()
+        };
+        for (instance, env, agents) in gone {
+            tracing::info!(environment = %env, instance = %instance, "agent process disconnected: its token was revoked");
+            for a in agents {
+                let _ = store::leases::release(
+                    &self.pool,
+                    LeaseKind::AgentPrimary,
+                    &lease_key(env, &a),
+                    &instance.to_string(),
+                )
+                .await;
+            }
+        }
+    }
+
+    fn drop_silent_sessions(&self) {
+        let mut st = self.lock();
+        let silent: Vec<Uuid> = st
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_seen.elapsed() > SESSION_TIMEOUT)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in silent {
+            if let Some(s) = st.sessions.remove(&i) {
+                tracing::warn!(environment = %s.env, instance = %i, "agent process went silent: disconnected");
+                s.wake.notify_waiters();
+            }
+        }
+    }
+
+    /// The live process that is primary of `agent`, if any.
+    fn primary_of(st: &State, env: Uuid, agent: &str) -> Option<(Uuid, i64)> {
+        st.sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.env == env && s.last_seen.elapsed() < Duration::from_millis(LEASE_MS as u64)
+            })
+            .find_map(|(i, s)| s.primary.get(agent).map(|t| (*i, *t)))
+    }
+
+    /// Can `agent` take work now (it has a live primary)?
+    pub fn is_up(&self, env: Uuid, agent: &str) -> bool {
+        Self::primary_of(&self.lock(), env, agent).is_some()
+    }
+
+    /// Hand an action to the agent's primary (or hold it until there is one).
+    pub fn assign(&self, env: Uuid, agent: &str, proc: ProcId, item: WorkItem) {
+        let mut st = self.lock();
+        let holder = Self::primary_of(&st, env, agent);
+        let action_id = item.action_id;
+        if let Some((instance, term)) = holder
+            && let Some(s) = st.sessions.get_mut(&instance)
+        {
+            s.outbox.push(Assignment {
+                agent: agent.to_string(),
+                term,
+                item: item.clone(),
+            });
+            s.wake.notify_waiters();
+        }
+        st.inflight.insert(
+            action_id,
+            InFlight {
+                env,
+                agent: agent.to_string(),
+                proc,
+                item,
+                holder,
+            },
+        );
+    }
+
+    /// Abandon an action (its handler overran the timeout): the process kills its executor.
+    pub fn cancel(&self, action_id: Uuid) {
+        let mut st = self.lock();
+        if let Some(f) = st.inflight.remove(&action_id)
+            && let Some((instance, _)) = f.holder
+            && let Some(s) = st.sessions.get_mut(&instance)
+        {
+            s.outbox.retain(|a| a.item.action_id != action_id);
+            s.cancels.push(action_id);
+            s.wake.notify_waiters();
+        }
+    }
+
+    /// The processes connected for an environment.
+    pub fn sessions(&self, env: Uuid) -> Vec<SessionView> {
+        let st = self.lock();
+        let mut v: Vec<SessionView> = st
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.env == env)
+            .map(|(i, s)| SessionView {
+                instance: *i,
+                host: s.hello.host.clone(),
+                version: s.hello.version.clone(),
+                agents: s.hello.agents.clone(),
+                // a process silent past its lease is primary of nothing, whatever it thinks
+                primary: if s.last_seen.elapsed() < Duration::from_millis(LEASE_MS as u64) {
+                    s.primary.clone()
+                } else {
+                    BTreeMap::new()
+                },
+                connected_at: s.connected_at,
+                last_heartbeat: s.last_seen_at,
+                in_flight: st
+                    .inflight
+                    .values()
+                    .filter(|f| f.holder.is_some_and(|(h, _)| h == *i))
+                    .count(),
+            })
+            .collect();
+        v.sort_by_key(|s| s.connected_at);
+        v
+    }
+}

@@ -1,0 +1,404 @@
+//! External agents: real `steward agent run` processes connected to a real server, deploying
+//! real files; agent tokens, the election of a primary, takeover after kill -9, fencing of a
+//! stopped primary, and revocation.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steward::client::Client;
+
+use crate::deploy::{deploy_actions, deploying_env, upload};
+use crate::support::{TestServer, eventually, exec_run, fs_file, steward_bin, wait_deployed};
+
+const WEB: &str = "web";
+
+/// A `steward agent run` process hosting `names`, its log in `log`.
+fn spawn_agent(
+    srv: &TestServer,
+    token: &str,
+    env: &str,
+    names: &[&str],
+    dir: &Path,
+    log: &str,
+) -> Child {
+    let mut cmd = Command::new(steward_bin());
+    cmd.args(["agent", "run"]);
+    for n in names {
+        cmd.args(["--name", n]);
+    }
+    cmd.env("STEWARD_SERVER", &srv.url)
+        .env("STEWARD_TOKEN", token)
+        .env("STEWARD_ENV", env)
+        .env("STEWARD_AGENT_DIR", dir.join(format!("{log}.work")))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{log}.log"))).unwrap())
+        .spawn()
+        .expect("spawn steward agent run")
+}
+
+fn log_of(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+async fn agent_token(c: &Client, env: &str, agents: &[&str]) -> String {
+    let names: Vec<String> = agents.iter().map(|s| s.to_string()).collect();
+    let t = c.create_agent_token("agent", env, &names).await.unwrap();
+    t["secret"].as_str().unwrap().to_string()
+}
+
+/// The agent as `GET …/agents` shows it.
+async fn agent_view(c: &Client, env: &str, name: &str) -> serde_json::Value {
+    let a = c.agents(env).await.unwrap();
+    a["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_agent_deploys_what_waited_for_it() {
+    let (srv, c, env, dir) = deploying_env("ext", json!({"agent_map": {WEB: "external"}})).await;
+    let d = dir.path().display().to_string();
+    let files: Vec<_> = (0..3)
+        .map(|i| fs_file(WEB, &format!("{d}/f{i}"), &format!("content {i}"), &[]))
+        .collect();
+    let v = upload(&c, &env, files).await;
+    // no process yet: the agent is down and its resources wait, they do not fail
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let p = c.progress(&env, v).await.unwrap();
+    assert_eq!(p["by_status"]["available"], 3, "{p}");
+    assert_eq!(p["failed"], 0, "{p}");
+    let a = agent_view(&c, &env, WEB).await;
+    assert_eq!(a["state"], "down", "{a}");
+    assert_eq!(a["placement"], "external", "{a}");
+    assert!(!Path::new(&format!("{d}/f0")).exists());
+
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut agent = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a1");
+    wait_deployed(&c, &env, v, 30).await;
+    for i in 0..3 {
+        assert_eq!(
+            std::fs::read_to_string(format!("{d}/f{i}")).unwrap(),
+            format!("content {i}")
+        );
+    }
+    // the action log came back through the API, as from a local executor
+    let rid = format!("fs::File[{WEB},path={d}/f0]");
+    let acts = deploy_actions(&c, &env, &rid).await;
+    assert_eq!(acts.len(), 1, "{acts:?}");
+    assert_eq!(acts[0].status, "deployed");
+    assert_eq!(acts[0].change, "created");
+    let a = agent_view(&c, &env, WEB).await;
+    assert_eq!(a["processes"].as_array().unwrap().len(), 1, "{a}");
+    assert_eq!(a["primary"], a["processes"][0]["instance"], "{a}");
+    assert_eq!(a["last_result"], "deployed", "{a}");
+    assert_eq!(a["processes"][0]["version"], env!("CARGO_PKG_VERSION"));
+    // the CLI shows the same
+    let out = Command::new(steward_bin())
+        .args(["agent", "list"])
+        .env("STEWARD_SERVER", &srv.url)
+        .env("STEWARD_TOKEN", srv.admin.as_deref().unwrap())
+        .env("STEWARD_ENV", &env)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("external") && text.contains('*'), "{text}");
+    // drift is repaired through the agent too
+    std::fs::write(format!("{d}/f1"), "drifted").unwrap();
+    c.trigger(&env, true, None, None).await.unwrap();
+    eventually(20, "the repair through the agent", || async {
+        (std::fs::read_to_string(format!("{d}/f1")).ok()? == "content 1").then_some(())
+    })
+    .await;
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_tokens_host_only_their_agents_of_their_environment() {
+    let (srv, c, env, dir) = deploying_env("tok", json!({"agent_map": {WEB: "external"}})).await;
+    let other = crate::deploy::env_with(&c, "tok-other", json!({})).await;
+    let token = agent_token(&c, &env, &[WEB]).await;
+    // another agent of the same environment: refused
+    let mut a = spawn_agent(&srv, &token, &env, &["db"], dir.path(), "db");
+    let status = tokio::task::spawn_blocking(move || a.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        log_of(dir.path(), "db").contains("may not host agent 'db'"),
+        "{}",
+        log_of(dir.path(), "db")
+    );
+    // its agent in another environment: refused
+    let mut b = spawn_agent(&srv, &token, &other, &[WEB], dir.path(), "other");
+    let status = tokio::task::spawn_blocking(move || b.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{}", log_of(dir.path(), "other"));
+    // a viewer token hosts nothing
+    let viewer = c.create_token("v", "viewer", Some(&env)).await.unwrap();
+    let mut v = spawn_agent(
+        &srv,
+        viewer["secret"].as_str().unwrap(),
+        &env,
+        &[WEB],
+        dir.path(),
+        "viewer",
+    );
+    let status = tokio::task::spawn_blocking(move || v.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{}", log_of(dir.path(), "viewer"));
+}
+
+/// Slow commands: each notes that it ran in `runs<i>`, then (after `secs[i]`) writes `out<i>`,
+/// unless `out<i>` exists (the guard a re-run checks first).
+fn slow_commands(d: &str, secs: &[f64]) -> Vec<steward::model::Resource> {
+    secs.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            exec_run(
+                WEB,
+                &format!("sh -c 'echo run >> {d}/runs{i}; sleep {s}; echo done >> {d}/out{i}'"),
+                json!({"unless": format!("test -f {d}/out{i}")}),
+                &[],
+            )
+        })
+        .collect()
+}
+
+/// Lines in `<prefix><i>` for each i.
+fn lines(d: &str, prefix: &str, n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|i| {
+            std::fs::read_to_string(format!("{d}/{prefix}{i}"))
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_takes_over_when_the_primary_is_killed_mid_deploy() {
+    let (srv, c, env, dir) = deploying_env("elect", json!({"agent_map": {WEB: "external"}})).await;
+    let d = dir.path().display().to_string();
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut a1 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a1");
+    eventually(20, "a primary", || async {
+        agent_view(&c, &env, WEB).await["primary"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    let mut a2 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a2");
+    eventually(20, "both processes connected", || async {
+        (agent_view(&c, &env, WEB).await["processes"]
+            .as_array()?
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    let a = agent_view(&c, &env, WEB).await;
+    let primary = a["primary"].as_str().unwrap().to_string();
+    let n = 20;
+    let v = upload(&c, &env, slow_commands(&d, &[0.25; 20])).await;
+    // a few done: kill -9 the primary in the middle of the deploy
+    eventually(30, "some commands to run", || async {
+        (lines(&d, "out", n).iter().filter(|&&l| l > 0).count() >= 4).then_some(())
+    })
+    .await;
+    // which process is primary: its log names its instance
+    let (primary_child, standby_child) = if log_of(dir.path(), "a1").contains(&primary) {
+        (&mut a1, &mut a2)
+    } else {
+        (&mut a2, &mut a1)
+    };
+    signal(primary_child, "-9");
+    primary_child.wait().unwrap();
+    let killed = Instant::now();
+    // the standby takes the lease over and finishes
+    let new_primary = eventually(10, "the standby to become primary", || async {
+        let p = agent_view(&c, &env, WEB).await["primary"]
+            .as_str()?
+            .to_string();
+        (p != primary).then_some(p)
+    })
+    .await;
+    let takeover = killed.elapsed();
+    println!("takeover after kill -9 of the primary: {takeover:?}");
+    assert!(
+        takeover < Duration::from_secs(5),
+        "takeover took {takeover:?}"
+    );
+    wait_deployed(&c, &env, v, 60).await;
+    // every command completed exactly once: nothing twice, nothing lost; only the one the
+    // kill interrupted may have started twice (its first run died with the primary)
+    assert_eq!(
+        lines(&d, "out", n),
+        vec![1; n],
+        "one completion per command"
+    );
+    let runs = lines(&d, "runs", n);
+    assert!(
+        runs.iter().all(|&r| (1..=2).contains(&r)) && runs.iter().filter(|&&r| r > 1).count() <= 1,
+        "runs per command: {runs:?}"
+    );
+    let p = c.progress(&env, v).await.unwrap();
+    assert_eq!(p["by_status"]["deployed"], n, "{p}");
+    assert_ne!(new_primary, primary);
+    standby_child.kill().unwrap();
+    standby_child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_primary_is_fenced_when_it_comes_back() {
+    let (srv, c, env, dir) = deploying_env("fence", json!({"agent_map": {WEB: "external"}})).await;
+    let d = dir.path().display().to_string();
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut a1 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a1");
+    eventually(20, "a1 primary", || async {
+        agent_view(&c, &env, WEB).await["primary"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    let first = agent_view(&c, &env, WEB).await["primary"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(log_of(dir.path(), "a1").contains(&first), "a1 is primary");
+    let mut a2 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a2");
+    eventually(20, "a standby", || async {
+        (agent_view(&c, &env, WEB).await["processes"]
+            .as_array()?
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    // the first command is slow: the primary is stopped while its executor runs it
+    let mut secs = vec![0.1; 8];
+    secs[0] = 2.0;
+    let n = secs.len();
+    let v = upload(&c, &env, slow_commands(&d, &secs)).await;
+    eventually(30, "the slow command to start", || async {
+        (lines(&d, "runs", n)[0] == 1).then_some(())
+    })
+    .await;
+    signal(&a1, "-STOP");
+    eventually(15, "the standby to take over", || async {
+        let p = agent_view(&c, &env, WEB).await["primary"]
+            .as_str()?
+            .to_string();
+        (p != first).then_some(())
+    })
+    .await;
+    wait_deployed(&c, &env, v, 60).await;
+    // the stopped primary comes back with the result of the slow command
+    signal(&a1, "-CONT");
+    eventually(15, "the old primary to be refused", || async {
+        log_of(dir.path(), "a1")
+            .contains("no longer held")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // it started nothing after it came back: every command ran once, by one process
+    assert_eq!(
+        lines(&d, "out", n),
+        vec![1; n],
+        "one completion per command"
+    );
+    assert_eq!(lines(&d, "runs", n), vec![1; n], "one run per command");
+    let slow = format!(
+        "exec::Run[{WEB},command=sh -c 'echo run >> {d}/runs0; sleep 2; echo done >> {d}/out0']"
+    );
+    let acts = deploy_actions(&c, &env, &slow).await;
+    assert!(
+        acts.iter().all(|a| a.status != "deploying"),
+        "the slow command's actions are settled: {acts:?}"
+    );
+    for child in [&mut a1, &mut a2] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_token_disconnects_its_process_within_a_second() {
+    let (srv, c, env, dir) = deploying_env("revoke", json!({"agent_map": {WEB: "external"}})).await;
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut a = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a");
+    eventually(20, "a primary", || async {
+        agent_view(&c, &env, WEB).await["primary"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    let id = c
+        .tokens(Some(&env), false)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| t.role == steward::model::Role::Agent)
+        .unwrap()
+        .id;
+    let revoked = Instant::now();
+    c.revoke_token(&id.to_string()).await.unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = a.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = a.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    let took = revoked.elapsed();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "{}",
+        log_of(dir.path(), "a")
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "disconnected after {took:?}"
+    );
+    let view = agent_view(&c, &env, WEB).await;
+    assert_eq!(
+        view["processes"].as_array().map(|p| p.len()),
+        Some(0),
+        "{view}"
+    );
+    // and it is refused if it comes back
+    let mut again = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "again");
+    let status = tokio::task::spawn_blocking(move || again.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    assert!(log_of(dir.path(), "again").contains("unknown or revoked token"));
+}
