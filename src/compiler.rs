@@ -21,6 +21,7 @@ pub mod project;
 pub mod source;
 pub mod strings;
 pub mod types;
+pub mod value;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -11,12 +11,12 @@ use std::collections::{HashMap, HashSet};
 
 use super::ast;
 use super::diagnostics::Diagnostic;
-use super::eval::value::Value;
 use super::ir::{Block, Ir};
 use super::lexer::IntLit;
 use super::plugins;
 use super::source::{FileId, Span};
 use super::types::*;
+use super::value::Value;
 
 /// One parsed file and the namespace it defines.
 pub struct LoadedFile {
@@ -1210,7 +1210,7 @@ pub(crate) fn const_value(e: &ast::Expr) -> Option<Value> {
             Value::list(out)
         }
         ast::ExprKind::Dict(pairs) => {
-            let mut d = super::eval::value::Dict::new();
+            let mut d = super::value::Dict::new();
             for (k, v) in pairs {
                 d.insert(std::rc::Rc::from(k.as_str()), const_value(v)?);
             }

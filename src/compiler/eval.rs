@@ -15,9 +15,7 @@ pub mod expr;
 pub mod finalize;
 pub mod format;
 pub mod ops;
-pub mod pyfmt;
 pub mod state;
-pub mod value;
 
 use std::collections::{HashSet, VecDeque};
 
@@ -27,8 +25,9 @@ use super::diagnostics::Diagnostic;
 use super::plugins::Host;
 use super::source::{SourceMap, Span};
 use super::types::{EntityId, Program, Storage};
+use super::value::pyfmt;
+use super::value::{InstId, Value};
 use state::*;
-use value::{InstId, Value};
 
 /// Why evaluation stopped early.
 pub enum Stop {

@@ -9,9 +9,9 @@ use std::rc::Rc;
 
 use super::ast::BinOp;
 use super::diagnostics::Diagnostic;
-use super::eval::value::Value;
 use super::source::Span;
 use super::types::{EntityId, NsId, PluginId, Prim, Sym};
+use super::value::Value;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExprId(pub u32);

@@ -14,10 +14,10 @@ use std::rc::Rc;
 use super::ast::{self, BinOp};
 use super::define::{Definer, ResolvedType, hyphen_error};
 use super::diagnostics::Diagnostic;
-use super::eval::value::Value;
 use super::ir::*;
 use super::lexer::IntLit;
 use super::types::*;
+use super::value::Value;
 
 /// The static context of the code being lowered.
 struct Cx {
@@ -1030,8 +1030,8 @@ pub fn pretty(e: &ast::Expr) -> String {
         A::Bool(b) => if *b { "true" } else { "false" }.into(),
         A::Int(IntLit::Small(i)) => i.to_string(),
         A::Int(IntLit::Big(b)) => b.to_string(),
-        A::Float(f) => super::eval::pyfmt::float_repr(*f),
-        A::Str(s) => super::eval::pyfmt::str_repr(s),
+        A::Float(f) => super::value::pyfmt::float_repr(*f),
+        A::Str(s) => super::value::pyfmt::str_repr(s),
         A::Var(q) => q.full(),
         A::Attr(b, n) => format!("{}.{}", pretty(b), n.text),
         A::Binary(op, a, b) => {

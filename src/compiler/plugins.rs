@@ -15,11 +15,11 @@ use std::rc::Rc;
 
 use super::diagnostics::Diagnostic;
 use super::eval::expr::{Cx, err};
-use super::eval::value::Value;
 use super::eval::{Eval, Runtime, Stop};
 use super::ir::{Call, ExprId};
 use super::source::Span;
 use super::types::{BaseType, Prim, TypeRef};
+use super::value::Value;
 
 /// What the compiler needs from its surroundings while evaluating.
 pub trait Host {

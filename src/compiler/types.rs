@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 
-use super::eval::value::Value;
 use super::ir::{BlockId, ExprId};
 use super::source::Span;
+use super::value::Value;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NsId(pub u32);

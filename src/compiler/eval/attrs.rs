@@ -3,12 +3,13 @@
 
 use super::expr::{Cx, err};
 use super::state::*;
-use super::value::{InstId, Value, py_eq};
-use super::{Eval, Runtime, Stop, pyfmt};
+use super::{Eval, Runtime, Stop};
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ir::ExprId;
 use crate::compiler::source::Span;
 use crate::compiler::types::{AttrKind, BaseType, Constraint, EntityId, Prim, ValueType};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{InstId, Value, py_eq};
 
 impl Runtime<'_> {
     fn site_span(&self, site: ExprId) -> Span {

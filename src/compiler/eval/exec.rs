@@ -2,11 +2,11 @@
 
 use super::expr::{Cx, err};
 use super::state::*;
-use super::value::{InstId, Value};
 use super::{Eval, Runtime, Stop};
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ir::*;
 use crate::compiler::types::{AttrKind, RuleId};
+use crate::compiler::value::{InstId, Value};
 
 impl Runtime<'_> {
     /// Run a task until it completes or blocks. Errors abort the compile.

@@ -8,13 +8,14 @@
 use std::rc::Rc;
 
 use super::state::*;
-use super::value::{Dict, InstId, Value, py_eq};
-use super::{Eval, IndexKey, KeyPart, Runtime, Stop, pyfmt};
+use super::{Eval, IndexKey, KeyPart, Runtime, Stop};
 use crate::compiler::ast::BinOp;
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ir::*;
 use crate::compiler::source::Span;
 use crate::compiler::types::{AttrKind, BaseType, EntityId, Prim, Sym};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{Dict, InstId, Value, py_eq};
 
 /// The dynamic context of one evaluation.
 pub struct Cx {

@@ -3,8 +3,8 @@
 use std::rc::Rc;
 
 use super::{Args, PluginDef, fail, req};
-use crate::compiler::eval::pyfmt;
-use crate::compiler::eval::value::{Dict, Value};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{Dict, Value};
 
 /// Python `json.dumps` (default separators `, ` and `: `, ASCII-only output).
 pub fn dumps(v: &Value, out: &mut String) -> Result<(), String> {

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::{Args, Default, PluginDef, fail, opt, req};
-use crate::compiler::eval::value::Value;
+use crate::compiler::value::Value;
 
 fn s(a: &Args, i: usize) -> &str {
     a.values[i].as_str().unwrap_or("")

@@ -4,8 +4,9 @@ use std::cmp::Ordering;
 
 use super::{Args, Default, PluginDef, fail, opt, req};
 use crate::compiler::eval::expr::Cx;
-use crate::compiler::eval::value::{Value, py_eq};
-use crate::compiler::eval::{Eval, Runtime, pyfmt};
+use crate::compiler::eval::{Eval, Runtime};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{Value, py_eq};
 
 fn s(a: &Args, i: usize) -> &str {
     a.values[i].as_str().unwrap_or("")

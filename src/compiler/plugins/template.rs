@@ -12,8 +12,8 @@ use super::std_lib::resolve_module_path;
 use super::{Args, PluginDef, fail, req};
 use crate::compiler::eval::expr::Cx;
 use crate::compiler::eval::state::{NONE, RvState};
-use crate::compiler::eval::value::{InstId, Value};
 use crate::compiler::eval::{Eval, Runtime, Stop};
+use crate::compiler::value::{InstId, Value};
 
 pub fn plugins() -> Vec<PluginDef> {
     vec![PluginDef {
