@@ -45,6 +45,11 @@ impl From<Diagnostic> for Stop {
 
 pub type Eval<T> = Result<T, Stop>;
 
+/// Stop with a compile error at `span`.
+pub fn err(code: &'static str, msg: impl Into<String>, span: Span) -> Stop {
+    Stop::Err(Box::new(Diagnostic::error(code, msg).at(span)))
+}
+
 /// A runaway model (an implementation constructing instances without end) stops here.
 pub const MAX_INSTANCES: usize = 5_000_000;
 

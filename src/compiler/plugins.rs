@@ -14,8 +14,8 @@ mod template;
 use std::rc::Rc;
 
 use super::diagnostics::Diagnostic;
-use super::eval::expr::{Cx, err};
-use super::eval::{Eval, Runtime, Stop};
+use super::eval::expr::Cx;
+use super::eval::{Eval, Runtime, Stop, err};
 use super::ir::{Call, ExprId};
 use super::source::Span;
 use super::types::{BaseType, Prim, TypeRef};

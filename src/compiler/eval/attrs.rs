@@ -1,9 +1,9 @@
 //! Assigning values: variables, plain attributes and relation ends, with type validation,
 //! double-set detection, reverse ends and relation freezing (LANGUAGE.md §5.2, §7, §12.1).
 
-use super::expr::{Cx, err};
+use super::expr::Cx;
 use super::state::*;
-use super::{Eval, Runtime, Stop};
+use super::{Eval, Runtime, Stop, err};
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ir::ExprId;
 use crate::compiler::source::Span;

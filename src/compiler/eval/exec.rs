@@ -1,8 +1,8 @@
 //! Tasks: statements, constructor attribute assignments, implement rules, eager promises.
 
-use super::expr::{Cx, err};
+use super::expr::Cx;
 use super::state::*;
-use super::{Eval, Runtime, Stop};
+use super::{Eval, Runtime, Stop, err};
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ir::*;
 use crate::compiler::types::{AttrKind, RuleId};

@@ -8,9 +8,8 @@
 use std::rc::Rc;
 
 use super::state::*;
-use super::{Eval, IndexKey, KeyPart, Runtime, Stop};
+use super::{Eval, IndexKey, KeyPart, Runtime, Stop, err};
 use crate::compiler::ast::BinOp;
-use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ir::*;
 use crate::compiler::source::Span;
 use crate::compiler::types::{AttrKind, BaseType, EntityId, Prim, Sym};
@@ -39,10 +38,6 @@ impl Cx {
             lhs: None,
         }
     }
-}
-
-pub fn err(code: &'static str, msg: impl Into<String>, span: Span) -> Stop {
-    Stop::Err(Box::new(Diagnostic::error(code, msg).at(span)))
 }
 
 impl Runtime<'_> {

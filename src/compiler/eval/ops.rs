@@ -7,8 +7,7 @@
 use num_bigint::BigInt;
 use num_traits::{Signed, ToPrimitive, Zero};
 
-use super::expr::err;
-use super::{Eval, Runtime};
+use super::{Eval, Runtime, err};
 use crate::compiler::ast::BinOp;
 use crate::compiler::lexer::CmpOp;
 use crate::compiler::source::Span;
