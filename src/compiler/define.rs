@@ -11,9 +11,11 @@ use std::collections::{HashMap, HashSet};
 
 use super::ast;
 use super::diagnostics::Diagnostic;
+use super::ids::*;
 use super::ir::{Block, Ir};
 use super::lexer::IntLit;
 use super::plugins;
+use super::program::Program;
 use super::source::{FileId, Span};
 use super::types::*;
 use super::value::Value;
@@ -266,7 +268,7 @@ impl Definer {
                             full_name: format!("{}::{}", self.p.ns(ns).name, im.name.text),
                             ns,
                             entity: EntityId(0),
-                            body: super::ir::BlockId(0),
+                            body: BlockId(0),
                             span: im.name.span,
                         });
                         self.define_type_name(
@@ -1151,7 +1153,7 @@ impl Definer {
         }
     }
 
-    pub(crate) fn new_block(&mut self) -> super::ir::BlockId {
+    pub(crate) fn new_block(&mut self) -> BlockId {
         self.p.ir.add_block(Block::default())
     }
 }

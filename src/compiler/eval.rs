@@ -22,9 +22,11 @@ use std::collections::{HashSet, VecDeque};
 use foldhash::HashMap;
 
 use super::diagnostics::Diagnostic;
+use super::ids::{BlockId, EntityId, ExprId};
 use super::plugins::Host;
+use super::program::Program;
 use super::source::{SourceMap, Span};
-use super::types::{EntityId, Program, Storage};
+use super::types::Storage;
 use super::value::pyfmt;
 use super::value::{InstId, Value};
 use state::*;
@@ -166,7 +168,7 @@ impl<'p> Runtime<'p> {
     pub fn new_scope(
         &mut self,
         parent: Option<ScopeId>,
-        block: Option<super::ir::BlockId>,
+        block: Option<BlockId>,
         inst: Option<InstId>,
     ) -> ScopeId {
         let nvars = block.map(|b| self.p.ir.block(b).names.len()).unwrap_or(0);
@@ -189,7 +191,7 @@ impl<'p> Runtime<'p> {
     }
 
     /// Allocate the attribute RVs of a new instance.
-    pub fn new_instance(&mut self, entity: EntityId, site: super::ir::ExprId) -> InstId {
+    pub fn new_instance(&mut self, entity: EntityId, site: ExprId) -> InstId {
         let id = InstId(self.instances.len() as u32);
         let ent = self.p.entity(entity);
         let base = self.rvs.len() as u32;
@@ -574,7 +576,7 @@ impl<'p> Runtime<'p> {
     }
 
     /// Emit every statement of a block as a task in `scope`.
-    pub fn emit_block(&mut self, block: super::ir::BlockId, scope: ScopeId) {
+    pub fn emit_block(&mut self, block: BlockId, scope: ScopeId) {
         let p = self.p;
         for &s in &p.ir.block(block).stmts {
             let t = self.spawn(TaskKind::Stmt(s), scope, None);

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use super::ast::{self, BinOp};
 use super::define::{Definer, ResolvedType, hyphen_error};
 use super::diagnostics::Diagnostic;
+use super::ids::*;
 use super::ir::*;
 use super::lexer::IntLit;
 use super::types::*;

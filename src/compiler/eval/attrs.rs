@@ -5,9 +5,9 @@ use super::expr::Cx;
 use super::state::*;
 use super::{Eval, Runtime, Stop, err};
 use crate::compiler::diagnostics::Diagnostic;
-use crate::compiler::ir::ExprId;
+use crate::compiler::ids::{AttrId, EntityId, ExprId};
 use crate::compiler::source::Span;
-use crate::compiler::types::{AttrKind, BaseType, Constraint, EntityId, Prim, ValueType};
+use crate::compiler::types::{AttrKind, BaseType, Constraint, Prim, ValueType};
 use crate::compiler::value::pyfmt;
 use crate::compiler::value::{InstId, Value, py_eq};
 
@@ -172,7 +172,7 @@ impl Runtime<'_> {
     fn set_reverse(
         &mut self,
         other: InstId,
-        rev: crate::compiler::types::AttrId,
+        rev: AttrId,
         inst: InstId,
         site: ExprId,
     ) -> Result<(), SetError> {
@@ -249,7 +249,7 @@ impl Runtime<'_> {
         rv: RvId,
         value: Value,
         target: EntityId,
-        reverse: Option<crate::compiler::types::AttrId>,
+        reverse: Option<AttrId>,
         site: ExprId,
         recur: bool,
     ) -> Result<(), SetError> {

@@ -10,9 +10,10 @@ use std::rc::Rc;
 use super::state::*;
 use super::{Eval, IndexKey, KeyPart, Runtime, Stop, err};
 use crate::compiler::ast::BinOp;
+use crate::compiler::ids::*;
 use crate::compiler::ir::*;
 use crate::compiler::source::Span;
-use crate::compiler::types::{AttrKind, BaseType, EntityId, Prim, Sym};
+use crate::compiler::types::{AttrKind, BaseType, Prim};
 use crate::compiler::value::pyfmt;
 use crate::compiler::value::{Dict, InstId, Value, py_eq};
 

@@ -8,8 +8,7 @@
 
 use std::rc::Rc;
 
-use crate::compiler::ir::{BlockId, ExprId, StmtId};
-use crate::compiler::types::{EntityId, RuleId, Sym};
+use crate::compiler::ids::{BlockId, EntityId, ExprId, RuleId, StmtId, Sym};
 use crate::compiler::value::{InstId, Value};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

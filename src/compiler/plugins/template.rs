@@ -103,7 +103,7 @@ fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<V
     while s != NONE {
         let sc = &rt.scopes[s as usize];
         if sc.block != NONE {
-            let block = rt.p.ir.block(crate::compiler::ir::BlockId(sc.block));
+            let block = rt.p.ir.block(crate::compiler::ids::BlockId(sc.block));
             if let Some(i) = block.names.iter().position(|n| &**n == name) {
                 let rv = crate::compiler::eval::state::RvId(sc.rv_base + i as u32);
                 return rt.read_rv(rv, a.span).map(Some);
@@ -138,7 +138,7 @@ fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<V
 fn read_lenient(
     rt: &mut Runtime,
     base: &Value,
-    sym: crate::compiler::types::Sym,
+    sym: crate::compiler::ids::Sym,
     a: &Args,
 ) -> Eval<Value> {
     match rt.attr_rv_of(base, sym, a.span, "value")? {
