@@ -16,6 +16,7 @@ pub mod ids;
 pub mod ir;
 pub mod lexer;
 pub mod lower;
+pub mod names;
 pub mod parser;
 pub mod plugins;
 pub mod program;
