@@ -10,6 +10,7 @@
 //! does not depend on task order.
 
 pub mod attrs;
+pub mod calls;
 pub mod exec;
 pub mod expr;
 pub mod finalize;

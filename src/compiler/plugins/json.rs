@@ -113,7 +113,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "string",
-            func: |_, _, a: &mut Args| {
+            func: |_, a: &mut Args| {
                 let mut out = String::new();
                 dumps(&a.values[0], &mut out).map_err(|e| fail(a, "std::json_dumps", e))?;
                 Ok(Value::string(out))
@@ -126,7 +126,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "any",
-            func: |_, _, a: &mut Args| {
+            func: |_, a: &mut Args| {
                 let text = a.values[0].as_str().unwrap_or("");
                 match serde_json::from_str::<serde_json::Value>(text) {
                     Ok(j) => Ok(from_json(&j)),
