@@ -5,6 +5,14 @@
 //! with the dataflow scheduler ([`eval`]), then export resources ([`export`]). The compiler does
 //! no I/O except reading module files and printing `std::print` output through a callback; it
 //! knows nothing of the server. Diagnostics are data ([`diagnostics`]); the CLI renders them.
+//!
+//! Layers, each using only those before it: [`source`], [`diagnostics`]; [`value`] (values and
+//! their Python text); the front end ([`lexer`], [`ast`], [`strings`], [`parser`]); [`ids`],
+//! [`types`] (the type system), [`ir`] (the code) and [`program`] (both); [`plugins`], which
+//! owns its interfaces to the evaluator ([`plugins::Caller`]) and to the world
+//! ([`plugins::Host`]); [`names`], [`lower`] and [`define`], which builds the program and drives
+//! lowering; [`project`] (loading); [`eval`]; [`handler_code`], [`export`].
+//! `scripts/module-edges` prints the edges and reports any cycle between these modules.
 
 pub mod ast;
 pub mod define;
