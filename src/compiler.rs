@@ -5,6 +5,14 @@
 //! with the dataflow scheduler ([`eval`]), then export resources ([`export`]). The compiler does
 //! no I/O except reading module files and printing `std::print` output through a callback; it
 //! knows nothing of the server. Diagnostics are data ([`diagnostics`]); the CLI renders them.
+//!
+//! Layers, each using only those before it: [`source`], [`diagnostics`]; [`value`] (values and
+//! their Python text); the front end ([`lexer`], [`ast`], [`strings`], [`parser`]); [`ids`],
+//! [`types`] (the type system), [`ir`] (the code) and [`program`] (both); [`plugins`], which
+//! owns its interfaces to the evaluator ([`plugins::Caller`]) and to the world
+//! ([`plugins::Host`]); [`names`], [`lower`] and [`define`], which builds the program and drives
+//! lowering; [`project`] (loading); [`eval`]; [`handler_code`], [`export`].
+//! `scripts/module-edges` prints the edges and reports any cycle between these modules.
 
 pub mod ast;
 pub mod define;
@@ -12,15 +20,19 @@ pub mod diagnostics;
 pub mod eval;
 pub mod export;
 pub mod handler_code;
+pub mod ids;
 pub mod ir;
 pub mod lexer;
 pub mod lower;
+pub mod names;
 pub mod parser;
 pub mod plugins;
+pub mod program;
 pub mod project;
 pub mod source;
 pub mod strings;
 pub mod types;
+pub mod value;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

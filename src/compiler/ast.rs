@@ -5,6 +5,7 @@
 
 use super::lexer::{CmpOp, IntLit};
 use super::source::Span;
+use super::value::pyfmt;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Name {
@@ -317,5 +318,54 @@ impl Expr {
             ExprKind::Attr(base, _) => base.is_var_ref(),
             _ => false,
         }
+    }
+}
+
+/// The reference's pretty form of an expression, used in constraint messages.
+pub fn pretty(e: &Expr) -> String {
+    use ExprKind as A;
+    match &e.kind {
+        A::Null => "null".into(),
+        A::Bool(b) => if *b { "true" } else { "false" }.into(),
+        A::Int(IntLit::Small(i)) => i.to_string(),
+        A::Int(IntLit::Big(b)) => b.to_string(),
+        A::Float(f) => pyfmt::float_repr(*f),
+        A::Str(s) => pyfmt::str_repr(s),
+        A::Var(q) => q.full(),
+        A::Attr(b, n) => format!("{}.{}", pretty(b), n.text),
+        A::Binary(op, a, b) => {
+            let o = match op {
+                BinOp::Add => "+",
+                BinOp::Sub => "-",
+                BinOp::Mul => "*",
+                BinOp::Div => "/",
+                BinOp::Mod => "%",
+                BinOp::Pow => "**",
+                BinOp::Cmp(c) => c.as_str(),
+                BinOp::And => "and",
+                BinOp::Or => "or",
+                BinOp::In => "in",
+                BinOp::NotIn => "not in",
+            };
+            format!("({} {} {})", pretty(a), o, pretty(b))
+        }
+        A::Not(a) => format!("not {}", pretty(a)),
+        A::List(items) => format!(
+            "[{}]",
+            items.iter().map(pretty).collect::<Vec<_>>().join(",")
+        ),
+        A::Call { func, args } => format!(
+            "{}({})",
+            func.full(),
+            args.iter()
+                .map(|a| match a {
+                    Arg::Positional(v) => pretty(v),
+                    Arg::Keyword(n, v) => format!("{}={}", n.text, pretty(v)),
+                    Arg::Splat(v) => format!("**{}", pretty(v)),
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        _ => "<expression>".into(),
     }
 }

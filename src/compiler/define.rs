@@ -11,12 +11,16 @@ use std::collections::{HashMap, HashSet};
 
 use super::ast;
 use super::diagnostics::Diagnostic;
-use super::eval::value::Value;
-use super::ir::{Block, Ir};
+use super::ids::*;
+use super::ir::Ir;
 use super::lexer::IntLit;
+use super::lower::Lowerer;
+use super::names::{ResolvedType, hyphen_error, resolve_entity, resolve_type};
 use super::plugins;
+use super::program::Program;
 use super::source::{FileId, Span};
 use super::types::*;
+use super::value::Value;
 
 /// One parsed file and the namespace it defines.
 pub struct LoadedFile {
@@ -28,7 +32,7 @@ pub struct LoadedFile {
     pub imports: Vec<(String, String, Span)>,
 }
 
-pub(crate) struct Definer {
+struct Definer {
     pub p: Program,
     pub errors: Vec<Diagnostic>,
     /// Per namespace: its file's syntax tree.
@@ -79,28 +83,11 @@ pub fn define(files: Vec<LoadedFile>) -> Result<Program, Vec<Diagnostic>> {
         return Err(d.errors);
     }
     d.compute_effective_rules();
-    d.lower_all();
+    Lowerer::new(&mut d.p, &mut d.files, &mut d.errors).lower_all();
     if !d.errors.is_empty() {
         return Err(d.errors);
     }
     Ok(d.p)
-}
-
-pub(crate) fn hyphen_error(name: &ast::Name) -> Option<Diagnostic> {
-    if name.text.contains('-') {
-        Some(
-            Diagnostic::error(
-                "invalid-name",
-                format!(
-                    "The use of '-' in identifiers is not allowed. please rename {}",
-                    name.text
-                ),
-            )
-            .at(name.span),
-        )
-    } else {
-        None
-    }
 }
 
 impl Definer {
@@ -266,7 +253,7 @@ impl Definer {
                             full_name: format!("{}::{}", self.p.ns(ns).name, im.name.text),
                             ns,
                             entity: EntityId(0),
-                            body: super::ir::BlockId(0),
+                            body: BlockId(0),
                             span: im.name.span,
                         });
                         self.define_type_name(
@@ -283,71 +270,8 @@ impl Definer {
         }
     }
 
-    /// Resolve a type name as written in namespace `ns` (LANGUAGE.md §2.4).
-    pub(crate) fn resolve_type(
-        &self,
-        ns: NsId,
-        q: &ast::QName,
-    ) -> Result<ResolvedType, Diagnostic> {
-        let full = q.full();
-        let nsd = self.p.ns(ns);
-        if let Some(prefix) = q.prefix() {
-            let Some(target) = nsd.visible.get(&prefix) else {
-                return Err(Diagnostic::error(
-                    "unknown-type",
-                    format!(
-                        "could not find type {full} in namespace {}. Try importing the module with `import {prefix}`",
-                        nsd.name
-                    ),
-                )
-                .at(q.span));
-            };
-            let t = self.p.ns(*target);
-            return match t.types.get(&q.last().text) {
-                Some(t) => Ok(ResolvedType::Named(*t)),
-                None => Err(Diagnostic::error(
-                    "unknown-type",
-                    format!("could not find type {full} in namespace {}", t.name),
-                )
-                .at(q.span)),
-            };
-        }
-        let name = &q.last().text;
-        if let Some(p) = Prim::from_name(name) {
-            return Ok(ResolvedType::Prim(p));
-        }
-        let mut cur = Some(ns);
-        while let Some(c) = cur {
-            let cd = self.p.ns(c);
-            if let Some(t) = cd.types.get(name) {
-                return Ok(ResolvedType::Named(*t));
-            }
-            cur = cd.parent;
-        }
-        Err(Diagnostic::error(
-            "unknown-type",
-            format!("could not find type {full} in namespace {}", nsd.name),
-        )
-        .at(q.span))
-    }
-
-    pub(crate) fn resolve_entity(&self, ns: NsId, q: &ast::QName) -> Result<EntityId, Diagnostic> {
-        match self.resolve_type(ns, q)? {
-            ResolvedType::Named(TypeRef::Entity(e)) => Ok(e),
-            _ => Err(Diagnostic::error(
-                "unknown-type",
-                format!(
-                    "could not find type {} in namespace {}",
-                    q.full(),
-                    self.p.ns(ns).name
-                ),
-            )
-            .at(q.span)),
-        }
-    }
-
     fn resolve_base_type(&self, ns: NsId, q: &ast::QName) -> Result<BaseType, Diagnostic> {
-        match self.resolve_type(ns, q)? {
+        match resolve_type(&self.p, ns, q)? {
             ResolvedType::Prim(p) => Ok(BaseType::Prim(p)),
             ResolvedType::Named(TypeRef::Typedef(t)) => Ok(BaseType::Typedef(t)),
             ResolvedType::Named(TypeRef::Entity(e)) => Ok(BaseType::Entity(e)),
@@ -417,8 +341,10 @@ impl Definer {
                             );
                             continue;
                         }
-                        let text = super::lower::pretty(e);
-                        match self.lower_typedef_expr(ns, e, &t.name.text) {
+                        let text = ast::pretty(e);
+                        match Lowerer::new(&mut self.p, &mut self.files, &mut self.errors)
+                            .lower_typedef_expr(ns, e, &t.name.text)
+                        {
                             Ok(expr) => {
                                 self.p.typedefs[id.0 as usize].constraint =
                                     Constraint::Expr { expr, text }
@@ -477,7 +403,7 @@ impl Definer {
             };
             let mut parents = Vec::new();
             for pq in &e.parents {
-                match self.resolve_type(ns, pq) {
+                match resolve_type(&self.p, ns, pq) {
                     Ok(ResolvedType::Named(TypeRef::Entity(pe))) => {
                         if parents.contains(&pe) {
                             self.errors.push(
@@ -792,11 +718,11 @@ impl Definer {
     }
 
     fn define_relation(&mut self, ns: NsId, r: &ast::RelationDef) {
-        let left = match self.resolve_entity(ns, &r.left.entity) {
+        let left = match resolve_entity(&self.p, ns, &r.left.entity) {
             Ok(e) => e,
             Err(e) => return self.errors.push(e),
         };
-        let right = match self.resolve_entity(ns, &r.right_entity) {
+        let right = match resolve_entity(&self.p, ns, &r.right_entity) {
             Ok(e) => e,
             Err(e) => return self.errors.push(e),
         };
@@ -943,7 +869,7 @@ impl Definer {
                 let ast::TopItem::Index(ix) = item else {
                     continue;
                 };
-                let entity = match self.resolve_entity(ns, &ix.entity) {
+                let entity = match resolve_entity(&self.p, ns, &ix.entity) {
                     Ok(e) => e,
                     Err(e) => {
                         self.errors.push(e);
@@ -1044,7 +970,7 @@ impl Definer {
                 };
                 let id = ImplId(next as u32);
                 next += 1;
-                match self.resolve_entity(ns, &im.entity) {
+                match resolve_entity(&self.p, ns, &im.entity) {
                     Ok(e) => self.p.implementations[id.0 as usize].entity = e,
                     Err(e) => self.errors.push(e),
                 }
@@ -1061,7 +987,7 @@ impl Definer {
                 let ast::TopItem::Implement(r) = item else {
                     continue;
                 };
-                let entity = match self.resolve_entity(ns, &r.entity) {
+                let entity = match resolve_entity(&self.p, ns, &r.entity) {
                     Ok(e) => e,
                     Err(e) => {
                         self.errors.push(e);
@@ -1073,7 +999,7 @@ impl Definer {
                 for ir in &r.implementations {
                     match ir {
                         ast::ImplRef::Parents(_) => uses_parents = true,
-                        ast::ImplRef::Named(q) => match self.resolve_type(ns, q) {
+                        ast::ImplRef::Named(q) => match resolve_type(&self.p, ns, q) {
                             Ok(ResolvedType::Named(TypeRef::Implementation(i))) => {
                                 let ie = self.p.implementations[i.0 as usize].entity;
                                 if !self.p.is_subtype(entity, ie) {
@@ -1150,10 +1076,6 @@ impl Definer {
             self.p.entities[i].effective_rules = out;
         }
     }
-
-    pub(crate) fn new_block(&mut self) -> super::ir::BlockId {
-        self.p.ir.add_block(Block::default())
-    }
 }
 
 fn not_in_index(attr: &str, entity: &str, span: Span) -> Diagnostic {
@@ -1162,11 +1084,6 @@ fn not_in_index(attr: &str, entity: &str, span: Span) -> Diagnostic {
         format!("Attribute '{attr}' referenced in index is not defined in entity {entity}"),
     )
     .at(span)
-}
-
-pub(crate) enum ResolvedType {
-    Prim(Prim),
-    Named(TypeRef),
 }
 
 /// The value of a constant expression (defaults): literals, lists of them, `{…}` dicts.
@@ -1210,7 +1127,7 @@ pub(crate) fn const_value(e: &ast::Expr) -> Option<Value> {
             Value::list(out)
         }
         ast::ExprKind::Dict(pairs) => {
-            let mut d = super::eval::value::Dict::new();
+            let mut d = super::value::Dict::new();
             for (k, v) in pairs {
                 d.insert(std::rc::Rc::from(k.as_str()), const_value(v)?);
             }

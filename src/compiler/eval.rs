@@ -10,25 +10,27 @@
 //! does not depend on task order.
 
 pub mod attrs;
+pub mod calls;
 pub mod exec;
 pub mod expr;
 pub mod finalize;
 pub mod format;
 pub mod ops;
-pub mod pyfmt;
 pub mod state;
-pub mod value;
 
 use std::collections::{HashSet, VecDeque};
 
 use foldhash::HashMap;
 
 use super::diagnostics::Diagnostic;
+use super::ids::{BlockId, EntityId, ExprId};
 use super::plugins::Host;
+use super::program::Program;
 use super::source::{SourceMap, Span};
-use super::types::{EntityId, Program, Storage};
+use super::types::Storage;
+use super::value::pyfmt;
+use super::value::{InstId, Value};
 use state::*;
-use value::{InstId, Value};
 
 /// Why evaluation stopped early.
 pub enum Stop {
@@ -45,6 +47,11 @@ impl From<Diagnostic> for Stop {
 }
 
 pub type Eval<T> = Result<T, Stop>;
+
+/// Stop with a compile error at `span`.
+pub fn err(code: &'static str, msg: impl Into<String>, span: Span) -> Stop {
+    Stop::Err(Box::new(Diagnostic::error(code, msg).at(span)))
+}
 
 /// A runaway model (an implementation constructing instances without end) stops here.
 pub const MAX_INSTANCES: usize = 5_000_000;
@@ -162,7 +169,7 @@ impl<'p> Runtime<'p> {
     pub fn new_scope(
         &mut self,
         parent: Option<ScopeId>,
-        block: Option<super::ir::BlockId>,
+        block: Option<BlockId>,
         inst: Option<InstId>,
     ) -> ScopeId {
         let nvars = block.map(|b| self.p.ir.block(b).names.len()).unwrap_or(0);
@@ -185,7 +192,7 @@ impl<'p> Runtime<'p> {
     }
 
     /// Allocate the attribute RVs of a new instance.
-    pub fn new_instance(&mut self, entity: EntityId, site: super::ir::ExprId) -> InstId {
+    pub fn new_instance(&mut self, entity: EntityId, site: ExprId) -> InstId {
         let id = InstId(self.instances.len() as u32);
         let ent = self.p.entity(entity);
         let base = self.rvs.len() as u32;
@@ -570,7 +577,7 @@ impl<'p> Runtime<'p> {
     }
 
     /// Emit every statement of a block as a task in `scope`.
-    pub fn emit_block(&mut self, block: super::ir::BlockId, scope: ScopeId) {
+    pub fn emit_block(&mut self, block: BlockId, scope: ScopeId) {
         let p = self.p;
         for &s in &p.ir.block(block).stmts {
             let t = self.spawn(TaskKind::Stmt(s), scope, None);

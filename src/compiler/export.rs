@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use super::diagnostics::Diagnostic;
 use super::eval::Runtime;
 use super::eval::state::RvState;
-use super::eval::value::{InstId, Value};
+use super::ids::EntityId;
 use super::project::{ModuleInfo, ResourceDef};
-use super::types::EntityId;
+use super::value::{InstId, Value};
 use crate::model::{EXPORT_FORMAT, ExportFile, ExportMetadata, Resource, ResourceId};
 
 enum Read {

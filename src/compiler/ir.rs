@@ -2,23 +2,17 @@
 //!
 //! Lowering (see `lower.rs`) resolves every name statically: variables become scope slots,
 //! types become ids, attribute names become interned symbols. Expressions, statements and
-//! blocks live in arenas and are referenced by index, so run-time tasks can point at them
-//! cheaply.
+//! blocks live in arenas and are referenced by index ([`super::ids`]), so run-time tasks can
+//! point at them cheaply.
 
 use std::rc::Rc;
 
 use super::ast::BinOp;
 use super::diagnostics::Diagnostic;
-use super::eval::value::Value;
+use super::ids::{BlockId, EntityId, ExprId, NsId, PluginId, StmtId, Sym};
 use super::source::Span;
-use super::types::{EntityId, NsId, PluginId, Prim, Sym};
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ExprId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StmtId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct BlockId(pub u32);
+use super::types::Prim;
+use super::value::Value;
 
 /// Where a variable lives, decided statically (LANGUAGE.md §2.4, §8.3, §12.4).
 #[derive(Clone, Debug)]

@@ -194,7 +194,7 @@ impl Tok {
             Tok::Kw(k) => k.as_str().to_string(),
             Tok::Int(IntLit::Small(i)) => i.to_string(),
             Tok::Int(IntLit::Big(b)) => b.to_string(),
-            Tok::Float(f) => super::eval::pyfmt::float_repr(*f),
+            Tok::Float(f) => super::value::pyfmt::float_repr(*f),
             Tok::Str(s) | Tok::Mls(s) | Tok::RStr(s) | Tok::FStr(s) => s.clone(),
             Tok::Regex(r) => format!("/{r}/"),
             Tok::Sep => "::".into(),

@@ -12,12 +12,14 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use super::ast::{self, BinOp};
-use super::define::{Definer, ResolvedType, hyphen_error};
 use super::diagnostics::Diagnostic;
-use super::eval::value::Value;
+use super::ids::*;
 use super::ir::*;
 use super::lexer::IntLit;
+use super::names::{ResolvedType, hyphen_error, resolve_entity, resolve_type};
+use super::program::Program;
 use super::types::*;
+use super::value::Value;
 
 /// The static context of the code being lowered.
 struct Cx {
@@ -115,7 +117,28 @@ fn block_promises(stmts: &[ast::Stmt], extra: &[String]) -> Vec<(ast::Expr, ast:
         .collect()
 }
 
-impl Definer {
+/// Lowers code into the program: the IR, the namespaces' top-level variables and the interned
+/// attribute names. Runs once define has built the type system; errors go to define's list.
+pub(crate) struct Lowerer<'a> {
+    p: &'a mut Program,
+    /// Per namespace: its file's syntax tree.
+    files: &'a mut [Option<ast::File>],
+    errors: &'a mut Vec<Diagnostic>,
+}
+
+impl<'a> Lowerer<'a> {
+    pub(crate) fn new(
+        p: &'a mut Program,
+        files: &'a mut [Option<ast::File>],
+        errors: &'a mut Vec<Diagnostic>,
+    ) -> Lowerer<'a> {
+        Lowerer { p, files, errors }
+    }
+
+    fn new_block(&mut self) -> BlockId {
+        self.p.ir.add_block(Block::default())
+    }
+
     pub(crate) fn lower_all(&mut self) {
         // every namespace's top-level variables first: implementations may read them
         for nsi in 0..self.files.len() {
@@ -212,9 +235,9 @@ impl Definer {
             typedef: Some(name.to_string()),
         };
         // errors in a constraint surface when a value is validated against it
-        let saved = std::mem::take(&mut self.errors);
+        let saved = std::mem::take(&mut *self.errors);
         let id = self.lower_expr(&mut cx, e, Hint::None);
-        let found = std::mem::replace(&mut self.errors, saved);
+        let found = std::mem::replace(&mut *self.errors, saved);
         match found.into_iter().next() {
             Some(d) => {
                 let span = e.span;
@@ -257,7 +280,7 @@ impl Definer {
 
     fn lower_promises(&mut self, cx: &mut Cx, list: Vec<(ast::Expr, ast::Name)>) -> Vec<Promise> {
         // promises are best effort: their errors are reported by the assignments themselves
-        let saved = std::mem::take(&mut self.errors);
+        let saved = std::mem::take(&mut *self.errors);
         let out = list
             .into_iter()
             .map(|(inst, name)| Promise {
@@ -265,7 +288,7 @@ impl Definer {
                 sym: self.p.syms.intern(&name.text),
             })
             .collect();
-        self.errors = saved;
+        *self.errors = saved;
         out
     }
 
@@ -561,7 +584,7 @@ impl Definer {
             }
             A::Call { func, args } => return self.lower_call(cx, func, args, span),
             A::IndexLookup { class, args } => {
-                let entity = match self.resolve_entity(cx.ns, class) {
+                let entity = match resolve_entity(self.p, cx.ns, class) {
                     Ok(e) => e,
                     Err(d) => return self.error_expr(d),
                 };
@@ -658,7 +681,7 @@ impl Definer {
             },
             span,
         );
-        let ne = |d: &mut Definer, b| {
+        let ne = |d: &mut Lowerer, b| {
             d.p.ir.add_expr(
                 ExprKind::Binary {
                     op: BinOp::Cmp(super::lexer::CmpOp::Ne),
@@ -761,7 +784,7 @@ impl Definer {
         args: &[ast::Arg],
         span: crate::compiler::source::Span,
     ) -> ExprId {
-        let resolved = match self.resolve_type(cx.ns, func) {
+        let resolved = match resolve_type(self.p, cx.ns, func) {
             Ok(r) => r,
             Err(d) => return self.error_expr(d),
         };
@@ -808,7 +831,7 @@ impl Definer {
                     );
                 }
                 if positional.len() != 1 {
-                    let shown: Vec<String> = positional.iter().map(|a| pretty(a)).collect();
+                    let shown: Vec<String> = positional.iter().map(|a| ast::pretty(a)).collect();
                     return self.p.ir.add_expr(
                         ExprKind::Error(Box::new(
                             Diagnostic::error(
@@ -846,7 +869,7 @@ impl Definer {
         class: &ast::QName,
         hint: Hint,
     ) -> Result<EntityId, Diagnostic> {
-        let normal = self.resolve_entity(cx.ns, class);
+        let normal = resolve_entity(self.p, cx.ns, class);
         match hint {
             Hint::Value(b) => Err(Diagnostic::error(
                 "type",
@@ -1020,53 +1043,4 @@ fn top_stmts(file: &ast::File) -> impl Iterator<Item = &ast::Stmt> {
         ast::TopItem::Stmt(s) => Some(s),
         _ => None,
     })
-}
-
-/// The reference's pretty form of an expression, used in constraint messages.
-pub fn pretty(e: &ast::Expr) -> String {
-    use ast::ExprKind as A;
-    match &e.kind {
-        A::Null => "null".into(),
-        A::Bool(b) => if *b { "true" } else { "false" }.into(),
-        A::Int(IntLit::Small(i)) => i.to_string(),
-        A::Int(IntLit::Big(b)) => b.to_string(),
-        A::Float(f) => super::eval::pyfmt::float_repr(*f),
-        A::Str(s) => super::eval::pyfmt::str_repr(s),
-        A::Var(q) => q.full(),
-        A::Attr(b, n) => format!("{}.{}", pretty(b), n.text),
-        A::Binary(op, a, b) => {
-            let o = match op {
-                BinOp::Add => "+",
-                BinOp::Sub => "-",
-                BinOp::Mul => "*",
-                BinOp::Div => "/",
-                BinOp::Mod => "%",
-                BinOp::Pow => "**",
-                BinOp::Cmp(c) => c.as_str(),
-                BinOp::And => "and",
-                BinOp::Or => "or",
-                BinOp::In => "in",
-                BinOp::NotIn => "not in",
-            };
-            format!("({} {} {})", pretty(a), o, pretty(b))
-        }
-        A::Not(a) => format!("not {}", pretty(a)),
-        A::List(items) => format!(
-            "[{}]",
-            items.iter().map(pretty).collect::<Vec<_>>().join(",")
-        ),
-        A::Call { func, args } => format!(
-            "{}({})",
-            func.full(),
-            args.iter()
-                .map(|a| match a {
-                    ast::Arg::Positional(v) => pretty(v),
-                    ast::Arg::Keyword(n, v) => format!("{}={}", n.text, pretty(v)),
-                    ast::Arg::Splat(v) => format!("**{}", pretty(v)),
-                })
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-        _ => "<expression>".into(),
-    }
 }

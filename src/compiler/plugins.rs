@@ -4,8 +4,14 @@
 //! plugin declares a Python-like signature; a call binds positional, keyword and `**dict`
 //! arguments to it with the reference's error messages, type-checks them against the declared
 //! DSL types, and returns unknown without calling when an argument is unknown (unless the
-//! plugin accepts unknowns). Effects go through the [`Host`]: printing, module files.
+//! plugin accepts unknowns) — see [`bind`].
+//!
+//! This module owns the interface between plugins and the compiler: a plugin sees its caller
+//! only through [`Caller`] (values, the type system, attribute reads that may have to wait) and
+//! reaches the world only through the [`Host`] (printing, module files, the environment). The
+//! evaluator implements [`Caller`]; nothing here knows its state.
 
+mod bind;
 mod json;
 mod net;
 mod std_lib;
@@ -13,13 +19,15 @@ mod template;
 
 use std::rc::Rc;
 
+pub use bind::{bind, invoke};
+
 use super::diagnostics::Diagnostic;
-use super::eval::expr::{Cx, err};
-use super::eval::value::Value;
-use super::eval::{Eval, Runtime, Stop};
-use super::ir::{Call, ExprId};
+use super::ids::{EntityId, Sym};
+use super::program::Program;
 use super::source::Span;
-use super::types::{BaseType, Prim, TypeRef};
+use super::types::ValueType;
+use super::value::pyfmt::{self, InstanceText};
+use super::value::{InstId, Value};
 
 /// What the compiler needs from its surroundings while evaluating.
 pub trait Host {
@@ -32,6 +40,74 @@ pub trait Host {
         std::env::var(name).ok()
     }
 }
+
+/// What a plugin may ask of the evaluator calling it, at one call site.
+///
+/// Reads that need a value the model does not have yet stop with [`Stop::Wait`]: the plugin
+/// passes it on (`?`), and the evaluator calls the plugin again once the value exists.
+pub trait Caller {
+    /// The compiled program: namespaces and their types, entities, attribute names.
+    fn program(&self) -> &Program;
+    /// The compiler's surroundings.
+    fn host(&mut self) -> &mut dyn Host;
+    /// How instances show in text (for [`pyfmt`]).
+    fn names(&self) -> &dyn InstanceText;
+    /// The entity an instance is of.
+    fn instance_entity(&self, inst: InstId) -> EntityId;
+    /// Check a value against a type (LANGUAGE.md §5.2, §5.3); `Err` is the message.
+    fn validate(&mut self, value: &Value, ty: &ValueType) -> Result<(), String>;
+    /// `obj.attr` as the model reads it: waits for the complete value; an error when `obj` is
+    /// not an instance (`base_text` names it in the message) or has no such attribute, or the
+    /// attribute is an optional relation left empty. Unknown when `obj` is unknown.
+    fn read_attr(&mut self, obj: &Value, sym: Sym, base_text: &str) -> Outcome<Value>;
+    /// As [`Caller::read_attr`], but `None` for an optional relation left empty.
+    fn read_attr_or_empty(
+        &mut self,
+        obj: &Value,
+        sym: Sym,
+        base_text: &str,
+    ) -> Outcome<Option<Value>>;
+    /// A name as the model would resolve it at the call site: block variables, the instance's
+    /// attributes (an empty optional relation reads as null), then top-level variables
+    /// (`ns::name`, or of the calling file's namespace). `None` when nothing has that name.
+    fn lookup(&mut self, name: &str) -> Outcome<Option<Value>>;
+    /// The attributes of an instance that have a value so far, by name, without waiting: a
+    /// relation still growing gives the instances it has; attributes without one are left out.
+    fn attributes_so_far(&self, inst: InstId) -> Vec<(String, Value)>;
+}
+
+impl dyn Caller + '_ {
+    /// Python `str` of a value.
+    pub fn value_str(&self, v: &Value) -> String {
+        pyfmt::to_str(v, self.names())
+    }
+
+    /// Python `repr` of a value.
+    pub fn value_repr(&self, v: &Value) -> String {
+        pyfmt::repr(v, self.names())
+    }
+}
+
+/// Why a plugin call stopped without a value.
+pub enum Stop {
+    /// A value the call needs does not exist yet: the caller runs the call again later.
+    Wait(Wait),
+    /// A compile error: the compile aborts.
+    Err(Box<Diagnostic>),
+}
+
+/// What a stopped call waits for. The caller makes it and reads it back; to a plugin it is
+/// opaque, to be passed on unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wait(pub u64);
+
+impl From<Diagnostic> for Stop {
+    fn from(d: Diagnostic) -> Stop {
+        Stop::Err(Box::new(d))
+    }
+}
+
+pub type Outcome<T> = Result<T, Stop>;
 
 #[derive(Clone, Copy, Debug)]
 pub enum Default {
@@ -64,15 +140,17 @@ pub const fn opt(name: &'static str, ty: &'static str, d: Default) -> Param {
     }
 }
 
+/// The arguments of one call, bound to the plugin's parameters.
 pub struct Args {
+    /// One value per declared parameter (defaults filled in).
     pub values: Vec<Value>,
     /// `**kwargs` beyond the declared parameters.
     pub extra: Vec<(Rc<str>, Value)>,
+    /// The call in the model.
     pub span: Span,
-    pub site: ExprId,
 }
 
-pub type PluginFn = fn(&mut Runtime, &mut Cx, &mut Args) -> Eval<Value>;
+pub type PluginFn = fn(&mut dyn Caller, &mut Args) -> Outcome<Value>;
 
 pub struct PluginDef {
     pub namespace: &'static str,
@@ -106,202 +184,12 @@ pub fn all() -> &'static [PluginDef] {
 
 /// An exception raised inside a plugin.
 pub fn fail(args: &Args, def_name: &str, msg: impl Into<String>) -> Stop {
-    err(
+    Diagnostic::error(
         "plugin",
         format!("Exception in plugin {def_name}\ncaused by: {}", msg.into()),
-        args.span,
     )
-}
-
-fn python_list(names: &[&str]) -> String {
-    let quoted: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
-    match quoted.len() {
-        0 => String::new(),
-        1 => quoted[0].clone(),
-        2 => format!("{} and {}", quoted[0], quoted[1]),
-        n => format!("{}, and {}", quoted[..n - 1].join(", "), quoted[n - 1]),
-    }
-}
-
-impl Runtime<'_> {
-    /// Evaluate the arguments, bind them to the signature, call.
-    pub fn call_plugin(&mut self, cx: &mut Cx, call: &Call, site: ExprId) -> Eval<Value> {
-        let def = &all()[call.plugin.0 as usize];
-        let span = self.p.ir.expr(site).span;
-        let mut positional = Vec::with_capacity(call.args.len());
-        for a in &call.args {
-            positional.push(self.eval(cx, *a)?);
-        }
-        let mut kwargs: Vec<(Rc<str>, Value)> = Vec::with_capacity(call.kwargs.len());
-        for (k, v) in &call.kwargs {
-            kwargs.push((k.clone(), self.eval(cx, *v)?));
-        }
-        for s in &call.splats {
-            match self.eval(cx, *s)? {
-                Value::Dict(d) => kwargs.extend(d.iter().map(|(k, v)| (k.clone(), v.clone()))),
-                Value::Unknown => return Ok(Value::Unknown),
-                other => {
-                    return Err(err(
-                        "kwargs",
-                        format!(
-                            "** can only be applied to a dict, got {}",
-                            self.value_str(&other)
-                        ),
-                        span,
-                    ));
-                }
-            }
-        }
-        let full = def.full_name();
-        // bind
-        let n = def.params.len();
-        if positional.len() > n {
-            return Err(err(
-                "plugin-args",
-                format!(
-                    "{full}() takes {n} positional arguments but {} were given",
-                    positional.len()
-                ),
-                span,
-            ));
-        }
-        let mut bound: Vec<Option<Value>> = vec![None; n];
-        for (i, v) in positional.into_iter().enumerate() {
-            bound[i] = Some(v);
-        }
-        let mut extra = Vec::new();
-        for (k, v) in kwargs {
-            match def.params.iter().position(|p| p.name == &*k) {
-                Some(i) => {
-                    if bound[i].is_some() {
-                        return Err(err(
-                            "plugin-args",
-                            format!("{full}() got multiple values for argument '{k}'"),
-                            span,
-                        ));
-                    }
-                    bound[i] = Some(v);
-                }
-                None if def.var_kwargs => extra.push((k, v)),
-                None => {
-                    return Err(err(
-                        "plugin-args",
-                        format!("{full}() got an unexpected keyword argument '{k}'"),
-                        span,
-                    ));
-                }
-            }
-        }
-        let missing: Vec<&str> = def
-            .params
-            .iter()
-            .zip(bound.iter())
-            .filter(|(p, b)| b.is_none() && p.default.is_none())
-            .map(|(p, _)| p.name)
-            .collect();
-        if !missing.is_empty() {
-            return Err(err(
-                "plugin-args",
-                format!(
-                    "{full}() missing {} required positional argument{}: {}",
-                    missing.len(),
-                    if missing.len() == 1 { "" } else { "s" },
-                    python_list(&missing)
-                ),
-                span,
-            ));
-        }
-        let values: Vec<Value> = def
-            .params
-            .iter()
-            .zip(bound)
-            .map(|(p, b)| {
-                b.unwrap_or_else(|| match p.default.expect("checked") {
-                    Default::Null => Value::Null,
-                    Default::Int(i) => Value::Int(i),
-                    Default::Bool(b) => Value::Bool(b),
-                    Default::Str(s) => Value::str(s),
-                })
-            })
-            .collect();
-        if !def.allow_unknown
-            && (values.iter().any(Value::contains_unknown)
-                || extra.iter().any(|(_, v)| v.contains_unknown()))
-        {
-            return Ok(Value::Unknown);
-        }
-        for (p, v) in def.params.iter().zip(values.iter()) {
-            // a defaulted null is always fine
-            if v.is_null() && matches!(p.default, Some(Default::Null)) {
-                continue;
-            }
-            if let Err(msg) = self.check_dsl_type(v, p.ty) {
-                return Err(err("plugin-args", msg, span));
-            }
-        }
-        if let Some(v) = self.memo_get(cx) {
-            return Ok(v);
-        }
-        let mut args = Args {
-            values,
-            extra,
-            span,
-            site,
-        };
-        let result = (def.func)(self, cx, &mut args)?;
-        if !result.is_unknown()
-            && !result.is_null()
-            && let Err(msg) = self.check_dsl_type(&result, def.returns)
-        {
-            return Err(fail(&args, &full, format!("return value: {msg}")));
-        }
-        self.memo_put(cx, result.clone());
-        Ok(result)
-    }
-
-    /// Validate a value against a DSL type named in a plugin signature.
-    pub fn check_dsl_type(&mut self, v: &Value, ty: &str) -> Result<(), String> {
-        if matches!(ty, "any" | "null" | "expression") || v.is_unknown() {
-            return Ok(());
-        }
-        // plugin lists may hold anything, instances included
-        if ty == "list" {
-            return match v {
-                Value::List(_) => Ok(()),
-                other => Err(format!(
-                    "Invalid value '{}', expected list",
-                    self.value_str(other)
-                )),
-            };
-        }
-        let (base, list) = match ty.strip_suffix("[]") {
-            Some(b) => (b, true),
-            None => (ty, false),
-        };
-        let base_ty = match Prim::from_name(base) {
-            Some(p) => BaseType::Prim(p),
-            None => {
-                let (ns, name) = base.rsplit_once("::").unwrap_or(("std", base));
-                let found = self
-                    .p
-                    .namespaces
-                    .iter()
-                    .find(|n| n.name == ns)
-                    .and_then(|n| n.types.get(name).copied());
-                match found {
-                    Some(TypeRef::Typedef(t)) => BaseType::Typedef(t),
-                    Some(TypeRef::Entity(e)) => BaseType::Entity(e),
-                    _ => return Ok(()),
-                }
-            }
-        };
-        let vt = super::types::ValueType {
-            base: base_ty,
-            list,
-            nullable: false,
-        };
-        self.validate(v, &vt)
-    }
+    .at(args.span)
+    .into()
 }
 
 /// Plugins resolve by namespace: is there one with this name?
@@ -310,6 +198,3 @@ pub fn find(namespace: &str, name: &str) -> Option<usize> {
         .iter()
         .position(|p| p.namespace == namespace && p.name == name)
 }
-
-#[allow(dead_code)]
-fn _diag(_: Diagnostic) {}

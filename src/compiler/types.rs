@@ -1,35 +1,16 @@
 //! The type system of a compiled model: namespaces, entities, attributes and relations,
 //! typedefs, implementations, implement rules and indexes.
 //!
-//! Built once by `define` from the syntax trees, then immutable: the evaluator reads it
-//! through shared references. Attribute names are interned ([`Sym`]) and every entity has a
-//! dense slot table, so `instance.attr` is two array reads at run time.
+//! Built once by `define` from the syntax trees, then immutable: part of the
+//! [`Program`](super::program::Program) the evaluator reads through shared references. Code is
+//! referred to by id only ([`super::ids`]). Attribute names are interned ([`Sym`]) and every
+//! entity has a dense slot table, so `instance.attr` is two array reads at run time.
 
 use std::collections::HashMap;
 
-use super::eval::value::Value;
-use super::ir::{BlockId, ExprId};
+use super::ids::*;
 use super::source::Span;
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NsId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EntityId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct AttrId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TypedefId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ImplId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RuleId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct IndexId(pub u32);
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PluginId(pub u32);
-/// An interned attribute name.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Sym(pub u32);
+use super::value::Value;
 
 pub const NO_SLOT: u16 = u16::MAX;
 
@@ -288,68 +269,4 @@ pub struct Namespace {
     pub top_block: Option<BlockId>,
     /// Top-level variable names -> slot in the top block.
     pub top_vars: HashMap<String, u16>,
-}
-
-/// Everything the evaluator needs: the type system and the lowered code.
-pub struct Program {
-    pub syms: Syms,
-    pub namespaces: Vec<Namespace>,
-    pub entities: Vec<Entity>,
-    pub attributes: Vec<Attribute>,
-    pub typedefs: Vec<Typedef>,
-    pub implementations: Vec<Implementation>,
-    pub rules: Vec<ImplementRule>,
-    pub indexes: Vec<IndexDef>,
-    pub ir: super::ir::Ir,
-    /// `std::Entity`, the root of every entity.
-    pub root_entity: EntityId,
-    /// Namespaces in load order: their top-level blocks run in this order.
-    pub load_order: Vec<NsId>,
-}
-
-impl Program {
-    pub fn entity(&self, id: EntityId) -> &Entity {
-        &self.entities[id.0 as usize]
-    }
-
-    pub fn attr(&self, id: AttrId) -> &Attribute {
-        &self.attributes[id.0 as usize]
-    }
-
-    /// The attribute in `slot` of instances of `entity`.
-    pub fn slot_attr(&self, entity: EntityId, slot: u16) -> &Attribute {
-        self.attr(self.entity(entity).slots[slot as usize])
-    }
-
-    pub fn typedef(&self, id: TypedefId) -> &Typedef {
-        &self.typedefs[id.0 as usize]
-    }
-
-    pub fn ns(&self, id: NsId) -> &Namespace {
-        &self.namespaces[id.0 as usize]
-    }
-
-    /// `sub` is `sup` or one of its descendants.
-    pub fn is_subtype(&self, sub: EntityId, sup: EntityId) -> bool {
-        sub == sup || self.entity(sub).ancestors.contains(&sup)
-    }
-
-    pub fn base_type_name(&self, b: BaseType) -> String {
-        match b {
-            BaseType::Prim(p) => p.name().to_string(),
-            BaseType::Typedef(t) => self.typedef(t).full_name.clone(),
-            BaseType::Entity(e) => self.entity(e).full_name.clone(),
-        }
-    }
-
-    pub fn value_type_name(&self, t: &ValueType) -> String {
-        let mut s = self.base_type_name(t.base);
-        if t.list {
-            s.push_str("[]");
-        }
-        if t.nullable {
-            s.push('?');
-        }
-        s
-    }
 }

@@ -1,14 +1,15 @@
 //! Assigning values: variables, plain attributes and relation ends, with type validation,
 //! double-set detection, reverse ends and relation freezing (LANGUAGE.md §5.2, §7, §12.1).
 
-use super::expr::{Cx, err};
+use super::expr::Cx;
 use super::state::*;
-use super::value::{InstId, Value, py_eq};
-use super::{Eval, Runtime, Stop, pyfmt};
+use super::{Eval, Runtime, Stop, err};
 use crate::compiler::diagnostics::Diagnostic;
-use crate::compiler::ir::ExprId;
+use crate::compiler::ids::{AttrId, EntityId, ExprId};
 use crate::compiler::source::Span;
-use crate::compiler::types::{AttrKind, BaseType, Constraint, EntityId, Prim, ValueType};
+use crate::compiler::types::{AttrKind, BaseType, Constraint, Prim, ValueType};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{InstId, Value, py_eq};
 
 impl Runtime<'_> {
     fn site_span(&self, site: ExprId) -> Span {
@@ -171,7 +172,7 @@ impl Runtime<'_> {
     fn set_reverse(
         &mut self,
         other: InstId,
-        rev: crate::compiler::types::AttrId,
+        rev: AttrId,
         inst: InstId,
         site: ExprId,
     ) -> Result<(), SetError> {
@@ -248,7 +249,7 @@ impl Runtime<'_> {
         rv: RvId,
         value: Value,
         target: EntityId,
-        reverse: Option<crate::compiler::types::AttrId>,
+        reverse: Option<AttrId>,
         site: ExprId,
         recur: bool,
     ) -> Result<(), SetError> {

@@ -1,12 +1,13 @@
 //! Tasks: statements, constructor attribute assignments, implement rules, eager promises.
 
-use super::expr::{Cx, err};
+use super::expr::Cx;
 use super::state::*;
-use super::value::{InstId, Value};
-use super::{Eval, Runtime, Stop};
+use super::{Eval, Runtime, Stop, err};
 use crate::compiler::diagnostics::Diagnostic;
+use crate::compiler::ids::*;
 use crate::compiler::ir::*;
-use crate::compiler::types::{AttrKind, RuleId};
+use crate::compiler::types::AttrKind;
+use crate::compiler::value::{InstId, Value};
 
 impl Runtime<'_> {
     /// Run a task until it completes or blocks. Errors abort the compile.
@@ -274,13 +275,7 @@ impl Runtime<'_> {
         }
     }
 
-    fn exec_promise(
-        &mut self,
-        cx: &mut Cx,
-        owner: TaskId,
-        instance: ExprId,
-        sym: crate::compiler::types::Sym,
-    ) -> Eval<()> {
+    fn exec_promise(&mut self, cx: &mut Cx, owner: TaskId, instance: ExprId, sym: Sym) -> Eval<()> {
         if owner.0 == NONE {
             return Ok(());
         }

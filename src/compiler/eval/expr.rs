@@ -8,13 +8,14 @@
 use std::rc::Rc;
 
 use super::state::*;
-use super::value::{Dict, InstId, Value, py_eq};
-use super::{Eval, IndexKey, KeyPart, Runtime, Stop, pyfmt};
+use super::{Eval, IndexKey, KeyPart, Runtime, Stop, err};
 use crate::compiler::ast::BinOp;
-use crate::compiler::diagnostics::Diagnostic;
+use crate::compiler::ids::*;
 use crate::compiler::ir::*;
 use crate::compiler::source::Span;
-use crate::compiler::types::{AttrKind, BaseType, EntityId, Prim, Sym};
+use crate::compiler::types::{AttrKind, BaseType, Prim};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{Dict, InstId, Value, py_eq};
 
 /// The dynamic context of one evaluation.
 pub struct Cx {
@@ -38,10 +39,6 @@ impl Cx {
             lhs: None,
         }
     }
-}
-
-pub fn err(code: &'static str, msg: impl Into<String>, span: Span) -> Stop {
-    Stop::Err(Box::new(Diagnostic::error(code, msg).at(span)))
 }
 
 impl Runtime<'_> {

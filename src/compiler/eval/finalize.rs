@@ -4,9 +4,9 @@
 
 use super::Runtime;
 use super::state::*;
-use super::value::InstId;
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::types::AttrKind;
+use crate::compiler::value::InstId;
 
 impl Runtime<'_> {
     pub fn final_checks(&mut self) -> Vec<Diagnostic> {
@@ -146,7 +146,7 @@ fn not_set(
 
 fn key_value_text(rt: &Runtime, k: &super::KeyPart) -> String {
     use super::KeyPart::*;
-    use super::pyfmt;
+    use crate::compiler::value::pyfmt;
     match k {
         Null => "null".into(),
         Bool(b) => if *b { "True" } else { "False" }.into(),

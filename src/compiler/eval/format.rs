@@ -6,8 +6,8 @@
 use num_bigint::BigInt;
 use num_traits::{Signed, ToPrimitive};
 
-use super::pyfmt::{self, InstanceText};
-use super::value::Value;
+use crate::compiler::value::Value;
+use crate::compiler::value::pyfmt::{self, InstanceText};
 
 #[derive(Default, Debug)]
 struct Spec {
@@ -352,7 +352,7 @@ fn general(a: f64, p: usize, keep_zeros: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compiler::eval::value::InstId;
+    use crate::compiler::value::InstId;
 
     struct N;
     impl InstanceText for N {

@@ -7,13 +7,13 @@
 use num_bigint::BigInt;
 use num_traits::{Signed, ToPrimitive, Zero};
 
-use super::expr::err;
-use super::value::Value;
-use super::{Eval, Runtime, pyfmt};
+use super::{Eval, Runtime, err};
 use crate::compiler::ast::BinOp;
 use crate::compiler::lexer::CmpOp;
 use crate::compiler::source::Span;
 use crate::compiler::types::Prim;
+use crate::compiler::value::Value;
+use crate::compiler::value::pyfmt;
 
 fn op_name(op: BinOp) -> &'static str {
     match op {
@@ -211,7 +211,7 @@ fn small(v: &Value) -> Option<i64> {
 }
 
 fn compare(rt: &Runtime, op: CmpOp, a: &Value, b: &Value, span: Span) -> Eval<Value> {
-    use super::value::py_eq;
+    use crate::compiler::value::py_eq;
     match op {
         CmpOp::Eq => return Ok(Value::Bool(py_eq(a, b))),
         CmpOp::Ne => return Ok(Value::Bool(!py_eq(a, b))),

@@ -8,9 +8,8 @@
 
 use std::rc::Rc;
 
-use super::value::{InstId, Value};
-use crate::compiler::ir::{BlockId, ExprId, StmtId};
-use crate::compiler::types::{EntityId, RuleId, Sym};
+use crate::compiler::ids::{BlockId, EntityId, ExprId, RuleId, StmtId, Sym};
+use crate::compiler::value::{InstId, Value};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RvId(pub u32);

@@ -3,8 +3,8 @@
 use std::rc::Rc;
 
 use super::{Args, PluginDef, fail, req};
-use crate::compiler::eval::pyfmt;
-use crate::compiler::eval::value::{Dict, Value};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{Dict, Value};
 
 /// Python `json.dumps` (default separators `, ` and `: `, ASCII-only output).
 pub fn dumps(v: &Value, out: &mut String) -> Result<(), String> {
@@ -113,7 +113,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "string",
-            func: |_, _, a: &mut Args| {
+            func: |_, a: &mut Args| {
                 let mut out = String::new();
                 dumps(&a.values[0], &mut out).map_err(|e| fail(a, "std::json_dumps", e))?;
                 Ok(Value::string(out))
@@ -126,7 +126,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "any",
-            func: |_, _, a: &mut Args| {
+            func: |_, a: &mut Args| {
                 let text = a.values[0].as_str().unwrap_or("");
                 match serde_json::from_str::<serde_json::Value>(text) {
                     Ok(j) => Ok(from_json(&j)),

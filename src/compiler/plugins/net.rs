@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::{Args, Default, PluginDef, fail, opt, req};
-use crate::compiler::eval::value::Value;
+use crate::compiler::value::Value;
 
 fn s(a: &Args, i: usize) -> &str {
     a.values[i].as_str().unwrap_or("")
@@ -318,7 +318,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "bool",
-            func: |_, _, a| {
+            func: |_, a| {
                 Ok(Value::Bool(validate_type(
                     s(a, 0),
                     &a.values[1],
@@ -333,7 +333,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "std::ipv4_address",
-            func: |_, _, a| {
+            func: |_, a| {
                 let n = match &a.values[0] {
                     Value::Int(i) if (0..=32).contains(i) => *i as u32,
                     _ => {
@@ -358,7 +358,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "int",
-            func: |_, _, a| match parse_iface(s(a, 0)) {
+            func: |_, a| match parse_iface(s(a, 0)) {
                 Some(i) => Ok(Value::Int(i.prefix as i64)),
                 None => Err(fail(a, "std::prefixlen", "ValueError: not an interface")),
             },
@@ -370,7 +370,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "std::ipv_any_address",
-            func: |_, _, a| match parse_iface(s(a, 0)) {
+            func: |_, a| match parse_iface(s(a, 0)) {
                 Some(i) => Ok(Value::string(
                     u128_ip(i.network(), i.addr.is_ipv4()).to_string(),
                 )),
@@ -388,7 +388,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "std::ipv_any_address",
-            func: |_, _, a| match parse_iface(s(a, 0)) {
+            func: |_, a| match parse_iface(s(a, 0)) {
                 Some(i) => Ok(Value::string(
                     u128_ip(i.mask(), i.addr.is_ipv4()).to_string(),
                 )),
@@ -406,7 +406,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "string",
-            func: |_, _, a| {
+            func: |_, a| {
                 let Some(net) = parse_network(s(a, 0)) else {
                     return Err(fail(a, "std::ipindex", "ValueError: not a network"));
                 };
@@ -438,7 +438,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "std::ipv_any_address",
-            func: |_, _, a| {
+            func: |_, a| {
                 let Some(addr) = parse_addr(s(a, 0)) else {
                     return Err(fail(a, "std::add_to_ip", "ValueError: not an address"));
                 };
@@ -471,7 +471,7 @@ pub fn plugins() -> Vec<PluginDef> {
             var_kwargs: false,
             allow_unknown: false,
             returns: "std::ipv_any_address",
-            func: |_, _, a| match parse_iface(s(a, 0)) {
+            func: |_, a| match parse_iface(s(a, 0)) {
                 Some(i) => Ok(Value::string(i.addr.to_string())),
                 None => Err(fail(
                     a,

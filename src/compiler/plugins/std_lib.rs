@@ -2,10 +2,10 @@
 
 use std::cmp::Ordering;
 
-use super::{Args, Default, PluginDef, fail, opt, req};
-use crate::compiler::eval::expr::Cx;
-use crate::compiler::eval::value::{Value, py_eq};
-use crate::compiler::eval::{Eval, Runtime, pyfmt};
+use super::{Args, Caller, Default, Outcome, PluginDef, fail, opt, req};
+use crate::compiler::types::{BaseType, TypeRef, ValueType};
+use crate::compiler::value::pyfmt;
+use crate::compiler::value::{Value, py_eq};
 
 fn s(a: &Args, i: usize) -> &str {
     a.values[i].as_str().unwrap_or("")
@@ -44,9 +44,9 @@ macro_rules! plugin {
 
 pub fn plugins() -> Vec<PluginDef> {
     let mut v = vec![
-        plugin!("print", [req("message", "any")], "null", |rt, _, a| {
-            let text = pyfmt::print_text(&a.values[0], rt);
-            rt.host.print(&text);
+        plugin!("print", [req("message", "any")], "null", |c, a| {
+            let text = pyfmt::print_text(&a.values[0], c.names());
+            c.host().print(&text);
             Ok(Value::Null)
         }),
         plugin!(
@@ -56,7 +56,7 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("message", "string", Default::Str(""))
             ],
             "null",
-            |_, _, a| {
+            |_, a| {
                 if !matches!(a.values[0], Value::Bool(true)) {
                     let msg = s(a, 1).to_string();
                     return Err(fail(
@@ -76,32 +76,27 @@ pub fn plugins() -> Vec<PluginDef> {
                 req("new", "string")
             ],
             "string",
-            |_, _, a| Ok(Value::string(s(a, 0).replace(s(a, 1), s(a, 2))))
+            |_, a| Ok(Value::string(s(a, 0).replace(s(a, 1), s(a, 2))))
         ),
-        plugin!("upper", [req("string", "string")], "string", |_, _, a| Ok(
+        plugin!("upper", [req("string", "string")], "string", |_, a| Ok(
             Value::string(s(a, 0).to_uppercase())
         )),
-        plugin!("lower", [req("string", "string")], "string", |_, _, a| Ok(
+        plugin!("lower", [req("string", "string")], "string", |_, a| Ok(
             Value::string(s(a, 0).to_lowercase())
         )),
-        plugin!(
-            "capitalize",
-            [req("string", "string")],
-            "string",
-            |_, _, a| {
-                let mut c = s(a, 0).chars();
-                let out = match c.next() {
-                    Some(f) => f.to_uppercase().collect::<String>() + &c.as_str().to_lowercase(),
-                    None => String::new(),
-                };
-                Ok(Value::string(out))
-            }
-        ),
+        plugin!("capitalize", [req("string", "string")], "string", |_, a| {
+            let mut c = s(a, 0).chars();
+            let out = match c.next() {
+                Some(f) => f.to_uppercase().collect::<String>() + &c.as_str().to_lowercase(),
+                None => String::new(),
+            };
+            Ok(Value::string(out))
+        }),
         plugin!(
             "limit",
             [req("string", "string"), req("length", "int")],
             "string",
-            |_, _, a| {
+            |_, a| {
                 let n = int(a, 1);
                 let chars: Vec<char> = s(a, 0).chars().collect();
                 let end = if n < 0 {
@@ -112,14 +107,14 @@ pub fn plugins() -> Vec<PluginDef> {
                 Ok(Value::string(chars[..end].iter().collect()))
             }
         ),
-        plugin!("length", [req("value", "string")], "int", |_, _, a| Ok(
+        plugin!("length", [req("value", "string")], "int", |_, a| Ok(
             Value::Int(s(a, 0).chars().count() as i64)
         )),
         plugin!(
             "split",
             [req("string_list", "string"), req("delim", "string")],
             "list",
-            |_, _, a| {
+            |_, a| {
                 if s(a, 1).is_empty() {
                     return Err(fail(a, "std::split", "ValueError: empty separator"));
                 }
@@ -128,10 +123,10 @@ pub fn plugins() -> Vec<PluginDef> {
                 ))
             }
         ),
-        plugin!("count", [req("item_list", "list")], "int", |_, _, a| Ok(
+        plugin!("count", [req("item_list", "list")], "int", |_, a| Ok(
             Value::Int(list(a, 0).len() as i64)
         )),
-        plugin!("unique", [req("item_list", "list")], "bool", |_, _, a| {
+        plugin!("unique", [req("item_list", "list")], "bool", |_, a| {
             let l = list(a, 0);
             for i in 0..l.len() {
                 for j in 0..i {
@@ -142,7 +137,7 @@ pub fn plugins() -> Vec<PluginDef> {
             }
             Ok(Value::Bool(true))
         }),
-        plugin!("flatten", [req("item_list", "list")], "list", |_, _, a| {
+        plugin!("flatten", [req("item_list", "list")], "list", |_, a| {
             let mut out = Vec::new();
             for i in list(a, 0) {
                 match i {
@@ -166,7 +161,7 @@ pub fn plugins() -> Vec<PluginDef> {
             "sequence",
             [req("i", "int"), opt("start", "int", Default::Int(0))],
             "list",
-            |_, _, a| {
+            |_, a| {
                 let (n, start) = (int(a, 0), int(a, 1));
                 if n > 50_000_000 {
                     return Err(fail(a, "std::sequence", "MemoryError: sequence too long"));
@@ -180,7 +175,7 @@ pub fn plugins() -> Vec<PluginDef> {
             "at",
             [req("objects", "list"), req("index", "int")],
             "any",
-            |_, _, a| {
+            |_, a| {
                 let l = list(a, 0);
                 let i = int(a, 1);
                 let idx = if i < 0 { l.len() as i64 + i } else { i };
@@ -194,7 +189,7 @@ pub fn plugins() -> Vec<PluginDef> {
             "inlineif",
             [req("conditional", "bool"), req("a", "any"), req("b", "any")],
             "any",
-            |_, _, a| {
+            |_, a| {
                 Ok(if matches!(a.values[0], Value::Bool(true)) {
                     a.values[1].clone()
                 } else {
@@ -202,7 +197,7 @@ pub fn plugins() -> Vec<PluginDef> {
                 })
             }
         ),
-        plugin!("isset", [req("value", "any")], "bool", |_, _, a| Ok(
+        plugin!("isset", [req("value", "any")], "bool", |_, a| Ok(
             Value::Bool(!a.values[0].is_null())
         )),
         plugin!(
@@ -221,10 +216,10 @@ pub fn plugins() -> Vec<PluginDef> {
             "select",
             [req("objects", "list"), req("attr", "string")],
             "list",
-            |rt, _, a| {
+            |c, a| {
                 let mut out = Vec::new();
                 for o in list(a, 0) {
-                    out.push(read_named_attr(rt, &o, s(a, 1), a)?);
+                    out.push(read_named_attr(c, &o, s(a, 1), a)?);
                 }
                 Ok(Value::list(out))
             }
@@ -233,16 +228,16 @@ pub fn plugins() -> Vec<PluginDef> {
             "attr",
             [req("obj", "any"), req("attr", "string")],
             "any",
-            |rt, _, a| {
+            |c, a| {
                 let o = a.values[0].clone();
-                read_named_attr(rt, &o, s(a, 1), a)
+                read_named_attr(c, &o, s(a, 1), a)
             }
         ),
         plugin!(
             "item",
             [req("objects", "list"), req("index", "int")],
             "list",
-            |_, _, a| {
+            |_, a| {
                 let mut out = Vec::new();
                 for o in list(a, 0) {
                     match o {
@@ -268,20 +263,20 @@ pub fn plugins() -> Vec<PluginDef> {
                 Ok(Value::list(out))
             }
         ),
-        plugin!("type", [req("obj", "any")], "any", |rt, _, a| {
+        plugin!("type", [req("obj", "any")], "any", |c, a| {
             Ok(Value::string(match &a.values[0] {
-                Value::Instance(i) => rt.p.entity(rt.inst_entity(*i)).full_name.clone(),
+                Value::Instance(i) => c.program().entity(c.instance_entity(*i)).full_name.clone(),
                 other => other.py_type_name().to_string(),
             }))
         }),
-        plugin!("objid", [req("value", "any")], "string", |rt, _, a| {
-            Ok(Value::string(rt.value_repr(&a.values[0])))
+        plugin!("objid", [req("value", "any")], "string", |c, a| {
+            Ok(Value::string(c.value_repr(&a.values[0])))
         }),
         plugin!(
             "timestamp",
             [opt("dummy", "any", Default::Null)],
             "int",
-            |_, _, _| {
+            |_, _| {
                 let t = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs() as i64)
@@ -302,8 +297,8 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("default_value", "string", Default::Null)
             ],
             "string",
-            |rt, _, a| {
-                Ok(match rt.host.env_var(s(a, 0)) {
+            |c, a| {
+                Ok(match c.host().env_var(s(a, 0)) {
                     Some(v) => Value::string(v),
                     None if !a.values[1].is_null() => a.values[1].clone(),
                     None => Value::Unknown,
@@ -317,8 +312,8 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("default_value", "int", Default::Null)
             ],
             "int",
-            |rt, _, a| {
-                Ok(match rt.host.env_var(s(a, 0)) {
+            |c, a| {
+                Ok(match c.host().env_var(s(a, 0)) {
                     Some(v) => match v.trim().parse::<i64>() {
                         Ok(i) => Value::Int(i),
                         Err(_) => {
@@ -336,16 +331,16 @@ pub fn plugins() -> Vec<PluginDef> {
                 })
             }
         ),
-        plugin!("hostname", [req("fqdn", "string")], "string", |_, _, a| {
+        plugin!("hostname", [req("fqdn", "string")], "string", |_, a| {
             Ok(Value::str(s(a, 0).split('.').next().unwrap_or("")))
         }),
         plugin!(
             "is_base64_encoded",
             [req("s", "string")],
             "bool",
-            |_, _, a| Ok(Value::Bool(is_base64(s(a, 0))))
+            |_, a| Ok(Value::Bool(is_base64(s(a, 0))))
         ),
-        plugin!("invert", [req("value", "bool")], "bool", |_, _, a| Ok(
+        plugin!("invert", [req("value", "bool")], "bool", |_, a| Ok(
             Value::Bool(!matches!(a.values[0], Value::Bool(true)))
         )),
         plugin!(
@@ -356,13 +351,13 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("desc", "string", Default::Null)
             ],
             "null",
-            |rt, _, a| {
+            |c, a| {
                 if !py_eq(&a.values[0], &a.values[1]) {
                     let msg = if a.values[2].is_null() {
                         format!(
                             "{} != {}",
-                            rt.value_str(&a.values[0]),
-                            rt.value_str(&a.values[1])
+                            c.value_str(&a.values[0]),
+                            c.value_str(&a.values[1])
                         )
                     } else {
                         s(a, 2).to_string()
@@ -376,7 +371,7 @@ pub fn plugins() -> Vec<PluginDef> {
             "filter",
             [req("values", "list"), req("not_item", "std::Entity")],
             "list",
-            |_, _, a| {
+            |_, a| {
                 Ok(Value::list(
                     list(a, 0)
                         .into_iter()
@@ -389,7 +384,7 @@ pub fn plugins() -> Vec<PluginDef> {
             "dict_get",
             [req("dct", "dict"), req("key", "string")],
             "string",
-            |_, _, a| match &a.values[0] {
+            |_, a| match &a.values[0] {
                 Value::Dict(d) => match d.get(s(a, 1)) {
                     Some(v) => Ok(v.clone()),
                     None => Err(fail(a, "std::dict_get", format!("KeyError: '{}'", s(a, 1)))),
@@ -401,7 +396,7 @@ pub fn plugins() -> Vec<PluginDef> {
             "contains",
             [req("dct", "dict"), req("key", "string")],
             "bool",
-            |_, _, a| match &a.values[0] {
+            |_, a| match &a.values[0] {
                 Value::Dict(d) => Ok(Value::Bool(d.contains_key(s(a, 1)))),
                 _ => Ok(Value::Bool(false)),
             }
@@ -414,7 +409,7 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("default_value", "any", Default::Null)
             ],
             "any",
-            |_, _, a| {
+            |_, a| {
                 // facts come from a running environment; during a compile they are unknown
                 if a.values[2].is_null() {
                     Ok(Value::Unknown)
@@ -423,32 +418,33 @@ pub fn plugins() -> Vec<PluginDef> {
                 }
             }
         ),
-        plugin!("environment", [], "string", |rt, _, _| Ok(env_or_unknown(
-            rt,
+        plugin!("environment", [], "string", |c, _| Ok(env_or_unknown(
+            c,
             "STEWARD_ENVIRONMENT"
         ))),
-        plugin!("environment_name", [], "string", |rt, _, _| Ok(
-            env_or_unknown(rt, "STEWARD_ENVIRONMENT_NAME")
-        )),
-        plugin!("environment_server", [], "string", |rt, _, _| Ok(
-            env_or_unknown(rt, "STEWARD_SERVER")
-        )),
-        plugin!("server_ca", [], "string", |rt, _, _| Ok(Value::string(
-            rt.host.env_var("STEWARD_SERVER_CA").unwrap_or_default()
+        plugin!("environment_name", [], "string", |c, _| Ok(env_or_unknown(
+            c,
+            "STEWARD_ENVIRONMENT_NAME"
         ))),
-        plugin!("server_ssl", [], "bool", |rt, _, _| Ok(Value::Bool(
-            rt.host
+        plugin!("environment_server", [], "string", |c, _| Ok(
+            env_or_unknown(c, "STEWARD_SERVER")
+        )),
+        plugin!("server_ca", [], "string", |c, _| Ok(Value::string(
+            c.host().env_var("STEWARD_SERVER_CA").unwrap_or_default()
+        ))),
+        plugin!("server_ssl", [], "bool", |c, _| Ok(Value::Bool(
+            c.host()
                 .env_var("STEWARD_SERVER")
                 .is_some_and(|s| s.starts_with("https"))
         ))),
-        plugin!("server_port", [], "int", |_, _, _| Ok(Value::Int(8888))),
+        plugin!("server_port", [], "int", |_, _| Ok(Value::Int(8888))),
         plugin!(
             "server_token",
             [opt("client_types", "string[]", Default::Null)],
             "string",
-            |rt, _, _| {
+            |c, _| {
                 Ok(Value::string(
-                    rt.host.env_var("STEWARD_TOKEN").unwrap_or_default(),
+                    c.host().env_var("STEWARD_TOKEN").unwrap_or_default(),
                 ))
             }
         ),
@@ -459,7 +455,7 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("length", "int", Default::Int(20))
             ],
             "string",
-            |_, _, a| {
+            |_, a| {
                 // deterministic per id: a compile must not change desired state on every run
                 use sha2::Digest;
                 let digest = sha2::Sha256::digest(s(a, 0).as_bytes());
@@ -480,7 +476,7 @@ pub fn plugins() -> Vec<PluginDef> {
                 opt("length", "int", Default::Int(20))
             ],
             "string",
-            |_, _, a| {
+            |_, a| {
                 use sha2::Digest;
                 let digest = sha2::Sha256::digest(s(a, 1).as_bytes());
                 let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
@@ -493,11 +489,11 @@ pub fn plugins() -> Vec<PluginDef> {
                 )))
             }
         ),
-        plugin!("source", [req("path", "string")], "string", |rt, cx, a| {
-            module_file(rt, cx, a, "files", "std::source")
+        plugin!("source", [req("path", "string")], "string", |c, a| {
+            module_file(c, a, "files", "std::source")
         }),
-        plugin!("file", [req("path", "string")], "string", |rt, cx, a| {
-            module_file(rt, cx, a, "files", "std::file")
+        plugin!("file", [req("path", "string")], "string", |c, a| {
+            module_file(c, a, "files", "std::file")
         }),
     ];
     v.push(PluginDef {
@@ -507,7 +503,7 @@ pub fn plugins() -> Vec<PluginDef> {
         var_kwargs: false,
         allow_unknown: true,
         returns: "int",
-        func: |_, _, a| {
+        func: |_, a| {
             let l = list(a, 0);
             if l.iter().any(Value::is_unknown) {
                 return Ok(Value::Unknown);
@@ -522,7 +518,7 @@ pub fn plugins() -> Vec<PluginDef> {
         var_kwargs: false,
         allow_unknown: true,
         returns: "int",
-        func: |_, _, a| Ok(Value::Int(list(a, 0).len() as i64)),
+        func: |_, a| Ok(Value::Int(list(a, 0).len() as i64)),
     });
     // the earlier `count` (without unknowns) is replaced by the one that counts them
     v.retain(|p| p.name != "count" || p.allow_unknown);
@@ -533,7 +529,7 @@ pub fn plugins() -> Vec<PluginDef> {
         var_kwargs: false,
         allow_unknown: true,
         returns: "bool",
-        func: |_, _, a| Ok(Value::Bool(a.values[0].is_unknown())),
+        func: |_, a| Ok(Value::Bool(a.values[0].is_unknown())),
     });
     v.push(PluginDef {
         namespace: "std",
@@ -556,7 +552,7 @@ pub fn plugins() -> Vec<PluginDef> {
         var_kwargs: false,
         allow_unknown: false,
         returns: "string",
-        func: |_, _, a| Ok(Value::string(format!("sh -c {}", shell_quote(s(a, 0))))),
+        func: |_, a| Ok(Value::string(format!("sh -c {}", shell_quote(s(a, 0))))),
     });
     for (name, plugin_name) in [("source", "fs::source"), ("file", "fs::file")] {
         v.push(PluginDef {
@@ -567,17 +563,17 @@ pub fn plugins() -> Vec<PluginDef> {
             allow_unknown: false,
             returns: "string",
             func: if plugin_name == "fs::source" {
-                |rt, cx, a| module_file(rt, cx, a, "files", "fs::source")
+                |c, a| module_file(c, a, "files", "fs::source")
             } else {
-                |rt, cx, a| module_file(rt, cx, a, "files", "fs::file")
+                |c, a| module_file(c, a, "files", "fs::file")
             },
         });
     }
     v
 }
 
-fn env_or_unknown(rt: &Runtime, var: &str) -> Value {
-    match rt.host.env_var(var) {
+fn env_or_unknown(c: &mut dyn Caller, var: &str) -> Value {
+    match c.host().env_var(var) {
         Some(v) => Value::string(v),
         None => Value::Unknown,
     }
@@ -624,38 +620,41 @@ fn is_base64(s: &str) -> bool {
         .all(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/')
 }
 
-fn read_named_attr(rt: &mut Runtime, o: &Value, name: &str, a: &Args) -> Eval<Value> {
-    let Some(sym) = rt.p.syms.get(name) else {
+fn read_named_attr(c: &mut dyn Caller, o: &Value, name: &str, a: &Args) -> Outcome<Value> {
+    let Some(sym) = c.program().syms.get(name) else {
         return Err(fail(
             a,
             "std::attr",
             format!("AttributeError: no attribute {name}"),
         ));
     };
-    rt.read_attr(o, sym, a.span, "value")
+    c.read_attr(o, sym, "value")
 }
 
-fn is_instance(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
+fn is_instance(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let cls = s(a, 1).to_string();
     let (ns, name) = cls
         .rsplit_once("::")
         .unwrap_or(("__config__", cls.as_str()));
-    let ty =
-        rt.p.namespaces
-            .iter()
-            .find(|n| n.name == ns)
-            .and_then(|n| n.types.get(name).copied());
+    let ty = c
+        .program()
+        .namespaces
+        .iter()
+        .find(|n| n.name == ns)
+        .and_then(|n| n.types.get(name).copied());
     match ty {
-        Some(crate::compiler::types::TypeRef::Entity(e)) => Ok(Value::Bool(match &a.values[0] {
-            Value::Instance(i) => rt.p.is_subtype(rt.inst_entity(*i), e),
+        Some(TypeRef::Entity(e)) => Ok(Value::Bool(match &a.values[0] {
+            Value::Instance(i) => c.program().is_subtype(c.instance_entity(*i), e),
             _ => false,
         })),
-        Some(crate::compiler::types::TypeRef::Typedef(t)) => {
+        Some(TypeRef::Typedef(t)) => {
             let v = a.values[0].clone();
-            Ok(Value::Bool(
-                rt.validate_base(&v, crate::compiler::types::BaseType::Typedef(t))
-                    .is_ok(),
-            ))
+            let ty = ValueType {
+                base: BaseType::Typedef(t),
+                list: false,
+                nullable: false,
+            };
+            Ok(Value::Bool(c.validate(&v, &ty).is_ok()))
         }
         _ => Err(fail(
             a,
@@ -665,51 +664,49 @@ fn is_instance(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
     }
 }
 
-fn getattr(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
+fn getattr(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let name = s(a, 1).to_string();
     let default = a.values[2].clone();
-    let Some(sym) = rt.p.syms.get(&name) else {
+    let Some(sym) = c.program().syms.get(&name) else {
         return Ok(default);
     };
     let o = a.values[0].clone();
     let Value::Instance(i) = o else {
         return Ok(default);
     };
-    let e = rt.inst_entity(i);
-    if rt.p.entity(e).slot(sym).is_none() {
+    let e = c.instance_entity(i);
+    if c.program().entity(e).slot(sym).is_none() {
         return Ok(default);
     }
-    let v = rt.read_attr(&o, sym, a.span, "entity")?;
+    let v = c.read_attr(&o, sym, "entity")?;
     if v.is_unknown() && matches!(a.values[3], Value::Bool(true)) {
         return Ok(default);
     }
     Ok(v)
 }
 
-fn familyof(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
+fn familyof(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let family = s(a, 1).to_string();
-    let name_sym = rt.p.syms.get("name");
-    let fam_sym = rt.p.syms.get("family");
+    let name_sym = c.program().syms.get("name");
+    let fam_sym = c.program().syms.get("family");
     let (Some(name_sym), Some(fam_sym)) = (name_sym, fam_sym) else {
         return Ok(Value::Bool(false));
     };
     let mut cur = a.values[0].clone();
-    let first = rt.read_attr(&cur, name_sym, a.span, "member")?;
+    let first = c.read_attr(&cur, name_sym, "member")?;
     if first.as_str() == Some(family.as_str()) {
         return Ok(Value::Bool(true));
     }
     // as in std 8.1.0: the direct parent family is compared by the member's own name
     loop {
-        let rv = match rt.attr_rv_of(&cur, fam_sym, a.span, "member")? {
-            Some(rv) => rv,
-            None => return Ok(Value::Bool(false)),
+        // an unknown member or an empty parent family ends the search
+        if cur.is_unknown() {
+            return Ok(Value::Bool(false));
+        }
+        let Some(parent) = c.read_attr_or_empty(&cur, fam_sym, "member")? else {
+            return Ok(Value::Bool(false));
         };
-        let parent = match rt.read_rv(rv, a.span) {
-            Ok(v) => v,
-            Err(crate::compiler::eval::Stop::Err(_)) => return Ok(Value::Bool(false)),
-            Err(b) => return Err(b),
-        };
-        let n = rt.read_attr(&cur, name_sym, a.span, "member")?;
+        let n = c.read_attr(&cur, name_sym, "member")?;
         if n.as_str() == Some(family.as_str()) {
             return Ok(Value::Bool(true));
         }
@@ -740,7 +737,7 @@ pub fn py_cmp(a: &Value, b: &Value) -> Option<Ordering> {
     }
 }
 
-fn key_sort(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
+fn key_sort(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let items = list(a, 0);
     let keys: Vec<String> = match &a.values[1] {
         Value::Str(k) => vec![k.to_string()],
@@ -759,7 +756,7 @@ fn key_sort(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
     for it in items {
         let mut k = Vec::new();
         for name in &keys {
-            k.push(read_named_attr(rt, &it, name, a)?);
+            k.push(read_named_attr(c, &it, name, a)?);
         }
         keyed.push((Value::list(k), it));
     }
@@ -780,16 +777,10 @@ fn key_sort(rt: &mut Runtime, _: &mut Cx, a: &mut Args) -> Eval<Value> {
     Ok(Value::list(keyed.into_iter().map(|(_, v)| v).collect()))
 }
 
-fn module_file(
-    rt: &mut Runtime,
-    cx: &mut Cx,
-    a: &mut Args,
-    dir: &str,
-    plugin: &str,
-) -> Eval<Value> {
+fn module_file(c: &mut dyn Caller, a: &mut Args, dir: &str, plugin: &str) -> Outcome<Value> {
     let path = s(a, 0).to_string();
-    let (module, rest) = resolve_module_path(rt, cx, &path, a, plugin)?;
-    match rt.host.module_file(&module, dir, &rest) {
+    let (module, rest) = resolve_module_path(c, &path, a, plugin)?;
+    match c.host().module_file(&module, dir, &rest) {
         Ok((content, abs)) => {
             if plugin.ends_with("::file") {
                 Ok(Value::string(format!("imp-module-source:file://{abs}")))
@@ -803,21 +794,21 @@ fn module_file(
 
 /// `module/path` (or `./path` for the calling module) into (module, path).
 pub fn resolve_module_path(
-    rt: &Runtime,
-    cx: &Cx,
+    c: &dyn Caller,
     path: &str,
     a: &Args,
     plugin: &str,
-) -> Eval<(String, String)> {
+) -> Outcome<(String, String)> {
     if let Some(rest) = path.strip_prefix("./") {
-        let _ = cx;
-        let file = rt.p.ir.expr(a.site).span.file;
-        let module =
-            rt.p.namespaces
-                .iter()
-                .find(|n| n.file == Some(file))
-                .map(|n| n.module.clone())
-                .unwrap_or_default();
+        // the module of the file the call is written in
+        let file = a.span.file;
+        let module = c
+            .program()
+            .namespaces
+            .iter()
+            .find(|n| n.file == Some(file))
+            .map(|n| n.module.clone())
+            .unwrap_or_default();
         return Ok((module, rest.to_string()));
     }
     match path.split_once('/') {

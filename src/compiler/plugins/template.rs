@@ -2,18 +2,15 @@
 //! minijinja.
 //!
 //! Without keyword arguments the template sees the variables in scope at the call (`::` is
-//! written `.`). The variables the template uses are resolved through the runtime first — a
+//! written `.`). The variables the template uses are resolved through the caller first — a
 //! value that does not exist yet makes the call wait, as any plugin argument would — and then
 //! handed to minijinja; instances become maps of their attributes.
 
 use std::collections::BTreeMap;
 
 use super::std_lib::resolve_module_path;
-use super::{Args, PluginDef, fail, req};
-use crate::compiler::eval::expr::Cx;
-use crate::compiler::eval::state::{NONE, RvState};
-use crate::compiler::eval::value::{InstId, Value};
-use crate::compiler::eval::{Eval, Runtime, Stop};
+use super::{Args, Caller, Outcome, PluginDef, Stop, fail, req};
+use crate::compiler::value::{InstId, Value};
 
 pub fn plugins() -> Vec<PluginDef> {
     vec![PluginDef {
@@ -27,10 +24,10 @@ pub fn plugins() -> Vec<PluginDef> {
     }]
 }
 
-fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
+fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let path = a.values[0].as_str().unwrap_or("").to_string();
-    let (module, rest) = resolve_module_path(rt, cx, &path, a, "std::template")?;
-    let source = match rt.host.module_file(&module, "templates", &rest) {
+    let (module, rest) = resolve_module_path(c, &path, a, "std::template")?;
+    let source = match c.host().module_file(&module, "templates", &rest) {
         Ok((s, _)) => s,
         Err(e) => return Err(fail(a, "std::template", e)),
     };
@@ -47,7 +44,7 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
     let mut ctx: BTreeMap<String, minijinja::Value> = BTreeMap::new();
     if !a.extra.is_empty() {
         for (k, v) in &a.extra {
-            ctx.insert(k.to_string(), to_jinja(rt, v, 3));
+            ctx.insert(k.to_string(), to_jinja(c, v, 3));
         }
     } else {
         let mut names: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
@@ -55,11 +52,11 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
         for path in names {
             let parts: Vec<&str> = path.split('.').collect();
             // walk the whole dotted path so every value it needs exists before rendering
-            let Some((root_name, value)) = lookup_path(rt, cx, &parts, a)? else {
+            let Some((root_name, value)) = lookup_path(c, &parts)? else {
                 continue;
             };
             let _ = value;
-            let root_value = lookup_root(rt, cx, &root_name, a)?;
+            let root_value = c.lookup(&root_name)?;
             if let Some(v) = root_value {
                 let key = root_name
                     .split("::")
@@ -70,10 +67,10 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
                     // `std::linux` written `std.linux`: nest under the namespace name
                     let inner = root_name.split("::").nth(1).unwrap_or("").to_string();
                     let mut m = BTreeMap::new();
-                    m.insert(inner, to_jinja(rt, &v, 3));
+                    m.insert(inner, to_jinja(c, &v, 3));
                     ctx.insert(key, minijinja::Value::from(m));
                 } else {
-                    ctx.insert(key, to_jinja(rt, &v, 3));
+                    ctx.insert(key, to_jinja(c, &v, 3));
                 }
             }
         }
@@ -84,85 +81,14 @@ fn render(rt: &mut Runtime, cx: &mut Cx, a: &mut Args) -> Eval<Value> {
     }
 }
 
-/// Resolve `name` as the model would at the call site: block variables, the instance's
-/// attributes, then the namespace's top-level variables.
-fn lookup_root(rt: &mut Runtime, cx: &Cx, name: &str, a: &Args) -> Eval<Option<Value>> {
-    if let Some((ns, var)) = name.split_once("::") {
-        let Some(nsd) = rt.p.namespaces.iter().position(|n| n.name == ns) else {
-            return Ok(None);
-        };
-        let Some(&slot) = rt.p.namespaces[nsd].top_vars.get(var) else {
-            return Ok(None);
-        };
-        let scope = rt.ns_scopes[nsd];
-        let rv =
-            crate::compiler::eval::state::RvId(rt.scopes[scope.0 as usize].rv_base + slot as u32);
-        return rt.read_rv(rv, a.span).map(Some);
-    }
-    let mut s = cx.scope.0;
-    while s != NONE {
-        let sc = &rt.scopes[s as usize];
-        if sc.block != NONE {
-            let block = rt.p.ir.block(crate::compiler::ir::BlockId(sc.block));
-            if let Some(i) = block.names.iter().position(|n| &**n == name) {
-                let rv = crate::compiler::eval::state::RvId(sc.rv_base + i as u32);
-                return rt.read_rv(rv, a.span).map(Some);
-            }
-        }
-        s = sc.parent;
-    }
-    if let Some(inst) = rt.scope_inst(cx.scope) {
-        if name == "self" {
-            return Ok(Some(Value::Instance(inst)));
-        }
-        if let Some(sym) = rt.p.syms.get(name) {
-            let e = rt.inst_entity(inst);
-            if rt.p.entity(e).slot(sym).is_some() {
-                return read_lenient(rt, &Value::Instance(inst), sym, a).map(Some);
-            }
-        }
-    }
-    let file = rt.p.ir.expr(a.site).span.file;
-    if let Some(nsi) = rt.p.namespaces.iter().position(|n| n.file == Some(file))
-        && let Some(&slot) = rt.p.namespaces[nsi].top_vars.get(name)
-    {
-        let scope = rt.ns_scopes[nsi];
-        let rv =
-            crate::compiler::eval::state::RvId(rt.scopes[scope.0 as usize].rv_base + slot as u32);
-        return rt.read_rv(rv, a.span).map(Some);
-    }
-    Ok(None)
-}
-
-/// An attribute for a template: an optional relation frozen empty reads as None.
-fn read_lenient(
-    rt: &mut Runtime,
-    base: &Value,
-    sym: crate::compiler::types::Sym,
-    a: &Args,
-) -> Eval<Value> {
-    match rt.attr_rv_of(base, sym, a.span, "value")? {
-        Some(rv) => match &rt.rvs[rv.0 as usize].state {
-            RvState::FrozenNull => Ok(Value::Null),
-            _ => rt.read_rv(rv, a.span),
-        },
-        None => Ok(Value::Unknown),
-    }
-}
-
 /// Walk a dotted path (`host.os.name`, or `std.linux` for `std::linux`).
-fn lookup_path(
-    rt: &mut Runtime,
-    cx: &Cx,
-    parts: &[&str],
-    a: &Args,
-) -> Eval<Option<(String, Value)>> {
+fn lookup_path(c: &mut dyn Caller, parts: &[&str]) -> Outcome<Option<(String, Value)>> {
     let mut root = parts[0].to_string();
     let mut rest = &parts[1..];
-    let mut v = lookup_root(rt, cx, &root, a)?;
+    let mut v = c.lookup(&root)?;
     if v.is_none() && !rest.is_empty() {
         let candidate = format!("{}::{}", parts[0], parts[1]);
-        if let Some(found) = lookup_root(rt, cx, &candidate, a)? {
+        if let Some(found) = c.lookup(&candidate)? {
             root = candidate;
             rest = &parts[2..];
             v = Some(found);
@@ -171,9 +97,12 @@ fn lookup_path(
     let Some(mut cur) = v else { return Ok(None) };
     for p in rest {
         let Value::Instance(_) = cur else { break };
-        let Some(sym) = rt.p.syms.get(p) else { break };
-        cur = match read_lenient(rt, &cur, sym, a) {
-            Ok(v) => v,
+        let Some(sym) = c.program().syms.get(p) else {
+            break;
+        };
+        // an attribute for a template: an optional relation left empty reads as None
+        cur = match c.read_attr_or_empty(&cur, sym, "value") {
+            Ok(v) => v.unwrap_or(Value::Null),
             Err(Stop::Err(_)) => break,
             Err(b) => return Err(b),
         };
@@ -181,7 +110,7 @@ fn lookup_path(
     Ok(Some((root, cur)))
 }
 
-fn to_jinja(rt: &Runtime, v: &Value, depth: u32) -> minijinja::Value {
+fn to_jinja(c: &dyn Caller, v: &Value, depth: u32) -> minijinja::Value {
     match v {
         Value::Null | Value::Unknown => minijinja::Value::from(()),
         Value::Bool(b) => minijinja::Value::from(*b),
@@ -190,48 +119,26 @@ fn to_jinja(rt: &Runtime, v: &Value, depth: u32) -> minijinja::Value {
         Value::Float(f) => minijinja::Value::from(*f),
         Value::Str(s) => minijinja::Value::from(s.to_string()),
         Value::List(l) => {
-            minijinja::Value::from(l.iter().map(|x| to_jinja(rt, x, depth)).collect::<Vec<_>>())
+            minijinja::Value::from(l.iter().map(|x| to_jinja(c, x, depth)).collect::<Vec<_>>())
         }
         Value::Dict(d) => {
             let m: BTreeMap<String, minijinja::Value> = d
                 .iter()
-                .map(|(k, x)| (k.to_string(), to_jinja(rt, x, depth)))
+                .map(|(k, x)| (k.to_string(), to_jinja(c, x, depth)))
                 .collect();
             minijinja::Value::from(m)
         }
-        Value::Instance(i) => instance_map(rt, *i, depth),
+        Value::Instance(i) => instance_map(c, *i, depth),
     }
 }
 
-fn instance_map(rt: &Runtime, inst: InstId, depth: u32) -> minijinja::Value {
+fn instance_map(c: &dyn Caller, inst: InstId, depth: u32) -> minijinja::Value {
     if depth == 0 {
-        return minijinja::Value::from(rt.inst_site_text(inst));
+        return minijinja::Value::from(c.names().inst_str(inst));
     }
-    let e = rt.inst_entity(inst);
-    let ent = rt.p.entity(e);
     let mut m: BTreeMap<String, minijinja::Value> = BTreeMap::new();
-    for (slot, aid) in ent.slots.iter().enumerate() {
-        let rv = rt.attr_rv(inst, slot as u16);
-        let name = rt.p.attr(*aid).name.clone();
-        match &rt.rvs[rv.0 as usize].state {
-            RvState::Set(v) => {
-                m.insert(name, to_jinja(rt, v, depth - 1));
-            }
-            RvState::FrozenNull => {
-                m.insert(name, minijinja::Value::from(()));
-            }
-            RvState::Unset => {
-                if rt.is_delayed(rv) && !rt.dl(rv).items.is_empty() {
-                    let items: Vec<minijinja::Value> = rt
-                        .dl(rv)
-                        .items
-                        .iter()
-                        .map(|i| instance_map(rt, *i, depth - 1))
-                        .collect();
-                    m.insert(name, minijinja::Value::from(items));
-                }
-            }
-        }
+    for (name, v) in c.attributes_so_far(inst) {
+        m.insert(name, to_jinja(c, &v, depth - 1));
     }
     minijinja::Value::from(m)
 }

@@ -5,7 +5,7 @@
 //! inside containers null is `null`, bools are `True`/`False`, strings use Python quoting;
 //! `print(null)` is `None`; interpolation turns integral floats into ints.
 
-use super::value::{InstId, Value};
+use super::{InstId, Value};
 
 /// How instances show up in text: supplied by the runtime, which knows types and locations.
 pub trait InstanceText {

@@ -3,6 +3,11 @@
 //! Values are immutable and cheap to clone (`Rc` for strings and containers). Integers are
 //! `i64` with transparent promotion to a big integer on overflow, so arithmetic has Python's
 //! arbitrary precision. Instances are referenced by id; their state lives in the runtime.
+//!
+//! Values sit below everything that holds or shows one: the type system (defaults), the IR
+//! (constants), the evaluator and the plugins. Their Python text forms are in [`pyfmt`].
+
+pub mod pyfmt;
 
 use std::rc::Rc;
 
