@@ -6,6 +6,7 @@
 
 pub mod cron;
 pub mod diff;
+pub mod placement;
 pub mod settings;
 pub mod urls;
 

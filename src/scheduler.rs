@@ -8,6 +8,7 @@
 //! a pause that must be acknowledged, a status). A scheduler rebuilds everything from
 //! PostgreSQL when it starts, so a task that died is simply started again.
 
+pub mod agents;
 pub mod code;
 pub mod env;
 pub mod executors;
@@ -42,6 +43,8 @@ struct Inner {
     /// Where handler code of versions is materialized for executors (one dir per digest).
     code_dir: PathBuf,
     running: Mutex<HashMap<Uuid, mpsc::UnboundedSender<Control>>>,
+    /// external agent processes of all environments
+    hub: agents::AgentHub,
 }
 
 /// Handle on all environment schedulers of a server (cheap to clone).
@@ -61,6 +64,7 @@ impl Schedulers {
         notifier: &Notifier,
     ) -> Schedulers {
         let s = Schedulers(Arc::new(Inner {
+            hub: agents::AgentHub::new(pool.clone()),
             pool,
             executor_bin,
             code_dir,
@@ -71,6 +75,11 @@ impl Schedulers {
         s.start_known().await;
         tokio::spawn(s.clone().follow(events));
         s
+    }
+
+    /// The external agent processes (`steward agent run`) of all environments.
+    pub fn hub(&self) -> &agents::AgentHub {
+        &self.0.hub
     }
 
     /// The executable started as `steward executor`: `STEWARD_EXECUTOR_BIN`, else this program.
@@ -111,7 +120,8 @@ impl Schedulers {
         let pool = self.0.pool.clone();
         let bin = self.0.executor_bin.clone();
         let code = self.0.code_dir.clone();
-        tokio::spawn(env::EnvScheduler::run(env, pool, bin, code, rx));
+        let hub = self.0.hub.clone();
+        tokio::spawn(env::EnvScheduler::run(env, pool, bin, code, hub, rx));
         running.insert(env, tx.clone());
         tx
     }

@@ -6,6 +6,7 @@
 //! act on their own (the scheduler, git sources) are told about changes through
 //! [`Notifier`] and re-read the database.
 
+pub mod api_agents;
 pub mod api_deploy;
 pub mod api_envs;
 pub mod api_resources;
@@ -58,6 +59,7 @@ pub const ACTION_BODY: usize = 8 << 20;
 /// `#[utoipa::path]`), so the reference cannot miss a route: add routes here, never with a
 /// plain `.route()`.
 pub fn api() -> OpenApiRouter<AppState> {
+    use api_agents as a;
     use api_deploy as d;
     use api_envs as e;
     use api_resources as r;
@@ -128,6 +130,15 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(d::list_dryruns, d::start_dryrun))
         .routes(routes!(d::get_dryrun))
         .routes(routes!(d::list_agents))
+        .routes(routes!(a::open))
+        .merge(
+            // a poll carries the results of finished actions, log lines included
+            OpenApiRouter::new()
+                .routes(routes!(a::poll))
+                .layer(DefaultBodyLimit::max(ACTION_BODY)),
+        )
+        .routes(routes!(a::close))
+        .routes(routes!(a::code))
         .routes(routes!(d::pause_agent))
         .routes(routes!(d::unpause_agent))
         .routes(routes!(d::progress))

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod code;
 pub mod deploy;
 pub mod environments;
+pub mod leases;
 pub mod outbox;
 pub mod retention;
 pub mod sources;

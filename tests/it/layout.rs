@@ -21,7 +21,10 @@ fn the_module_graph_check_finds_a_cycle() {
     // the checker itself: a copy of src/ with one upward edge added must fail
     let root = env!("CARGO_MANIFEST_DIR");
     let tmp = tempfile::tempdir().unwrap();
-    crate::support::copy_dir(&std::path::Path::new(root).join("src"), &tmp.path().join("src"));
+    crate::support::copy_dir(
+        &std::path::Path::new(root).join("src"),
+        &tmp.path().join("src"),
+    );
     std::fs::create_dir_all(tmp.path().join("scripts")).unwrap();
     std::fs::copy(
         format!("{root}/scripts/check-module-graph"),
