@@ -44,3 +44,15 @@ fn the_module_graph_check_finds_a_cycle() {
     assert!(stderr.contains("cycle among"), "{stderr}");
     assert!(stderr.contains("events -> server"), "{stderr}");
 }
+
+#[test]
+fn compiler_submodules_form_no_cycle() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("python3")
+        .arg(format!("{root}/scripts/module-edges"))
+        .arg("--check")
+        .output()
+        .expect("python3 runs scripts/module-edges");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+}
