@@ -1,0 +1,215 @@
+//! Agent benchmark: `cargo run --release --example bench_agents [-- N]`
+//!
+//! A private PostgreSQL cluster, a server with its schedulers on 127.0.0.1, and N fs::File
+//! resources (one agent, one action at a time) deployed three ways, end to end through the
+//! API:
+//!   1. by an executor the server starts (`local:`);
+//!   2. by an external agent process (`steward agent run`, here this program's `agent` mode,
+//!      which runs the same library code) connected over HTTP;
+//!   3. takeover: two agent processes host one agent; the primary is killed with -9 in the
+//!      middle of a deploy; the time from the kill to the standby's first finished action.
+//!
+//! Targets (issue 13): external agent ≤ 1.5× local; takeover < 5 s.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "common/mod.rs"]
+mod common;
+
+use serde_json::json;
+use steward::client::Client;
+use steward::model::*;
+
+const AGENT: &str = "bench";
+
+fn export(dir: &Path, n: usize) -> ExportFile {
+    let resources = (0..n)
+        .map(|i| {
+            let path = format!("{}/f{i:06}", dir.display());
+            let attributes = json!({
+                "path": path, "owner": null, "group": null, "permissions": 644,
+                "content": format!("file {i}\n"), "purged": false, "purge_on_delete": false,
+                "send_event": true, "receive_events": true,
+            });
+            Resource {
+                id: ResourceId::new("fs::File", AGENT, "path", &path),
+                type_name: "fs::File".into(),
+                agent: AGENT.into(),
+                attributes: attributes.as_object().unwrap().clone(),
+                requires: vec![],
+            }
+        })
+        .collect();
+    ExportFile {
+        format: EXPORT_FORMAT,
+        resources,
+        ..Default::default()
+    }
+}
+
+async fn deployed(c: &Client, env: &str, version: i32) -> (u64, bool) {
+    let p = c.progress(env, version).await.expect("progress");
+    (
+        p["by_status"]["deployed"].as_u64().unwrap_or(0),
+        p["done"] == true,
+    )
+}
+
+async fn wait_done(c: &Client, env: &str, version: i32) {
+    while !deployed(c, env, version).await.1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An agent process: this program in `agent` mode.
+fn spawn_agent(url: &str, env: &str, work: &Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["agent", url, env])
+        .arg(work)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent process")
+}
+
+async fn environment(c: &Client, name: &str, settings: serde_json::Value) -> String {
+    c.create_environment("bench", name, Some(settings))
+        .await
+        .unwrap()
+        .id
+        .to_string()
+}
+
+/// Deploy N files in a new environment; seconds from upload to done.
+async fn deploy(c: &Client, env: &str, dir: &Path, n: usize) -> f64 {
+    std::fs::create_dir_all(dir).unwrap();
+    let start = Instant::now();
+    let v = c.upload(env, &export(dir, n), json!({})).await.expect("upload");
+    wait_done(c, env, v["number"].as_i64().unwrap() as i32).await;
+    let t = start.elapsed().as_secs_f64();
+    assert_eq!(
+        std::fs::read_to_string(dir.join(format!("f{:06}", n - 1))).unwrap(),
+        format!("file {}\n", n - 1)
+    );
+    t
+}
+
+async fn primary(c: &Client, env: &str) -> Option<String> {
+    let a = c.agents(env).await.ok()?;
+    a["agents"]
+        .as_array()?
+        .iter()
+        .find(|x| x["name"] == AGENT)?["primary"]
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn run(n: usize) {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (cluster, pool) = common::database(tmp.path(), 16).await;
+    let me = std::env::current_exe().expect("own path");
+    let state =
+        steward::server::start::app_state_with_schedulers(pool.clone(), true, me, tmp.path()).await;
+    let schedulers = state.schedulers.clone().unwrap();
+    let url = common::serve(state).await;
+    let c = Client::new(&url, None);
+
+    // 1. local executor
+    let local_env = environment(&c, "local", json!({})).await;
+    let local = deploy(&c, &local_env, &tmp.path().join("local"), n).await;
+    println!("local executor:  {n} files in {local:.3} s ({:.0}/s)", n as f64 / local);
+
+    // 2. an external agent process
+    let ext_env = environment(&c, "external", json!({"agent_map": {AGENT: "external"}})).await;
+    let mut agent = spawn_agent(&url, &ext_env, &tmp.path().join("agent1"));
+    while primary(&c, &ext_env).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let external = deploy(&c, &ext_env, &tmp.path().join("external"), n).await;
+    println!(
+        "external agent:  {n} files in {external:.3} s ({:.0}/s), {:.2}x local (target <= 1.5x)",
+        n as f64 / external,
+        external / local
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+
+    // 3. takeover after kill -9 of the primary
+    let env = environment(&c, "takeover", json!({"agent_map": {AGENT: "external"}})).await;
+    let mut a1 = spawn_agent(&url, &env, &tmp.path().join("t1"));
+    while primary(&c, &env).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut a2 = spawn_agent(&url, &env, &tmp.path().join("t2"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let dir = tmp.path().join("takeover");
+    std::fs::create_dir_all(&dir).unwrap();
+    let v = c.upload(&env, &export(&dir, n), json!({})).await.unwrap();
+    let v = v["number"].as_i64().unwrap() as i32;
+    while deployed(&c, &env, v).await.0 < (n as u64) / 4 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // a1 connected first and is primary
+    let _ = Command::new("kill")
+        .args(["-9", &a1.id().to_string()])
+        .status();
+    let _ = a1.wait();
+    let killed = Instant::now();
+    let at_kill = deployed(&c, &env, v).await.0;
+    // the count may still move for results already in; wait for the standby's first
+    let mut last = at_kill;
+    let mut still = Instant::now();
+    let takeover = loop {
+        let (d, done) = deployed(&c, &env, v).await;
+        if d > last && still.elapsed() > Duration::from_millis(400) {
+            break killed.elapsed().as_secs_f64();
+        }
+        if d > last {
+            last = d;
+            still = Instant::now();
+        }
+        if done {
+            break killed.elapsed().as_secs_f64();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    wait_done(&c, &env, v).await;
+    println!(
+        "takeover: the standby's first finished action {takeover:.3} s after kill -9 of the primary (target < 5 s; lease {} ms)",
+        steward::scheduler::agents::LEASE_MS
+    );
+    let _ = a2.kill();
+    let _ = a2.wait();
+    schedulers.stop_all();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(pool);
+    let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        // the scheduler (and an agent) start us as their executor
+        Some("executor") => steward::executor::main_loop().expect("executor"),
+        Some("agent") => {
+            let (url, env, work) = (&args[1], &args[2], &args[3]);
+            let opts = steward::agent::AgentOptions {
+                environment: env.clone(),
+                names: vec![AGENT.into()],
+                work_dir: work.into(),
+                executor_bin: std::env::current_exe().unwrap(),
+            };
+            let client = Client::new(url, None);
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(steward::agent::run(client, opts, std::future::pending()))
+                .expect("agent");
+        }
+        other => {
+            let n = other.and_then(|a| a.parse().ok()).unwrap_or(1000);
+            tokio::runtime::Runtime::new().unwrap().block_on(run(n));
+        }
+    }
+}
