@@ -125,7 +125,9 @@ pub fn main() -> ExitCode {
     let level = if matches!(cli.command, Command::Server(_)) {
         "info"
     } else {
-        "warn"
+        // a certificate that does not verify is the command's error, said once and with
+        // what to do (client.rs), not also a log line of the verifier
+        "warn,rustls_platform_verifier=off"
     };
     init_tracing(cli.log_format, level);
     // A command whose output goes to `head` or a closed pager ends quietly, as Unix tools do,
