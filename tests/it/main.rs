@@ -23,3 +23,4 @@ mod pg_security;
 mod retention;
 mod security;
 mod support;
+mod tls;
