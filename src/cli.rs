@@ -128,7 +128,13 @@ pub fn main() -> ExitCode {
         Command::Agent(r) => matches!(r.cmd, control::AgentCmd::Run { .. }),
         _ => false,
     };
-    let level = if long_running { "info" } else { "warn" };
+    let level = if long_running {
+        "info"
+    } else {
+        // a certificate that does not verify is the command's error, said once and with
+        // what to do (client.rs), not also a log line of the verifier
+        "warn,rustls_platform_verifier=off"
+    };
     init_tracing(cli.log_format, level);
     // A command whose output goes to `head` or a closed pager ends quietly, as Unix tools do,
     // instead of panicking in println!. Long-running processes keep Rust's default (ignore

@@ -1,6 +1,11 @@
 //! Typed REST client of the steward server, used by the CLI, the exporter and remote
 //! executors. Every call returns the server's types; an API error keeps its kind and message.
+//!
+//! Over https the server's certificate is always verified: against the system's roots and,
+//! with [`ClientOptions::ca_cert`], a private CA's certificate as well. There is no way to
+//! turn verification off.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::Method;
@@ -27,6 +32,24 @@ pub enum ClientError {
     },
     #[error("unexpected answer from the server: {0}")]
     Decode(String),
+    #[error(
+        "the TLS certificate of the server at {url} does not verify: {message}. If a private \
+         CA signed it, give that CA's certificate (PEM) with --ca-cert, STEWARD_CA_CERT or \
+         ca_cert in .steward.toml"
+    )]
+    Certificate { url: String, message: String },
+    #[error("can not use the CA certificate file {}: {message}", path.display())]
+    CaCert { path: PathBuf, message: String },
+    #[error("can not set up the HTTP client: {0}")]
+    Setup(String),
+}
+
+/// How a [`Client`] connects, beyond the URL and token.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// PEM file with one or more CA certificates to trust for https, in addition to the
+    /// system's roots: the private CA that signed the server's certificate.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl ClientError {
@@ -60,18 +83,105 @@ pub fn encode_segment(s: &str) -> String {
     out
 }
 
+/// The certificates of a PEM file of CA certificates (at least one).
+fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>> {
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let fail = |message: String| ClientError::CaCert {
+        path: path.to_path_buf(),
+        message,
+    };
+    let pem = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let ders = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| fail(e.to_string()))?;
+    if ders.is_empty() {
+        return Err(fail(
+            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+        ));
+    }
+    ders.iter()
+        .map(|d| reqwest::Certificate::from_der(d).map_err(|e| fail(e.to_string())))
+        .collect()
+}
+
+/// The error of a request that got no answer: a certificate that does not verify gets its
+/// own error (saying what to do), the rest says why the server could not be reached.
+fn send_error(url: &str, e: &reqwest::Error) -> ClientError {
+    use tokio_rustls::rustls;
+    let mut messages: Vec<String> = Vec::new();
+    let mut tls: Option<&rustls::Error> = None;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        // an io::Error shows its inner error but does not give it as its source: look inside
+        // (rustls' error arrives wrapped in two of them)
+        let mut inner = Some(err);
+        while let Some(e) = inner {
+            if let Some(t) = e.downcast_ref::<rustls::Error>() {
+                tls = tls.or(Some(t));
+            }
+            inner = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .map(|i| i as &(dyn std::error::Error + 'static));
+        }
+        let m = err.to_string();
+        if !messages.iter().any(|seen| seen.contains(&m)) {
+            messages.push(m);
+        }
+        cur = err.source();
+    }
+    match tls {
+        Some(t @ rustls::Error::InvalidCertificate(_)) => ClientError::Certificate {
+            url: url.to_string(),
+            message: t.to_string(),
+        },
+        Some(t @ rustls::Error::InvalidMessage(_)) => ClientError::Connect {
+            url: url.to_string(),
+            message: format!("{t} (does the server speak plain HTTP? then use an http:// URL)"),
+        },
+        _ => ClientError::Connect {
+            url: url.to_string(),
+            message: messages.join(": "),
+        },
+    }
+}
+
 impl Client {
+    /// A client of the server at `base` (http:// or https://, verified against the
+    /// system's roots).
     pub fn new(base: &str, token: Option<String>) -> Client {
-        let http = reqwest::Client::builder()
+        Self::with_options(base, token, &ClientOptions::default())
+            .expect("a client without options")
+    }
+
+    /// A client with options: a CA certificate to trust for https. Fails when the CA file
+    /// can not be read or holds no certificate.
+    pub fn with_options(
+        base: &str,
+        token: Option<String>,
+        options: &ClientOptions,
+    ) -> Result<Client> {
+        let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("http client");
-        Client {
+            .connect_timeout(Duration::from_secs(10));
+        if let Some(path) = &options.ca_cert {
+            // added to the system's roots, not instead of them
+            builder = builder.tls_certs_merge(ca_certificates(path)?);
+        }
+        let http = builder.build().map_err(|e| match &options.ca_cert {
+            // the roots are checked when the client is built
+            Some(path) => ClientError::CaCert {
+                path: path.clone(),
+                message: e.to_string(),
+            },
+            None => ClientError::Setup(e.to_string()),
+        })?;
+        Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             token,
             http,
-        }
+        })
     }
 
     pub fn base(&self) -> &str {
@@ -92,10 +202,7 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.map_err(|e| ClientError::Connect {
-            url: self.base.clone(),
-            message: e.to_string(),
-        })?;
+        let resp = req.send().await.map_err(|e| send_error(&self.base, &e))?;
         let status = resp.status();
         let bytes = resp
             .bytes()

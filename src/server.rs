@@ -20,6 +20,7 @@ pub mod listen;
 pub mod openapi;
 pub mod ops;
 pub mod start;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -178,4 +179,6 @@ pub struct ServerConfig {
     pub executor_bin: PathBuf,
     /// Time between retention passes.
     pub prune_interval: std::time::Duration,
+    /// Serve HTTPS with this certificate and key (None: plain HTTP).
+    pub tls: Option<tls::TlsFiles>,
 }

@@ -1,6 +1,6 @@
-//! Talking to a server: where it is, which environment, which token — from flags, STEWARD_*
-//! variables or a `.steward.toml` in the project directory (in that order) — and printing
-//! answers as tables or JSON.
+//! Talking to a server: where it is, which environment, which token, which CA to trust —
+//! from flags, STEWARD_* variables or a `.steward.toml` in the project directory (in that
+//! order) — and printing answers as tables or JSON.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde::Deserialize;
 
-use crate::client::Client;
+use crate::client::{Client, ClientOptions};
 
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8888";
 
@@ -23,18 +23,24 @@ pub struct RemoteArgs {
     /// API token
     #[arg(long, env = "STEWARD_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM file of the CA that signed an https server's certificate (a private CA). Trusted
+    /// in addition to the system's roots; not needed for a publicly trusted certificate.
+    #[arg(long, env = "STEWARD_CA_CERT", global = true, value_name = "PATH")]
+    pub ca_cert: Option<PathBuf>,
     /// Print JSON instead of tables
     #[arg(long, global = true)]
     pub json: bool,
 }
 
-/// `.steward.toml`: `server`, `environment`, `token`.
+/// `.steward.toml`: `server`, `environment`, `token`, `ca_cert`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProjectConfig {
     pub server: Option<String>,
     pub environment: Option<String>,
     pub token: Option<String>,
+    /// A relative path is relative to the directory of the `.steward.toml`.
+    pub ca_cert: Option<PathBuf>,
 }
 
 pub fn load_project_config(dir: &Path) -> anyhow::Result<ProjectConfig> {
@@ -44,7 +50,10 @@ pub fn load_project_config(dir: &Path) -> anyhow::Result<ProjectConfig> {
     }
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("invalid {}", path.display()))
+    let mut cfg: ProjectConfig =
+        toml::from_str(&text).with_context(|| format!("invalid {}", path.display()))?;
+    cfg.ca_cert = cfg.ca_cert.map(|ca| dir.join(ca));
+    Ok(cfg)
 }
 
 pub struct Remote {
@@ -73,8 +82,11 @@ pub fn connect(args: &RemoteArgs, project_dir: Option<&PathBuf>) -> anyhow::Resu
         .or(cfg.server)
         .unwrap_or_else(|| DEFAULT_SERVER.to_string());
     let token = args.token.clone().or(cfg.token);
+    let options = ClientOptions {
+        ca_cert: args.ca_cert.clone().or(cfg.ca_cert),
+    };
     Ok(Remote {
-        client: Client::new(&server, token),
+        client: Client::with_options(&server, token, &options)?,
         environment: args.environment.clone().or(cfg.environment),
         json: args.json,
     })

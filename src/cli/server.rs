@@ -32,6 +32,24 @@ pub struct ServerArgs {
     /// timelines, dry-runs, deliveries and audit records (see the `retention` setting).
     #[arg(long, env = "STEWARD_PRUNE_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub prune_interval: u64,
+    /// Serve HTTPS: PEM file with the server's certificate, then any intermediate CA
+    /// certificates (the full chain). Needs --tls-key. Without both, plain HTTP.
+    #[arg(
+        long,
+        env = "STEWARD_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file with the private key of --tls-cert (PKCS#8, RSA or EC). Read once at startup:
+    /// restart the server after renewing the certificate.
+    #[arg(
+        long,
+        env = "STEWARD_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
@@ -44,6 +62,11 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         scheduler: !args.no_scheduler,
         executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
         prune_interval: std::time::Duration::from_secs(args.prune_interval),
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::server::tls::TlsFiles { cert, key }),
+            // clap requires both or neither
+            _ => None,
+        },
     };
     // Secrets read from the environment are not kept there: nothing started later (a
     // compile, an executor, a handler) can inherit them, even by mistake.

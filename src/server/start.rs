@@ -24,6 +24,8 @@ pub enum ServerError {
     },
     #[error("server failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] super::tls::TlsError),
 }
 
 /// A running private cluster, stopped when the server stops.
@@ -155,8 +157,13 @@ pub async fn enable_git(
 
 /// Run the server until SIGINT/SIGTERM.
 pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    // a certificate or key that can not be used stops the server before anything starts
+    let tls = match &config.tls {
+        Some(files) => Some(super::tls::server_config(files)?),
+        None => None,
+    };
     let db = database(&config).await?;
-    let result = serve(&config, &db.url).await;
+    let result = serve(&config, &db.url, tls).await;
     if let Some(cluster) = db.cluster {
         let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
         if let Ok(Err(e)) = stopped {
@@ -166,7 +173,11 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     result
 }
 
-async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
+async fn serve(
+    config: &ServerConfig,
+    url: &str,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+) -> Result<(), ServerError> {
     let pool = store::connect(url, 32).await?;
     store::migrate(&pool).await?;
     if !config.no_auth
@@ -200,9 +211,10 @@ async fn serve(config: &ServerConfig, url: &str) -> Result<(), ServerError> {
         state.pool.clone(),
         config.prune_interval,
     ));
-    tracing::info!(%addr, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
-    eprintln!("steward server listening on http://{addr}");
-    let served = super::listen::serve(listener, router(state), shutdown_signal())
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, %scheme, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
+    eprintln!("steward server listening on {scheme}://{addr}");
+    let served = super::listen::serve_with(listener, router(state), tls, shutdown_signal())
         .await
         .map_err(ServerError::Serve);
     pruner.abort();

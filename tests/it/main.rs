@@ -24,3 +24,4 @@ mod pg_security;
 mod retention;
 mod security;
 mod support;
+mod tls;

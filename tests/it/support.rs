@@ -315,6 +315,18 @@ pub fn spawn_server(
     admin: &str,
     data: &std::path::Path,
 ) -> std::process::Child {
+    spawn_server_with(db_url, port, admin, data, &[])
+}
+
+/// [`spawn_server`] with more flags (`--tls-cert …`).
+#[allow(dead_code)]
+pub fn spawn_server_with(
+    db_url: &str,
+    port: u16,
+    admin: &str,
+    data: &std::path::Path,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Child {
     std::process::Command::new(steward_bin())
         .args([
             "server",
@@ -325,6 +337,7 @@ pub fn spawn_server(
         ])
         .arg("--data-dir")
         .arg(data)
+        .args(extra)
         .env("STEWARD_ADMIN_TOKEN", admin)
         .stdout(std::process::Stdio::null())
         // its log, for a failing test to show
