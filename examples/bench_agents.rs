@@ -86,7 +86,10 @@ async fn environment(c: &Client, name: &str, settings: serde_json::Value) -> Str
 async fn deploy(c: &Client, env: &str, dir: &Path, n: usize) -> f64 {
     std::fs::create_dir_all(dir).unwrap();
     let start = Instant::now();
-    let v = c.upload(env, &export(dir, n), json!({})).await.expect("upload");
+    let v = c
+        .upload(env, &export(dir, n), json!({}))
+        .await
+        .expect("upload");
     wait_done(c, env, v["number"].as_i64().unwrap() as i32).await;
     let t = start.elapsed().as_secs_f64();
     assert_eq!(
@@ -119,7 +122,10 @@ async fn run(n: usize) {
     // 1. local executor
     let local_env = environment(&c, "local", json!({})).await;
     let local = deploy(&c, &local_env, &tmp.path().join("local"), n).await;
-    println!("local executor:  {n} files in {local:.3} s ({:.0}/s)", n as f64 / local);
+    println!(
+        "local executor:  {n} files in {local:.3} s ({:.0}/s)",
+        n as f64 / local
+    );
 
     // 2. an external agent process
     let ext_env = environment(&c, "external", json!({"agent_map": {AGENT: "external"}})).await;
