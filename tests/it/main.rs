@@ -22,4 +22,6 @@ mod openapi;
 mod pg_security;
 mod retention;
 mod security;
+mod ssh;
+mod ssh_support;
 mod support;
