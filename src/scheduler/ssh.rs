@@ -295,8 +295,8 @@ impl SshLink {
         &self.0.remote
     }
 
-    /// Whether the master connection is still up (when not, connect again: commands on this
-    /// link fail).
+    /// Whether the master connection is still up. When it is not, connect again: commands on
+    /// this link still work, but each makes a connection of its own (as strictly checked).
     pub fn is_alive(&self) -> bool {
         matches!(self.0.master.lock().expect("master").try_wait(), Ok(None))
     }

@@ -119,11 +119,50 @@ async fn ssh_link_connects_once_and_every_command_reuses_it() {
     // pids that can not be an executor's are refused, not sent to kill(1)
     assert!(l.kill_remote(1).await.is_err());
     assert!(l.kill_remote(0).await.is_err());
+    assert_eq!(sshd.sessions(), 3);
     // dropping the last clone closes the connection and its socket
     let control = std::fs::read_dir(sshd.dir.path().join("ctl"))
         .unwrap()
         .count();
     assert_eq!(control, 1);
+    drop(l);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        std::fs::read_dir(sshd.dir.path().join("ctl"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn ssh_link_whose_connection_died_says_so_and_commands_still_work() {
+    let sshd = Sshd::start();
+    let l = link(&sshd).await;
+    // the master is the ssh process holding the link's control socket
+    let ctl = sshd.dir.path().join("ctl");
+    let masters = pids_with_cmdline(format!("{}/", ctl.display()).as_bytes());
+    let master = *masters
+        .iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.windows(4).any(|w| w == b"\0-M\0"))
+        })
+        .expect("the master process");
+    // SAFETY: kill(2) of the ssh master this test started
+    unsafe {
+        libc::kill(master as libc::pid_t, libc::SIGKILL);
+    }
+    for _ in 0..100 {
+        if !l.is_alive() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!l.is_alive());
+    // a command then makes a connection of its own, checked as strictly
+    l.kill_remote(999_999).await.unwrap();
+    assert_eq!(sshd.logins(), 2);
     drop(l);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -247,7 +286,7 @@ async fn ssh_unreachable_hosts_fail_within_the_connect_timeout() {
         format!("can not reach 127.0.0.1:{} within 5 s", silent.port)
     );
     assert!(
-        hung < Duration::from_millis(5300) && hung >= Duration::from_millis(4900),
+        hung < Duration::from_millis(5500) && hung >= Duration::from_millis(4900),
         "{hung:?}"
     );
     assert_eq!(std::fs::read_dir(ctl.path().join("c")).unwrap().count(), 0);
@@ -259,7 +298,7 @@ async fn ssh_unreachable_hosts_fail_within_the_connect_timeout() {
     };
     let started = Instant::now();
     let e = SshLink::connect(&target, &opts).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_millis(1800), "{e}");
+    assert!(started.elapsed() < Duration::from_millis(2500), "{e}");
     assert!(e.to_string().ends_with("within 1.5 s"), "{e}");
 }
 
