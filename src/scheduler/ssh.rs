@@ -38,15 +38,15 @@
 //! against (the binary links only libc, libm and libgcc_s dynamically; a build on Debian 12
 //! needs glibc ≥ 2.34: Debian 12, Ubuntu 22.04 or newer), a POSIX login shell that prints
 //! nothing when not interactive, `/bin/sh`, coreutils (`mkdir`, `mv -T`, `chmod`, `cat`, `wc`,
-//! `mktemp`; `sha256sum` is used when there), `tar`, `setsid` (util-linux), an executable
-//! `$HOME` (not mounted noexec), and `python3` only for Python module handlers. All of these
-//! are on a stock Debian or Ubuntu.
+//! `mktemp`; `sha256sum` is used when there), `tar`, `/proc`, `setsid` (util-linux; used only
+//! where sshd does not start commands as session leaders), an executable `$HOME` (not mounted
+//! noexec), and `python3` only for Python module handlers. All of these are on a stock Debian
+//! or Ubuntu.
 //!
 //! **Processes.** A remote executor is exec'd as the session's first process, which sshd made
 //! a session leader (else it runs under `setsid -w`): its `Ready` pid leads its own process
-//! group, so [`SshLink::kill_remote`] kills it and whatever its
-//! handler started (the commands of `exec::Run` die with it through their parent-death
-//! signal). Dropping the last clone of a link ends its master and with it every channel on
+//! group, so [`SshLink::kill_remote`] kills it and whatever its handler started (the commands
+//! of `exec::Run` die with it through their parent-death signal). Dropping the last clone of a link ends its master and with it every channel on
 //! it; a remote executor then reads end-of-file and exits once its current action is done.
 //! One connection carries at most the target sshd's `MaxSessions` (10 by default) channels at
 //! once.
