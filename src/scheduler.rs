@@ -14,6 +14,7 @@ pub mod env;
 pub mod executors;
 pub mod model;
 pub mod queue;
+pub mod ssh;
 pub mod timers;
 
 use std::collections::HashMap;

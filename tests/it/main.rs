@@ -23,5 +23,7 @@ mod openapi;
 mod pg_security;
 mod retention;
 mod security;
+mod ssh;
+mod ssh_support;
 mod support;
 mod tls;
