@@ -272,7 +272,7 @@ impl Agent {
                 }
             }
         }
-        let sent = match self.pool.acquire(&agent) {
+        let sent = match self.pool.acquire(&agent).await {
             Ok(proc) => {
                 self.running.insert(
                     action_id,

@@ -118,6 +118,31 @@ impl Default for Retention {
     }
 }
 
+/// How the server reaches `ssh://` agents; the defaults are what the server user's OpenSSH
+/// does (`~/.ssh/known_hosts`, its default keys and agent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SshSettings {
+    /// The known_hosts file to trust instead of `~/.ssh/known_hosts` (an absolute path on
+    /// the server). Host keys are always checked.
+    pub known_hosts: Option<String>,
+    /// The private key to use instead of OpenSSH's defaults (an absolute path on the server).
+    pub identity: Option<String>,
+    /// Seconds reaching a host may take before its actions fail.
+    #[schema(minimum = 1)]
+    pub connect_timeout: u64,
+}
+
+impl Default for SshSettings {
+    fn default() -> Self {
+        SshSettings {
+            known_hosts: None,
+            identity: None,
+            connect_timeout: 5,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSettings {
@@ -151,6 +176,8 @@ pub struct EnvSettings {
     /// `ssh://user@host:port` (started on the target over SSH). Wins over the model's
     /// `std::AgentConfig(uri=…)`. A null value removes an entry.
     pub agent_map: std::collections::BTreeMap<String, String>,
+    /// How `ssh://` agents are reached.
+    pub ssh: SshSettings,
 }
 
 impl Default for EnvSettings {
@@ -168,6 +195,7 @@ impl Default for EnvSettings {
             delete_removed_resources: false,
             retention: Retention::default(),
             agent_map: std::collections::BTreeMap::new(),
+            ssh: SshSettings::default(),
         }
     }
 }
@@ -231,6 +259,17 @@ impl EnvSettings {
         for (agent, uri) in &self.agent_map {
             super::placement::Placement::parse(uri)
                 .map_err(|e| format!("agent_map: agent '{agent}': {e}"))?;
+        }
+        for (what, p) in [
+            ("ssh.known_hosts", &self.ssh.known_hosts),
+            ("ssh.identity", &self.ssh.identity),
+        ] {
+            if p.as_deref().is_some_and(|p| !p.starts_with('/')) {
+                return Err(format!("{what} must be an absolute path on the server"));
+            }
+        }
+        if self.ssh.connect_timeout == 0 || self.ssh.connect_timeout > 300 {
+            return Err("ssh.connect_timeout must be between 1 and 300 seconds".into());
         }
         let r = &self.retention;
         if r.days == 0 || r.audit_days == 0 {

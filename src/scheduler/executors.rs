@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -14,6 +16,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::agents::AgentHub;
+use super::ssh::{SshLink, SshOptions, SshTarget};
 use crate::executor::protocol::{Reply, Request, WorkItem};
 use crate::model::placement::Placement;
 
@@ -32,6 +35,10 @@ struct Proc {
     stdin: ChildStdin,
     busy: bool,
     last_used: Instant,
+    /// An executor on a target over SSH: the connection, and its pid there (from its
+    /// `Ready`), to kill its process group there (killing the local ssh only closes the
+    /// channel).
+    ssh: Option<(SshLink, Arc<AtomicU32>)>,
 }
 
 /// An action handed to an external agent process (through the [`AgentHub`]): a slot that
@@ -52,6 +59,10 @@ pub struct Pool {
     /// external agents: the hub and the environment they belong to
     hub: Option<(AgentHub, Uuid)>,
     remote: HashMap<ProcId, RemoteSlot>,
+    /// SSH: how to connect, one connection per target, and the executor shipped there
+    ssh_options: SshOptions,
+    ssh_links: HashMap<String, SshLink>,
+    shipped: HashMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,8 +75,12 @@ pub enum PoolError {
     Gone(ProcId),
     #[error("agent {0} runs in an external process, and none is connected")]
     AgentDown(String),
-    #[error("agent {0} is placed at {1}, which this server can not reach yet")]
-    Unsupported(String, String),
+    #[error("agent {agent} at {target}: {detail}")]
+    Ssh {
+        agent: String,
+        target: String,
+        detail: String,
+    },
 }
 
 impl Pool {
@@ -81,6 +96,9 @@ impl Pool {
                 placements: HashMap::new(),
                 hub: None,
                 remote: HashMap::new(),
+                ssh_options: SshOptions::default(),
+                ssh_links: HashMap::new(),
+                shipped: HashMap::new(),
             },
             rx,
         )
@@ -96,6 +114,18 @@ impl Pool {
     /// Where each agent's executor runs, from the settings and the model.
     pub fn set_placements(&mut self, placements: HashMap<String, Placement>) {
         self.placements = placements;
+    }
+
+    /// How SSH targets are reached (known_hosts, key, timeout); a change drops the
+    /// connections, so the next action connects with the new options.
+    pub fn set_ssh_options(&mut self, opts: SshOptions) {
+        let same = self.ssh_options.known_hosts == opts.known_hosts
+            && self.ssh_options.identity == opts.identity
+            && self.ssh_options.connect_timeout == opts.connect_timeout;
+        if !same {
+            self.ssh_links.clear();
+            self.ssh_options = opts;
+        }
     }
 
     pub fn placement(&self, agent: &str) -> Placement {
@@ -143,9 +173,10 @@ impl Pool {
 
     /// An idle executor of `agent`, started if needed (an idle one of another agent may be
     /// stopped to stay under the cap).
-    pub fn acquire(&mut self, agent: &str) -> Result<ProcId, PoolError> {
-        match self.placement(agent) {
-            Placement::Local => {}
+    pub async fn acquire(&mut self, agent: &str) -> Result<ProcId, PoolError> {
+        let placement = self.placement(agent);
+        match &placement {
+            Placement::Local | Placement::Ssh(_) => {}
             Placement::External => {
                 if !self.is_ready(agent) {
                     return Err(PoolError::AgentDown(agent.to_string()));
@@ -161,7 +192,6 @@ impl Pool {
                 );
                 return Ok(id);
             }
-            Placement::Ssh(uri) => return Err(PoolError::Unsupported(agent.to_string(), uri)),
         }
         if let Some((id, p)) = self
             .procs
@@ -184,21 +214,79 @@ impl Pool {
                 None => return Err(PoolError::Full(self.max)),
             }
         }
-        self.spawn(agent)
+        match placement {
+            Placement::Ssh(uri) => {
+                let (link, remote_binary) =
+                    self.ssh_executor(&uri)
+                        .await
+                        .map_err(|detail| PoolError::Ssh {
+                            agent: agent.to_string(),
+                            target: uri.clone(),
+                            detail,
+                        })?;
+                // its environment is the SSH client's own (SSH_ENVIRONMENT): not cleared
+                let command = link.executor_command(&remote_binary, agent);
+                self.spawn(agent, command, Some(link))
+            }
+            _ => {
+                let mut command = Command::new(&self.binary);
+                command
+                    .arg("executor")
+                    .arg("--agent")
+                    .arg(agent)
+                    // handlers run model-controlled code: none of the server's secrets
+                    .env_clear()
+                    .envs(crate::executor::passed_environment())
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit());
+                self.spawn(agent, command, None)
+            }
+        }
     }
 
-    fn spawn(&mut self, agent: &str) -> Result<ProcId, PoolError> {
-        let mut command = Command::new(&self.binary);
+    /// The connection to an SSH target (made, or made again when it died) and the path of
+    /// this server's executor there (shipped once, by hash).
+    async fn ssh_executor(&mut self, uri: &str) -> Result<(SshLink, String), String> {
+        if self.ssh_links.get(uri).is_some_and(|l| !l.is_alive()) {
+            self.ssh_links.remove(uri);
+        }
+        let link = match self.ssh_links.get(uri) {
+            Some(l) => l.clone(),
+            None => {
+                let target = SshTarget::parse(uri).map_err(|e| e.to_string())?;
+                let link = SshLink::connect(&target, &self.ssh_options)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.ssh_links.insert(uri.to_string(), link.clone());
+                link
+            }
+        };
+        let remote = match self.shipped.get(uri) {
+            Some(p) => p.clone(),
+            None => {
+                let shipped = link
+                    .ensure_executor(&self.binary)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if shipped.bytes_uploaded > 0 {
+                    tracing::info!(target = uri, bytes = shipped.bytes_uploaded, path = %shipped.remote_path, "executor shipped over SSH");
+                }
+                self.shipped
+                    .insert(uri.to_string(), shipped.remote_path.clone());
+                shipped.remote_path
+            }
+        };
+        Ok((link, remote))
+    }
+
+    fn spawn(
+        &mut self,
+        agent: &str,
+        mut command: Command,
+        link: Option<SshLink>,
+    ) -> Result<ProcId, PoolError> {
         command
-            .arg("executor")
-            .arg("--agent")
-            .arg(agent)
-            // handlers run model-controlled code: none of the server's secrets
-            .env_clear()
-            .envs(crate::executor::passed_environment())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .kill_on_drop(true)
             // its own process group: a kill reaches the commands its handlers started too
             .process_group(0);
@@ -222,12 +310,17 @@ impl Pool {
         let id = self.next;
         self.next += 1;
         let tx = self.tx.clone();
+        let remote_pid = Arc::new(AtomicU32::new(0));
+        let seen_pid = remote_pid.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             loop {
                 match lines.next_line().await {
                     Ok(Some(line)) => match serde_json::from_str::<Reply>(&line) {
                         Ok(r) => {
+                            if let Reply::Ready { pid } = &r {
+                                seen_pid.store(*pid, Ordering::Relaxed);
+                            }
                             if tx.send(PoolEvent::Reply(id, r)).is_err() {
                                 return;
                             }
@@ -262,6 +355,7 @@ impl Pool {
                 stdin,
                 busy: true,
                 last_used: Instant::now(),
+                ssh: link.map(|l| (l, remote_pid)),
             },
         );
         Ok(id)
@@ -269,6 +363,24 @@ impl Pool {
 
     /// Hand a work item to an acquired executor.
     pub async fn send(&mut self, id: ProcId, mut item: WorkItem) -> Result<(), PoolError> {
+        // over SSH: the module's handler code goes to the target too (by digest, once)
+        if let Some(Some((link, _))) = self.procs.get(&id).map(|p| p.ssh.clone()) {
+            item.at_target = true;
+            if let Some(h) = &mut item.handler {
+                let code_dir = h.dir.parent().map(PathBuf::from).unwrap_or_default();
+                match link.ensure_code(&code_dir, &h.digest).await {
+                    Ok(_) => h.dir = PathBuf::from(link.remote_dir_for_code(&h.digest)),
+                    Err(e) => {
+                        self.kill(id);
+                        return Err(PoolError::Ssh {
+                            agent: self.remote_agent(id),
+                            target: link.target().to_string(),
+                            detail: format!("shipping handler code {}: {e}", h.digest),
+                        });
+                    }
+                }
+            }
+        }
         if let Some(slot) = self.remote.get_mut(&id) {
             let (hub, env) = self.hub.as_ref().ok_or(PoolError::Gone(id))?;
             slot.action = Some(item.action_id);
@@ -298,6 +410,13 @@ impl Pool {
         }
     }
 
+    fn remote_agent(&self, id: ProcId) -> String {
+        self.procs
+            .get(&id)
+            .map(|p| p.agent.clone())
+            .unwrap_or_default()
+    }
+
     /// Kill an executor and whatever its handler started (a hung handler).
     pub fn kill(&mut self, id: ProcId) {
         if let Some(slot) = self.remote.remove(&id) {
@@ -307,6 +426,17 @@ impl Pool {
             return;
         }
         if let Some(mut p) = self.procs.remove(&id) {
+            // on an SSH target: its process group there
+            if let Some((link, pid)) = p.ssh.take() {
+                let pid = pid.load(Ordering::Relaxed);
+                if pid > 1 {
+                    tokio::spawn(async move {
+                        if let Err(e) = link.kill_remote(pid).await {
+                            tracing::warn!(target = %link.target(), pid, "killing a remote executor: {e}");
+                        }
+                    });
+                }
+            }
             if let Some(pid) = p.child.id() {
                 // SAFETY: kill(2) on a process group we created; no memory is involved
                 unsafe {

@@ -24,6 +24,7 @@ mod pg_security;
 mod retention;
 mod security;
 mod ssh;
+mod ssh_agents;
 mod ssh_support;
 mod support;
 mod tls;

@@ -83,6 +83,7 @@ fn item(kind: ActionKind, resource: steward::model::Resource) -> WorkItem {
         reload: false,
         handler: None,
         timeout: Some(60),
+        at_target: true,
     }
 }
 

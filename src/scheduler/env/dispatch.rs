@@ -191,7 +191,7 @@ impl EnvScheduler {
             timeout: Some(self.settings.handler_timeout),
             at_target: false,
         };
-        let proc = match self.executors.acquire(agent) {
+        let proc = match self.executors.acquire(agent).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(environment = %self.env, error = %e, "no executor");

@@ -40,6 +40,14 @@ impl EnvScheduler {
         }
         placements.retain(|_, p| !p.is_local());
         self.executors.set_placements(placements);
+        let ssh = &self.settings.ssh;
+        self.executors
+            .set_ssh_options(crate::scheduler::ssh::SshOptions {
+                known_hosts: ssh.known_hosts.as_ref().map(Into::into),
+                identity: ssh.identity.as_ref().map(Into::into),
+                connect_timeout: std::time::Duration::from_secs(ssh.connect_timeout),
+                ..Default::default()
+            });
     }
 
     pub(super) fn arm_sweeps(&mut self, now: DateTime<Utc>) {

@@ -1,0 +1,145 @@
+//! Agentless over SSH through the scheduler: an environment whose agent is placed
+//! `ssh://user@127.0.0.1:PORT` deploys, repairs and dry-runs files on the "target" (a real
+//! sshd on a loopback port) through the executor the server ships there; a host key that is
+//! not known, or a host that does not answer, fails the actions with a clear error and
+//! touches nothing.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::deploy::{deploy_actions, deploying_env, upload};
+use crate::ssh_support::{Sshd, closed_port};
+use crate::support::{eventually, fs_file, wait_deployed};
+
+const WEB: &str = "web1";
+
+fn settings(uri: &str, sshd: &Sshd, known_hosts: &std::path::Path) -> serde_json::Value {
+    json!({
+        "agent_map": {WEB: uri},
+        "ssh": {"known_hosts": known_hosts, "identity": sshd.client_key},
+        "retry_backoff": {"initial": 60, "factor": 1.0, "max": 60},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ssh_agent_deploys_repairs_and_dry_runs_on_its_target() {
+    let sshd = Sshd::start();
+    let uri = format!("ssh://{}@127.0.0.1:{}", sshd.user, sshd.port);
+    let (_srv, c, env, dir) = deploying_env("ssh", settings(&uri, &sshd, &sshd.known_hosts)).await;
+    let d = dir.path().display().to_string();
+    let files: Vec<_> = (0..3)
+        .map(|i| fs_file(WEB, &format!("{d}/f{i}"), &format!("remote {i}\n"), &[]))
+        .collect();
+    let v = upload(&c, &env, files.clone()).await;
+    wait_deployed(&c, &env, v, 120).await;
+    for i in 0..3 {
+        assert_eq!(
+            std::fs::read_to_string(format!("{d}/f{i}")).unwrap(),
+            format!("remote {i}\n")
+        );
+    }
+    // it ran on the target: the executor shipped there by hash
+    let shipped: Vec<_> = sshd
+        .files_in_home()
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".cache/steward/bin/steward-"))
+        .collect();
+    assert_eq!(shipped.len(), 1, "{shipped:?}");
+    let a = c.agents(&env).await.unwrap();
+    let web = a["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == WEB)
+        .unwrap();
+    assert_eq!(web["placement"], uri.as_str(), "{a}");
+    // one connection for everything so far
+    let logins = sshd.logins();
+    // drift is repaired over the same connection
+    std::fs::write(format!("{d}/f1"), "drifted").unwrap();
+    c.trigger(&env, true, None, None).await.unwrap();
+    eventually(30, "the repair over SSH", || async {
+        (std::fs::read_to_string(format!("{d}/f1")).ok()? == "remote 1\n").then_some(())
+    })
+    .await;
+    assert_eq!(sshd.logins(), logins, "the connection is reused");
+    // a dry-run of a change reads on the target and changes nothing
+    c.update_settings(&env, &json!({"auto_release": false}))
+        .await
+        .unwrap();
+    let mut changed = files.clone();
+    changed[2] = fs_file(WEB, &format!("{d}/f2"), "new\n", &[]);
+    let v2 = upload(&c, &env, changed).await;
+    let started = c.start_dryrun(&env, Some(v2)).await.unwrap();
+    let id = started["id"].as_str().unwrap().to_string();
+    let report = eventually(30, "the dry-run", || async {
+        let r = c.dryrun(&env, &id).await.unwrap();
+        (r["complete"] == true).then_some(r)
+    })
+    .await;
+    let f2 = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resource_id"].as_str().unwrap().ends_with("/f2]"))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        f2["changes"]["content"]["current"], "remote 2\n",
+        "{report:#}"
+    );
+    assert_eq!(f2["changes"]["content"]["desired"], "new\n");
+    assert_eq!(
+        std::fs::read_to_string(format!("{d}/f2")).unwrap(),
+        "remote 2\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ssh_agent_with_an_unknown_host_key_touches_nothing() {
+    let sshd = Sshd::start();
+    let empty = sshd.known_hosts_file("empty", "");
+    let uri = format!("ssh://{}@127.0.0.1:{}", sshd.user, sshd.port);
+    let (_srv, c, env, dir) = deploying_env("ssh-unknown", settings(&uri, &sshd, &empty)).await;
+    let path = format!("{}/never", dir.path().display());
+    let f = fs_file(WEB, &path, "x", &[]);
+    let rid = f.id.0.clone();
+    upload(&c, &env, vec![f]).await;
+    let acts = eventually(30, "the action to fail", || async {
+        let acts = deploy_actions(&c, &env, &rid).await;
+        acts.iter()
+            .any(|a| a.status == "unavailable")
+            .then_some(acts)
+    })
+    .await;
+    let text = serde_json::to_string(&acts[0].messages).unwrap();
+    assert!(text.contains("host key of 127.0.0.1"), "{text}");
+    assert!(text.contains("is not known"), "{text}");
+    assert!(!std::path::Path::new(&path).exists());
+    assert!(sshd.files_in_home().is_empty(), "nothing shipped");
+    assert_eq!(sshd.logins(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_ssh_agent_fails_within_the_connect_timeout() {
+    let sshd = Sshd::start();
+    let uri = format!("ssh://{}@127.0.0.1:{}", sshd.user, closed_port());
+    let (_srv, c, env, dir) =
+        deploying_env("ssh-down", settings(&uri, &sshd, &sshd.known_hosts)).await;
+    let f = fs_file(WEB, &format!("{}/never", dir.path().display()), "x", &[]);
+    let rid = f.id.0.clone();
+    let started = Instant::now();
+    upload(&c, &env, vec![f]).await;
+    let acts = eventually(30, "the action to fail", || async {
+        let acts = deploy_actions(&c, &env, &rid).await;
+        acts.iter()
+            .any(|a| a.status == "unavailable")
+            .then_some(acts)
+    })
+    .await;
+    let took = started.elapsed();
+    let text = serde_json::to_string(&acts[0].messages).unwrap();
+    assert!(text.contains("can not reach 127.0.0.1"), "{text}");
+    assert!(took < Duration::from_secs(6), "failed after {took:?}");
+}
