@@ -6,10 +6,16 @@
 //!   1. by an executor the server starts (`local:`);
 //!   2. by an external agent process (`steward agent run`, here this program's `agent` mode,
 //!      which runs the same library code) connected over HTTP;
-//!   3. takeover: two agent processes host one agent; the primary is killed with -9 in the
+//!   3. over SSH (agentless) to a throwaway sshd on a loopback port: the executor shipped
+//!      there once by hash, one action at a time, as for the others;
+//!   4. over SSH through a loopback proxy that adds 20 ms to every round trip, with
+//!      `agent_parallelism` 8 (one action costs at least one round trip: 1,000 actions one at
+//!      a time cannot take less than 20 s);
+//!   5. takeover: two agent processes host one agent; the primary is killed with -9 in the
 //!      middle of a deploy; the time from the kill to the standby's first finished action.
 //!
-//! Targets (issue 13): external agent ≤ 1.5× local; takeover < 5 s.
+//! Targets (issue 13): external agent ≤ 1.5× local; SSH ≤ 3× local and < 15 s through the
+//! 20 ms proxy; takeover < 5 s. Needs /usr/sbin/sshd (Debian's openssh-server).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -17,6 +23,8 @@ use std::time::{Duration, Instant};
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "common/sshd.rs"]
+mod sshd;
 
 use serde_json::json;
 use steward::client::Client;
@@ -60,6 +68,11 @@ async fn deployed(c: &Client, env: &str, version: i32) -> (u64, bool) {
 async fn wait_done(c: &Client, env: &str, version: i32) {
     while !deployed(c, env, version).await.1 {
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p = c.progress(env, version).await.expect("progress");
+    if p["by_status"]["deployed"] != p["total"] {
+        let (_, rows) = c.resources(env).await.expect("resources");
+        panic!("not all deployed: {p}\n{rows:#?}");
     }
 }
 
@@ -142,7 +155,41 @@ async fn run(n: usize) {
     let _ = agent.kill();
     let _ = agent.wait();
 
-    // 3. takeover after kill -9 of the primary
+    // 3. over SSH
+    let sshd = sshd::Sshd::start(&tmp.path().join("sshd"));
+    let ssh_settings = |port: u16, parallel: u32| {
+        json!({
+            "agent_map": {AGENT: format!("ssh://{}@127.0.0.1:{port}", sshd.user)},
+            "ssh": {"known_hosts": sshd.known_hosts, "identity": sshd.client_key},
+            "agent_parallelism": parallel,
+        })
+    };
+    // the first action ships the executor (by hash) and opens the connection: warm it up
+    let warm = environment(&c, "ssh-warm", ssh_settings(sshd.port, 1)).await;
+    let start = Instant::now();
+    deploy(&c, &warm, &tmp.path().join("ssh-warm"), 1).await;
+    println!(
+        "ssh: first connection and executor shipped in {:.3} s",
+        start.elapsed().as_secs_f64()
+    );
+    let ssh_env = environment(&c, "ssh", ssh_settings(sshd.port, 1)).await;
+    let ssh = deploy(&c, &ssh_env, &tmp.path().join("ssh"), n).await;
+    println!(
+        "over SSH:        {n} files in {ssh:.3} s ({:.0}/s), {:.2}x local (target <= 3x)",
+        n as f64 / ssh,
+        ssh / local
+    );
+
+    // 4. over SSH with 20 ms more per round trip
+    let proxy = sshd::delay_proxy(sshd.port, Duration::from_millis(10)).await;
+    sshd.also_known_at(proxy);
+    let slow_env = environment(&c, "ssh-slow", ssh_settings(proxy, 8)).await;
+    let slow = deploy(&c, &slow_env, &tmp.path().join("ssh-slow"), n).await;
+    println!(
+        "over SSH, +20 ms per round trip, agent_parallelism 8: {n} files in {slow:.3} s (target < 15 s)"
+    );
+
+    // 5. takeover after kill -9 of the primary
     let env = environment(&c, "takeover", json!({"agent_map": {AGENT: "external"}})).await;
     let mut a1 = spawn_agent(&url, &env, &tmp.path().join("t1"));
     while primary(&c, &env).await.is_none() {
@@ -199,6 +246,8 @@ fn main() {
     match args.first().map(String::as_str) {
         // the scheduler (and an agent) start us as their executor
         Some("executor") => steward::executor::main_loop().expect("executor"),
+        // shipping over SSH checks that the binary starts on the target
+        Some("--version") => println!("bench_agents {}", env!("CARGO_PKG_VERSION")),
         Some("agent") => {
             let (url, env, work) = (&args[1], &args[2], &args[3]);
             let opts = steward::agent::AgentOptions {
