@@ -402,3 +402,46 @@ async fn a_revoked_token_disconnects_its_process_within_a_second() {
     assert_eq!(status.code(), Some(1));
     assert!(log_of(dir.path(), "again").contains("unknown or revoked token"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_process_reconnects_after_the_server_restarts() {
+    let admin = "stw_agents_restart_admin";
+    let mut srv = crate::support::Spawned::start(admin).await;
+    let c = srv.client.clone();
+    let env = crate::deploy::env_with(&c, "restart", json!({"agent_map": {WEB: "external"}})).await;
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let mut cmd = Command::new(steward_bin());
+    cmd.args(["agent", "run", "--name", WEB])
+        .env("STEWARD_SERVER", &srv.url)
+        .env("STEWARD_TOKEN", &token)
+        .env("STEWARD_ENV", &env)
+        .env("STEWARD_AGENT_DIR", dir.path().join("work"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("a.log")).unwrap());
+    let mut agent = cmd.spawn().unwrap();
+    let v1 = upload(&c, &env, vec![fs_file(WEB, &format!("{d}/one"), "1", &[])]).await;
+    wait_deployed(&c, &env, v1, 30).await;
+    // the server dies and comes back: the process reconnects by itself
+    srv.restart().await;
+    let v2 = upload(
+        &c,
+        &env,
+        vec![
+            fs_file(WEB, &format!("{d}/one"), "1", &[]),
+            fs_file(WEB, &format!("{d}/two"), "2", &[]),
+        ],
+    )
+    .await;
+    wait_deployed(&c, &env, v2, 60).await;
+    assert_eq!(std::fs::read_to_string(format!("{d}/two")).unwrap(), "2");
+    let log = log_of(dir.path(), "a");
+    assert!(
+        log.matches("connected to the server").count() >= 2,
+        "it reconnected: {log}"
+    );
+    assert!(agent.try_wait().unwrap().is_none(), "it kept running");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
