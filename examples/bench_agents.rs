@@ -132,7 +132,9 @@ async fn run(n: usize) {
     let url = common::serve(state).await;
     let c = Client::new(&url, None);
 
-    // 1. local executor
+    // 1. local executor (after a one-file warm-up, as the SSH figure is)
+    let warm = environment(&c, "local-warm", json!({})).await;
+    deploy(&c, &warm, &tmp.path().join("local-warm"), 1).await;
     let local_env = environment(&c, "local", json!({})).await;
     let local = deploy(&c, &local_env, &tmp.path().join("local"), n).await;
     println!(
