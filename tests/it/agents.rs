@@ -378,6 +378,7 @@ async fn a_revoked_token_disconnects_its_process_within_a_second() {
     .await
     .unwrap();
     let took = revoked.elapsed();
+    println!("revoked token: its process ended {took:?} after the revocation");
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(1),
@@ -442,6 +443,51 @@ async fn an_agent_process_reconnects_after_the_server_restarts() {
         "it reconnected: {log}"
     );
     assert!(agent.try_wait().unwrap().is_none(), "it kept running");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_action_on_an_external_agent_times_out_and_is_killed_there() {
+    let (srv, c, env, dir) = deploying_env(
+        "ext-timeout",
+        json!({"agent_map": {WEB: "external"}, "handler_timeout": 2,
+               "retry_backoff": {"initial": 600, "factor": 1.0, "max": 600}}),
+    )
+    .await;
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut agent = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a");
+    let marker = format!("{}/hung-marker", dir.path().display());
+    let run = exec_run(
+        WEB,
+        &format!("sh -c 'sleep 600 # {marker}'"),
+        json!({}),
+        &[],
+    );
+    let rid = run.id.0.clone();
+    upload(&c, &env, vec![run]).await;
+    let acts = eventually(30, "the action to time out", || async {
+        let acts = deploy_actions(&c, &env, &rid).await;
+        acts.iter().any(|a| a.status == "timed_out").then_some(acts)
+    })
+    .await;
+    assert!(
+        serde_json::to_string(&acts)
+            .unwrap()
+            .contains("did not finish within 2 s"),
+        "{acts:?}"
+    );
+    // the agent killed its executor and the command it ran
+    eventually(
+        10,
+        "the hung command to be killed on the agent's machine",
+        || async {
+            crate::ssh_support::pids_with_cmdline(marker.as_bytes())
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
