@@ -34,6 +34,10 @@ pub const LEASE_MS: i64 = 3000;
 /// The longest a poll waits for work before it answers empty (it must come back well
 /// within the lease to renew it).
 pub const MAX_POLL_WAIT: Duration = Duration::from_millis(1000);
+/// Leases are renewed in PostgreSQL at most this often per process (a poll in between uses
+/// the terms of the last renewal, which stay ours until it expires): an action does not cost
+/// a database write.
+const RENEW_EVERY: Duration = Duration::from_millis(1000);
 /// A session not heard from for this long is gone.
 const SESSION_TIMEOUT: Duration = Duration::from_millis(LEASE_MS as u64 + 2000);
 
@@ -131,6 +135,8 @@ struct Session {
     connected_at: DateTime<Utc>,
     last_seen: Instant,
     last_seen_at: DateTime<Utc>,
+    /// when the leases were last renewed (the renewal's start: the lease runs from then)
+    renewed: Option<Instant>,
     outbox: Vec<Assignment>,
     cancels: Vec<Uuid>,
     wake: Arc<Notify>,
@@ -235,6 +241,7 @@ impl AgentHub {
                     connected_at: now,
                     last_seen: Instant::now(),
                     last_seen_at: now,
+                    renewed: None,
                     outbox: previous
                         .as_ref()
                         .map(|p| p.outbox.clone())
@@ -258,7 +265,7 @@ impl AgentHub {
         token: Option<Uuid>,
         poll: Poll,
     ) -> Result<PollReply, HubError> {
-        let agents = {
+        let (agents, cached) = {
             let mut st = self.lock();
             let s = st
                 .sessions
@@ -267,11 +274,13 @@ impl AgentHub {
                 .ok_or(HubError::UnknownSession(instance))?;
             s.last_seen = Instant::now();
             s.last_seen_at = Utc::now();
-            s.hello.agents.clone()
+            let fresh = s.renewed.is_some_and(|t| t.elapsed() < RENEW_EVERY);
+            (s.hello.agents.clone(), fresh.then(|| s.primary.clone()))
         };
-        // the heartbeat: renew or take each agent's lease
+        // the heartbeat: renew or take each agent's lease (at most every RENEW_EVERY)
+        let renewing = Instant::now();
         let mut primary = BTreeMap::new();
-        for agent in &agents {
+        for agent in cached.is_none().then_some(&agents).into_iter().flatten() {
             let key = lease_key(env, agent);
             if let Some(term) = store::leases::acquire(
                 &self.pool,
@@ -284,6 +293,10 @@ impl AgentHub {
             {
                 primary.insert(agent.clone(), term);
             }
+        }
+        let renewed = cached.is_none();
+        if let Some(c) = cached {
+            primary = c;
         }
         // fencing: every result must come under a term this process holds now
         for r in &poll.results {
@@ -313,18 +326,28 @@ impl AgentHub {
                 .map(|(a, t)| (a.clone(), *t))
                 .collect();
             s.primary = primary.clone();
+            if renewed {
+                s.renewed = Some(renewing);
+            }
             let wake = s.wake.clone();
             for r in poll.results {
                 self.accept(&mut st, env, r);
             }
-            // a process that just became primary gets what was in flight for its agent
-            for (agent, term) in newly {
+            for (agent, term) in &newly {
                 tracing::info!(environment = %env, instance = %instance, agent = %agent, term, "agent process is primary");
+            }
+            // the primary gets what is in flight for its agent under an older term (a
+            // predecessor that died, was stopped or cut off) or with no holder yet
+            for (agent, term) in primary.clone() {
+                let live: std::collections::HashSet<Uuid> = st.sessions.keys().copied().collect();
                 let moved: Vec<Assignment> = st
                     .inflight
                     .values_mut()
                     .filter(|f| f.env == env && f.agent == agent)
-                    .filter(|f| f.holder.is_none_or(|(i, t)| i != instance || t != term))
+                    .filter(|f| {
+                        f.holder
+                            .is_none_or(|(i, t)| t < term || (i != instance && !live.contains(&i)))
+                    })
                     .map(|f| {
                         f.holder = Some((instance, term));
                         Assignment {
@@ -334,8 +357,11 @@ impl AgentHub {
                         }
                     })
                     .collect();
-                if let Some(s) = st.sessions.get_mut(&instance) {
-                    s.outbox.retain(|a| a.agent != agent);
+                if !moved.is_empty()
+                    && let Some(s) = st.sessions.get_mut(&instance)
+                {
+                    tracing::info!(environment = %env, instance = %instance, agent = %agent, term, actions = moved.len(),
+                        "actions in flight handed to the primary");
                     s.outbox.extend(moved);
                 }
             }
@@ -459,14 +485,16 @@ impl AgentHub {
         }
     }
 
-    /// The live process that is primary of `agent`, if any.
+    /// The live process that is primary of `agent`, if any: of the processes that think
+    /// they are (one may not know yet that it was deposed), the one with the newest term.
     fn primary_of(st: &State, env: Uuid, agent: &str) -> Option<(Uuid, i64)> {
         st.sessions
             .iter()
             .filter(|(_, s)| {
                 s.env == env && s.last_seen.elapsed() < Duration::from_millis(LEASE_MS as u64)
             })
-            .find_map(|(i, s)| s.primary.get(agent).map(|t| (*i, *t)))
+            .filter_map(|(i, s)| s.primary.get(agent).map(|t| (*i, *t)))
+            .max_by_key(|(_, t)| *t)
     }
 
     /// Can `agent` take work now (it has a live primary)?
