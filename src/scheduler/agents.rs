@@ -497,6 +497,14 @@ impl AgentHub {
             .max_by_key(|(_, t)| *t)
     }
 
+    /// Is `instance` a session of `env`?
+    pub fn has_session(&self, env: Uuid, instance: Uuid) -> bool {
+        self.lock()
+            .sessions
+            .get(&instance)
+            .is_some_and(|s| s.env == env)
+    }
+
     /// Can `agent` take work now (it has a live primary)?
     pub fn is_up(&self, env: Uuid, agent: &str) -> bool {
         Self::primary_of(&self.lock(), env, agent).is_some()

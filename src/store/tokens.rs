@@ -143,8 +143,13 @@ pub async fn create_for_agents(
 
 /// The live (not revoked) token with this secret.
 pub async fn authenticate(e: impl PgExecutor<'_>, secret: &str) -> Result<Option<Token>> {
+    // `last_used_at` is kept to the minute: a request (an agent polls for every action) must
+    // not cost a database write
     let sql = format!(
-        "UPDATE tokens SET last_used_at = now() WHERE secret_hash = $1 AND revoked_at IS NULL RETURNING {COLUMNS}"
+        "WITH t AS (SELECT {COLUMNS} FROM tokens WHERE secret_hash = $1 AND revoked_at IS NULL), \
+         touched AS (UPDATE tokens SET last_used_at = now() WHERE id IN (SELECT id FROM t) \
+           AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')) \
+         SELECT {COLUMNS} FROM t"
     );
     Ok(sqlx::query_as::<_, TokenRow>(sqlx::AssertSqlSafe(sql))
         .bind(hash_secret(secret))
