@@ -491,3 +491,140 @@ async fn a_hung_action_on_an_external_agent_times_out_and_is_killed_there() {
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_stay_consistent_and_bounded_while_primaries_keep_dying() {
+    let (srv, c, env, dir) = deploying_env("churn", json!({"agent_map": {WEB: "external"}})).await;
+    let d = dir.path().display().to_string();
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut procs: Vec<(String, Child)> = Vec::new();
+    for name in ["p0", "p1"] {
+        procs.push((
+            name.into(),
+            spawn_agent(&srv, &token, &env, &[WEB], dir.path(), name),
+        ));
+    }
+    eventually(20, "two processes", || async {
+        (agent_view(&c, &env, WEB).await["processes"]
+            .as_array()?
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    let n = 40;
+    let v = upload(&c, &env, slow_commands(&d, &[0.15; 40])).await;
+    // for about 20 s: kill -9 whichever process is primary, start a new one
+    for round in 0..4 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let primary = eventually(15, "a primary", || async {
+            agent_view(&c, &env, WEB).await["primary"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .await;
+        let Some(pos) = procs
+            .iter()
+            .position(|(name, _)| log_of(dir.path(), name).contains(&primary))
+        else {
+            continue;
+        };
+        let (_, mut child) = procs.remove(pos);
+        signal(&child, "-9");
+        child.wait().unwrap();
+        let name = format!("p{}", round + 2);
+        let fresh = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), &name);
+        procs.push((name, fresh));
+    }
+    wait_deployed(&c, &env, v, 90).await;
+    // every command completed once; a killed one may have started twice, never more
+    assert_eq!(
+        lines(&d, "out", n),
+        vec![1; n],
+        "one completion per command"
+    );
+    let runs = lines(&d, "runs", n);
+    assert!(runs.iter().all(|&r| (1..=2).contains(&r)), "{runs:?}");
+    // bounded: one lease row for the agent, and only live processes listed
+    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM leases")
+        .fetch_one(&srv.pool)
+        .await
+        .unwrap();
+    assert_eq!(leases, 1);
+    eventually(15, "dead processes to be dropped", || async {
+        (agent_view(&c, &env, WEB).await["processes"]
+            .as_array()?
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    for (_, mut child) in procs {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_backs_off_while_the_server_is_away_and_comes_back_quickly() {
+    let admin = "stw_agents_backoff_admin";
+    let mut srv = crate::support::Spawned::start(admin).await;
+    let c = srv.client.clone();
+    let env = crate::deploy::env_with(&c, "away", json!({"agent_map": {WEB: "external"}})).await;
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Command::new(steward_bin())
+        .args(["agent", "run", "--name", WEB])
+        .env("STEWARD_SERVER", &srv.url)
+        .env("STEWARD_TOKEN", &token)
+        .env("STEWARD_ENV", &env)
+        .env("STEWARD_AGENT_DIR", dir.path().join("work"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("a.log")).unwrap())
+        .spawn()
+        .unwrap();
+    eventually(20, "connected", || async {
+        log_of(dir.path(), "a")
+            .contains("connected to the server")
+            .then_some(())
+    })
+    .await;
+    // the server is away for 15 s: retries back off (0.5, 1, 2, 4, 5, 5 … s), not a storm
+    srv.kill9();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let attempts = log_of(dir.path(), "a")
+        .matches("can not reach the server")
+        .count();
+    assert!(
+        (4..=9).contains(&attempts),
+        "{attempts} attempts in 15 s: {}",
+        log_of(dir.path(), "a")
+    );
+    // back: reconnected within the longest backoff, and it deploys
+    let back = Instant::now();
+    srv.restart().await;
+    eventually(10, "reconnected", || async {
+        (log_of(dir.path(), "a")
+            .matches("connected to the server")
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        back.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        back.elapsed()
+    );
+    let d = dir.path().display().to_string();
+    let v = upload(
+        &c,
+        &env,
+        vec![fs_file(WEB, &format!("{d}/after"), "x", &[])],
+    )
+    .await;
+    wait_deployed(&c, &env, v, 30).await;
+    assert!(agent.try_wait().unwrap().is_none());
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}
