@@ -58,6 +58,24 @@ async fn agent_token(c: &Client, env: &str, agents: &[&str]) -> String {
     t["secret"].as_str().unwrap().to_string()
 }
 
+/// Wait for the agent to have a primary; its instance id.
+async fn wait_primary(c: &Client, env: &str) -> String {
+    eventually(20, "a primary", || async {
+        agent_view(c, env, WEB).await["primary"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await
+}
+
+/// Wait for `n` processes hosting the agent.
+async fn wait_processes(c: &Client, env: &str, n: usize) {
+    eventually(20, "the agent processes to connect", || async {
+        (agent_view(c, env, WEB).await["processes"].as_array()?.len() == n).then_some(())
+    })
+    .await
+}
+
 /// The agent as `GET …/agents` shows it.
 async fn agent_view(c: &Client, env: &str, name: &str) -> serde_json::Value {
     let a = c.agents(env).await.unwrap();
@@ -200,21 +218,9 @@ async fn a_standby_takes_over_when_the_primary_is_killed_mid_deploy() {
     let d = dir.path().display().to_string();
     let token = agent_token(&c, &env, &[WEB]).await;
     let mut a1 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a1");
-    eventually(20, "a primary", || async {
-        agent_view(&c, &env, WEB).await["primary"]
-            .as_str()
-            .map(str::to_string)
-    })
-    .await;
+    wait_primary(&c, &env).await;
     let mut a2 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a2");
-    eventually(20, "both processes connected", || async {
-        (agent_view(&c, &env, WEB).await["processes"]
-            .as_array()?
-            .len()
-            == 2)
-            .then_some(())
-    })
-    .await;
+    wait_processes(&c, &env, 2).await;
     let a = agent_view(&c, &env, WEB).await;
     let primary = a["primary"].as_str().unwrap().to_string();
     let n = 20;
@@ -273,26 +279,14 @@ async fn a_stopped_primary_is_fenced_when_it_comes_back() {
     let d = dir.path().display().to_string();
     let token = agent_token(&c, &env, &[WEB]).await;
     let mut a1 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a1");
-    eventually(20, "a1 primary", || async {
-        agent_view(&c, &env, WEB).await["primary"]
-            .as_str()
-            .map(str::to_string)
-    })
-    .await;
+    wait_primary(&c, &env).await;
     let first = agent_view(&c, &env, WEB).await["primary"]
         .as_str()
         .unwrap()
         .to_string();
     assert!(log_of(dir.path(), "a1").contains(&first), "a1 is primary");
     let mut a2 = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a2");
-    eventually(20, "a standby", || async {
-        (agent_view(&c, &env, WEB).await["processes"]
-            .as_array()?
-            .len()
-            == 2)
-            .then_some(())
-    })
-    .await;
+    wait_processes(&c, &env, 2).await;
     // the first command is slow: the primary is stopped while its executor runs it
     let mut secs = vec![0.1; 8];
     secs[0] = 2.0;
@@ -346,12 +340,7 @@ async fn a_revoked_token_disconnects_its_process_within_a_second() {
     let (srv, c, env, dir) = deploying_env("revoke", json!({"agent_map": {WEB: "external"}})).await;
     let token = agent_token(&c, &env, &[WEB]).await;
     let mut a = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a");
-    eventually(20, "a primary", || async {
-        agent_view(&c, &env, WEB).await["primary"]
-            .as_str()
-            .map(str::to_string)
-    })
-    .await;
+    wait_primary(&c, &env).await;
     let id = c
         .tokens(Some(&env), false)
         .await
@@ -504,14 +493,7 @@ async fn agents_stay_consistent_and_bounded_while_primaries_keep_dying() {
             spawn_agent(&srv, &token, &env, &[WEB], dir.path(), name),
         ));
     }
-    eventually(20, "two processes", || async {
-        (agent_view(&c, &env, WEB).await["processes"]
-            .as_array()?
-            .len()
-            == 2)
-            .then_some(())
-    })
-    .await;
+    wait_processes(&c, &env, 2).await;
     let n = 40;
     let v = upload(&c, &env, slow_commands(&d, &[0.15; 40])).await;
     // for about 20 s: kill -9 whichever process is primary, start a new one
