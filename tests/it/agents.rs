@@ -610,3 +610,61 @@ async fn an_agent_backs_off_while_the_server_is_away_and_comes_back_quickly() {
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_model_places_an_agent_with_std_agent_config_and_the_setting_wins() {
+    let (srv, c, env, dir) = deploying_env("model-placed", json!({})).await;
+    let d = dir.path().display().to_string();
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("project.yml"), "name: placed\n").unwrap();
+    std::fs::write(
+        project.join("main.cf"),
+        format!(
+            "import fs\n\
+             std::AgentConfig(agentname=\"{WEB}\", uri=\"external\", autostart=true)\n\
+             web = std::Host(name=\"{WEB}\", os=std::linux)\n\
+             fs::File(host=web, path=\"{d}/placed\", content=\"by the model\", mode=644, owner=null, group=null)\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(steward_bin())
+        .args(["export", "-d"])
+        .current_dir(&project)
+        .env("STEWARD_SERVER", &srv.url)
+        .env("STEWARD_TOKEN", srv.admin.as_deref().unwrap())
+        .env("STEWARD_ENV", &env)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = eventually(20, "the agent to be placed", || async {
+        let a = agent_view(&c, &env, WEB).await;
+        (a["placement"] == "external").then_some(a)
+    })
+    .await;
+    assert_eq!(a["state"], "down", "waits for its process: {a}");
+    let token = agent_token(&c, &env, &[WEB]).await;
+    let mut agent = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), "a");
+    let v = c.versions(&env).await.unwrap()[0]["number"]
+        .as_i64()
+        .unwrap() as i32;
+    wait_deployed(&c, &env, v, 30).await;
+    assert_eq!(
+        std::fs::read_to_string(format!("{d}/placed")).unwrap(),
+        "by the model"
+    );
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // the setting wins over the model
+    c.update_settings(&env, &json!({"agent_map": {WEB: "local:"}}))
+        .await
+        .unwrap();
+    eventually(20, "the setting to win", || async {
+        (agent_view(&c, &env, WEB).await["placement"] == "local:").then_some(())
+    })
+    .await;
+}
