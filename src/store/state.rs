@@ -99,12 +99,12 @@ pub async fn deploying_now(
     version: i32,
     limit: i64,
 ) -> Result<Vec<String>> {
+    // driven from the few rows being deployed (partial index), not from the version
     Ok(sqlx::query_scalar(
-        "SELECT vr.resource_id FROM version_resources vr JOIN resource_state s \
-           ON s.environment_id = vr.environment_id AND s.resource_id = vr.resource_id \
-         WHERE vr.environment_id = $1 AND vr.version = $2 AND s.deploying_since IS NOT NULL \
-           AND s.orphaned_after IS NULL \
-         ORDER BY s.deploying_since, vr.resource_id LIMIT $3",
+        "SELECT s.resource_id FROM resource_state s JOIN version_resources vr \
+           ON vr.environment_id = s.environment_id AND vr.version = $2 AND vr.resource_id = s.resource_id \
+         WHERE s.environment_id = $1 AND s.deploying_since IS NOT NULL AND s.orphaned_after IS NULL \
+         ORDER BY s.deploying_since, s.resource_id LIMIT $3",
     )
     .bind(env)
     .bind(version)
