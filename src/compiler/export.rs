@@ -205,6 +205,14 @@ fn fs_content(rt: &Runtime, inst: InstId) -> Read {
     Read::Value(Value::string(out))
 }
 
+/// The entity `ns::name`, when the program has it.
+fn entity_named(rt: &Runtime, ns: &str, name: &str) -> Option<EntityId> {
+    match rt.p.namespaces.iter().find(|n| n.name == ns)?.types.get(name) {
+        Some(super::types::TypeRef::Entity(e)) => Some(*e),
+        _ => None,
+    }
+}
+
 fn value_text(rt: &Runtime, v: &Value) -> String {
     match v {
         Value::Str(s) => s.to_string(),
@@ -237,6 +245,7 @@ pub fn export(
             .get(&e)
             .or_else(|| p.entity(e).ancestors.iter().find_map(|a| declared.get(a)))
     };
+    let managed_resource = entity_named(rt, "std", "ManagedResource");
     let mut errors = Vec::new();
     let mut ids: HashMap<InstId, ResourceId> = HashMap::new();
     let mut seen_ids: std::collections::HashSet<ResourceId> = std::collections::HashSet::new();
@@ -249,6 +258,15 @@ pub fn export(
         let span = p.ir.expr(rt.instances[i].site).span;
         if let Some(flag) = &def.skip_unless
             && !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true)))
+        {
+            continue;
+        }
+        // std::ManagedResource with managed=false: not exported, as the reference's
+        // `ManagedResource.get_managed` ignores it (an unknown `managed` is exported undefined)
+        if let Some(m) = managed_resource
+            && def.fields.iter().any(|f| f == "managed")
+            && p.is_subtype(rt.inst_entity(inst), m)
+            && matches!(read_path(rt, inst, "managed"), Read::Value(Value::Bool(false)))
         {
             continue;
         }

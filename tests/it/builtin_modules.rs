@@ -1,0 +1,102 @@
+//! The built-in std, fs, exec and mitogen modules as the reference exports them
+//! (inmanta-core 14.0.0, inmanta-module-std 8.1.0, fs 1.1.2, exec 2.1.1, mitogen 0.2.5): what
+//! is exported, with which attributes and requires edges, and what a deploy then does. Every
+//! expected value was read from `inmanta export -j` of the same model with the reference.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::json;
+use steward::compiler::{CompileOptions, compile};
+use steward::model::{ExportFile, Resource};
+
+/// A project directory with `main.cf` and the given extra files (relative paths).
+fn project(main: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("project.yml"),
+        "name: builtin\nmodulepath: libs\ndownloadpath: libs\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("main.cf"), main).unwrap();
+    for (rel, text) in files {
+        let p = dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    dir
+}
+
+fn try_export(dir: &Path) -> Result<ExportFile, String> {
+    let opts = CompileOptions {
+        project_dir: dir.to_path_buf(),
+        export: true,
+        ..Default::default()
+    };
+    let outcome = compile(&opts, &mut |_| {});
+    match outcome.result {
+        Ok(Some(x)) => Ok(x),
+        Ok(None) => Err("no export".into()),
+        Err(e) => Err(e.iter().map(|d| d.message.clone()).collect::<Vec<_>>().join("\n")),
+    }
+}
+
+fn export(dir: &Path) -> ExportFile {
+    try_export(dir).unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+fn by_id(x: &ExportFile) -> BTreeMap<String, &Resource> {
+    x.resources.iter().map(|r| (r.id.0.clone(), r)).collect()
+}
+
+fn requires(r: &Resource) -> Vec<String> {
+    r.requires.iter().map(|i| i.0.clone()).collect()
+}
+
+#[test]
+fn unmanaged_resources_are_not_exported() {
+    let p = project(
+        r#"
+import std::testing
+a = std::testing::NullResource(name="unmanaged", managed=false)
+b = std::testing::NullResource(name="managed")
+c = std::testing::NullResource(name="needs-unmanaged", requires=[a, b])
+"#,
+        &[],
+    );
+    let x = export(p.path());
+    let ids: Vec<&str> = x.resources.iter().map(|r| r.id.0.as_str()).collect();
+    // the reference: "Ignoring resource of type std::testing::NullResource because it
+    // requested to ignore it", and the edge to it is dropped
+    assert_eq!(
+        ids,
+        [
+            "std::testing::NullResource[internal,name=managed]",
+            "std::testing::NullResource[internal,name=needs-unmanaged]",
+        ]
+    );
+    assert_eq!(
+        requires(by_id(&x)["std::testing::NullResource[internal,name=needs-unmanaged]"]),
+        ["std::testing::NullResource[internal,name=managed]"]
+    );
+    assert_eq!(
+        by_id(&x)["std::testing::NullResource[internal,name=managed]"].attributes["managed"],
+        json!(true)
+    );
+}
+
+#[test]
+fn an_unknown_managed_is_exported_undefined() {
+    let p = project(
+        r#"
+import std::testing
+b = std::testing::NullResource(name="b")
+std::testing::NullResource(name="later", managed=std::get_env("STEWARD_SURELY_UNSET_VAR"))
+"#,
+        &[],
+    );
+    let x = export(p.path());
+    assert_eq!(x.resources.len(), 2);
+    let undefined: Vec<&str> = x.undefined.iter().map(|i| i.0.as_str()).collect();
+    assert_eq!(undefined, ["std::testing::NullResource[internal,name=later]"]);
+}
