@@ -88,6 +88,8 @@ struct CompileHost<'a> {
     project: &'a project::Project,
     modules: &'a BTreeMap<String, project::ModuleInfo>,
     print: &'a mut (dyn FnMut(&str) + Send),
+    /// File markers handed out by `fs::file` / `std::file`, with the file's content.
+    files: std::collections::HashMap<String, String>,
 }
 
 impl plugins::Host for CompileHost<'_> {
@@ -104,6 +106,14 @@ impl plugins::Host for CompileHost<'_> {
             .get(name)
             .cloned()
             .or_else(|| std::env::var(name).ok())
+    }
+
+    fn remember_file(&mut self, marker: &str, content: &str) {
+        self.files.insert(marker.to_string(), content.to_string());
+    }
+
+    fn remembered_file(&self, marker: &str) -> Option<String> {
+        self.files.get(marker).cloned()
     }
 }
 
@@ -177,6 +187,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             project: &project,
             modules: &modules,
             print,
+            files: Default::default(),
         };
         let mut rt = eval::Runtime::new(&program, &sources, &mut host);
         let run = rt

@@ -7,6 +7,8 @@
 //! values mark the resource undefined; an unknown agent or id skips it. Duplicate ids and
 //! dependency cycles are errors.
 
+mod fs;
+
 use std::collections::{BTreeMap, HashMap};
 
 use super::diagnostics::Diagnostic;
@@ -152,59 +154,6 @@ fn mark_remote_agents(resources: &mut [Resource]) {
     }
 }
 
-/// `fs::File` content: sorted prefix blocks, the content, sorted suffix blocks.
-fn fs_content(rt: &Runtime, inst: InstId) -> Read {
-    let content = match read_path(rt, inst, "content") {
-        Read::Value(Value::Str(s)) => s.to_string(),
-        Read::Value(_) => String::new(),
-        other => return other,
-    };
-    let sep = match read_path(rt, inst, "content_separator") {
-        Read::Value(Value::Str(s)) => s.to_string(),
-        _ => "\n".into(),
-    };
-    let blocks = |rel: &str| -> Option<String> {
-        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else {
-            return Some(String::new());
-        };
-        let mut parts: Vec<(String, String)> = Vec::new();
-        for i in items.iter() {
-            let Value::Instance(b) = i else { continue };
-            let value = match read_path(rt, *b, "value") {
-                Read::Value(Value::Str(s)) => s.to_string(),
-                _ => return None,
-            };
-            let key = match read_path(rt, *b, "sorting_key") {
-                Read::Value(Value::Str(s)) => s.to_string(),
-                _ => value.clone(),
-            };
-            parts.push((key, value));
-        }
-        parts.sort();
-        Some(
-            parts
-                .into_iter()
-                .map(|(_, v)| v)
-                .collect::<Vec<_>>()
-                .join(&sep),
-        )
-    };
-    let (Some(prefix), Some(suffix)) = (blocks("prefix_content"), blocks("suffix_content")) else {
-        return Read::Unknown;
-    };
-    let mut out = String::new();
-    if !prefix.is_empty() {
-        out.push_str(&prefix);
-        out.push_str(&sep);
-    }
-    out.push_str(&content);
-    if !suffix.is_empty() {
-        out.push_str(&sep);
-        out.push_str(&suffix);
-    }
-    Read::Value(Value::string(out))
-}
-
 /// The entity `ns::name`, when the program has it.
 fn entity_named(rt: &Runtime, ns: &str, name: &str) -> Option<EntityId> {
     match rt.p.namespaces.iter().find(|n| n.name == ns)?.types.get(name) {
@@ -327,7 +276,7 @@ pub fn export(
         let mut is_undefined = false;
         for field in &def.fields {
             let read = match def.map.get(field).map(String::as_str) {
-                Some("@fs_content") => fs_content(rt, *inst),
+                Some("@fs_content") => fs::content(rt, *inst),
                 Some(path) => read_path(rt, *inst, path),
                 None => read_path(rt, *inst, field),
             };

@@ -39,6 +39,16 @@ pub trait Host {
     fn env_var(&self, name: &str) -> Option<String> {
         std::env::var(name).ok()
     }
+    /// Keep the content of a module file handed to the model as a file marker (`fs::file`,
+    /// `std::file`: `imp-module-source:file://<path>`), for the export to put in its place.
+    fn remember_file(&mut self, marker: &str, content: &str) {
+        let _ = (marker, content);
+    }
+    /// The content kept for a file marker, when the string is one this compile made.
+    fn remembered_file(&self, marker: &str) -> Option<String> {
+        let _ = marker;
+        None
+    }
 }
 
 /// What a plugin may ask of the evaluator calling it, at one call site.

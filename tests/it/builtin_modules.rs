@@ -100,3 +100,49 @@ std::testing::NullResource(name="later", managed=std::get_env("STEWARD_SURELY_UN
     let undefined: Vec<&str> = x.undefined.iter().map(|i| i.0.as_str()).collect();
     assert_eq!(undefined, ["std::testing::NullResource[internal,name=later]"]);
 }
+
+/// A module `mymod` with `files/robots.txt`.
+const MYMOD: [(&str, &str); 3] = [
+    (
+        "libs/mymod/module.yml",
+        "name: mymod\nversion: 1.0.0\nlicense: ASL\n",
+    ),
+    ("libs/mymod/model/_init.cf", "\n"),
+    ("libs/mymod/files/robots.txt", "User-agent: *\nDisallow: /\n"),
+];
+
+#[test]
+fn a_file_from_fs_file_exports_the_files_content() {
+    let p = project(
+        r##"
+import fs
+import mymod
+h = std::Host(name="h", os=std::linux)
+fs::File(host=h, path="/etc/robots.txt", content=fs::file("mymod/robots.txt"))
+fs::File(host=h, path="/etc/std.txt", content=std::file("mymod/robots.txt"),
+         prefix_content=fs::Content(value="# head"))
+# a string that only looks like a marker is content like any other
+fs::File(host=h, path="/etc/literal.txt", content="imp-module-source:file:///etc/passwd")
+"##,
+        &MYMOD,
+    );
+    let x = export(p.path());
+    let r = by_id(&x);
+    // the reference uploads these bytes and exports their sha1 as `hash`
+    // (63657cbb7d7086c56b0cd4e5c6999bb683664868, for fs::file and std::file alike); Steward
+    // ships the content itself
+    assert_eq!(
+        r["fs::File[h,path=/etc/robots.txt]"].attributes["content"],
+        json!("User-agent: *\nDisallow: /\n")
+    );
+    // (the reference fails on this one: it reads the marked file as bytes and adds them to
+    // the prefix text, a TypeError)
+    assert_eq!(
+        r["fs::File[h,path=/etc/std.txt]"].attributes["content"],
+        json!("# head\nUser-agent: *\nDisallow: /\n")
+    );
+    assert_eq!(
+        r["fs::File[h,path=/etc/literal.txt]"].attributes["content"],
+        json!("imp-module-source:file:///etc/passwd")
+    );
+}

@@ -783,7 +783,10 @@ fn module_file(c: &mut dyn Caller, a: &mut Args, dir: &str, plugin: &str) -> Out
     match c.host().module_file(&module, dir, &rest) {
         Ok((content, abs)) => {
             if plugin.ends_with("::file") {
-                Ok(Value::string(format!("imp-module-source:file://{abs}")))
+                // a marker, as the reference's FileMarker; the export puts the content in
+                let marker = format!("imp-module-source:file://{abs}");
+                c.host().remember_file(&marker, &content);
+                Ok(Value::string(marker))
             } else {
                 Ok(Value::string(content))
             }
