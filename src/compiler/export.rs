@@ -8,6 +8,7 @@
 //! dependency cycles are errors.
 
 mod fs;
+mod mitogen;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -277,6 +278,13 @@ pub fn export(
         for field in &def.fields {
             let read = match def.map.get(field).map(String::as_str) {
                 Some("@fs_content") => fs::content(rt, *inst),
+                Some("@mitogen_via") => match mitogen::via(rt, *inst) {
+                    Some(j) => {
+                        attributes.insert(field.clone(), j);
+                        continue;
+                    }
+                    None => Read::Unknown,
+                },
                 Some(path) => read_path(rt, *inst, path),
                 None => read_path(rt, *inst, field),
             };

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use steward::compiler::{CompileOptions, compile};
 use steward::model::{ExportFile, Resource};
 
@@ -145,4 +145,87 @@ fs::File(host=h, path="/etc/literal.txt", content="imp-module-source:file:///etc
         r["fs::File[h,path=/etc/literal.txt]"].attributes["content"],
         json!("imp-module-source:file:///etc/passwd")
     );
+}
+
+/// The ssh context the reference builds for a host with an ip and no `via`.
+fn ssh_context(name: &str, ip: &str, user: &str, port: u16) -> Value {
+    json!({
+        "method_name": "ssh",
+        "name": name,
+        "hostname": ip,
+        "username": user,
+        "port": port,
+        "check_host_keys": "ignore",
+        "ssh_args": ["-o", "UserKnownHostsFile=/dev/null", "-o", "PasswordAuthentication=no"],
+        "python_path": ["python"],
+    })
+}
+
+#[test]
+fn fs_and_exec_resources_export_via_from_mitogen_contexts() {
+    let p = project(
+        r#"
+import fs
+import exec
+import mitogen
+
+h1 = std::Host(name="h1", os=std::linux, ip="10.0.0.1")
+h2 = std::Host(name="h2", os=std::linux, ip="10.0.0.2", remote_user="bob",
+               via=mitogen::Ssh(hostname="x", username="u", via=mitogen::Local(name="loc")))
+h3 = std::Host(name="h3", os=std::linux, ip="10.0.0.3", remote_user="bob", remote_port=2222)
+h4 = std::Host(name="h4", os=std::linux)
+
+exec::Run(host=h1, command="echo hi")
+exec::Run(host=h2, command="ls")
+fs::File(host=h3, path="/p", content="q", mode=644)
+fs::File(host=h1, path="/tmp/zz", content="x", via=mitogen::Local())
+fs::Directory(host=h1, path="/tmp/a")
+fs::Symlink(host=h1, src="/tmp/a/x", dst="/tmp/other/y")
+fs::File(host=h4, path="/local", content="l")
+"#,
+        &[],
+    );
+    let x = export(p.path());
+    let r = by_id(&x);
+    let via = |id: &str| r[id].attributes["via"].clone();
+    let h1 = ssh_context("h1", "10.0.0.1", "root", 22);
+    assert_eq!(via("exec::Run[h1,command=echo hi]"), h1);
+    assert_eq!(via("fs::Directory[h1,path=/tmp/a]"), h1);
+    assert_eq!(via("fs::Symlink[h1,dst=/tmp/other/y]"), h1);
+    // the host's own context, null attributes left out, the chain under `via`
+    assert_eq!(
+        via("exec::Run[h2,command=ls]"),
+        json!({"method_name": "ssh", "hostname": "x", "username": "u", "name": "",
+               "via": {"method_name": "local", "name": "loc"}})
+    );
+    // not root: the ssh context under a sudo one
+    assert_eq!(
+        via("fs::File[h3,path=/p]"),
+        json!({"method_name": "sudo", "name": "", "via": ssh_context("h3", "10.0.0.3", "bob", 2222)})
+    );
+    assert_eq!(r["fs::File[h3,path=/p]"].attributes["permissions"], json!(644));
+    // the resource's own `via` wins over its host's
+    assert_eq!(
+        via("fs::File[h1,path=/tmp/zz]"),
+        json!({"method_name": "local", "name": ""})
+    );
+    // neither `via` nor `ip`: the reference fails the export ("[No ip] Cannot serialize a
+    // mitogen::Context"); Steward deploys on the agent's machine and exports null
+    assert_eq!(via("fs::File[h4,path=/local]"), Value::Null);
+    assert!(x.undefined.is_empty());
+}
+
+#[test]
+fn a_via_depending_on_an_unknown_makes_the_resource_undefined() {
+    let p = project(
+        r#"
+import exec
+h = std::Host(name="h", os=std::linux, ip=std::get_env("STEWARD_SURELY_UNSET_VAR"))
+exec::Run(host=h, command="true")
+"#,
+        &[],
+    );
+    let x = export(p.path());
+    let undefined: Vec<&str> = x.undefined.iter().map(|i| i.0.as_str()).collect();
+    assert_eq!(undefined, ["exec::Run[h,command=true]"]);
 }
