@@ -157,7 +157,14 @@ fn mark_remote_agents(resources: &mut [Resource]) {
 
 /// The entity `ns::name`, when the program has it.
 fn entity_named(rt: &Runtime, ns: &str, name: &str) -> Option<EntityId> {
-    match rt.p.namespaces.iter().find(|n| n.name == ns)?.types.get(name) {
+    match rt
+        .p
+        .namespaces
+        .iter()
+        .find(|n| n.name == ns)?
+        .types
+        .get(name)
+    {
         Some(super::types::TypeRef::Entity(e)) => Some(*e),
         _ => None,
     }
@@ -216,7 +223,10 @@ pub fn export(
         if let Some(m) = managed_resource
             && def.fields.iter().any(|f| f == "managed")
             && p.is_subtype(rt.inst_entity(inst), m)
-            && matches!(read_path(rt, inst, "managed"), Read::Value(Value::Bool(false)))
+            && matches!(
+                read_path(rt, inst, "managed"),
+                Read::Value(Value::Bool(false))
+            )
         {
             continue;
         }
@@ -338,6 +348,10 @@ pub fn export(
             attributes,
             requires,
         });
+    }
+    let instances: Vec<InstId> = order.iter().map(|o| o.0).collect();
+    if let Err(message) = fs::dir_before_file(rt, &mut resources, &instances) {
+        errors.push(Diagnostic::error("export", message));
     }
     mark_remote_agents(&mut resources);
     if let Some(cycle) = crate::model::find_cycle(&resources) {

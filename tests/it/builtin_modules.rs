@@ -37,7 +37,11 @@ fn try_export(dir: &Path) -> Result<ExportFile, String> {
     match outcome.result {
         Ok(Some(x)) => Ok(x),
         Ok(None) => Err("no export".into()),
-        Err(e) => Err(e.iter().map(|d| d.message.clone()).collect::<Vec<_>>().join("\n")),
+        Err(e) => Err(e
+            .iter()
+            .map(|d| d.message.clone())
+            .collect::<Vec<_>>()
+            .join("\n")),
     }
 }
 
@@ -98,7 +102,10 @@ std::testing::NullResource(name="later", managed=std::get_env("STEWARD_SURELY_UN
     let x = export(p.path());
     assert_eq!(x.resources.len(), 2);
     let undefined: Vec<&str> = x.undefined.iter().map(|i| i.0.as_str()).collect();
-    assert_eq!(undefined, ["std::testing::NullResource[internal,name=later]"]);
+    assert_eq!(
+        undefined,
+        ["std::testing::NullResource[internal,name=later]"]
+    );
 }
 
 /// A module `mymod` with `files/robots.txt`.
@@ -108,7 +115,10 @@ const MYMOD: [(&str, &str); 3] = [
         "name: mymod\nversion: 1.0.0\nlicense: ASL\n",
     ),
     ("libs/mymod/model/_init.cf", "\n"),
-    ("libs/mymod/files/robots.txt", "User-agent: *\nDisallow: /\n"),
+    (
+        "libs/mymod/files/robots.txt",
+        "User-agent: *\nDisallow: /\n",
+    ),
 ];
 
 #[test]
@@ -203,7 +213,10 @@ fs::File(host=h4, path="/local", content="l")
         via("fs::File[h3,path=/p]"),
         json!({"method_name": "sudo", "name": "", "via": ssh_context("h3", "10.0.0.3", "bob", 2222)})
     );
-    assert_eq!(r["fs::File[h3,path=/p]"].attributes["permissions"], json!(644));
+    assert_eq!(
+        r["fs::File[h3,path=/p]"].attributes["permissions"],
+        json!(644)
+    );
     // the resource's own `via` wins over its host's
     assert_eq!(
         via("fs::File[h1,path=/tmp/zz]"),
@@ -228,4 +241,100 @@ exec::Run(host=h, command="true")
     let x = export(p.path());
     let undefined: Vec<&str> = x.undefined.iter().map(|i| i.0.as_str()).collect();
     assert_eq!(undefined, ["exec::Run[h,command=true]"]);
+}
+
+const DIRS_MODEL: &str = r#"
+import fs
+h = std::Host(name="h", os=std::linux)
+g = std::Host(name="g", os=std::linux)
+fs::Directory(host=h, path="/srv/")
+fs::Directory(host=h, path="/srv/www/../data")
+fs::Directory(host=h, path="/srv/www", purged=true)
+fs::File(host=h, path="/srv/www/old.html", content="", purged=PURGED)
+fs::File(host=h, path="/srv/data//x", content="")
+fs::File(host=h, path="/srvx", content="")
+fs::Symlink(host=h, src="/srv/data/x", dst="/opt/link")
+fs::Directory(host=h, path="/")
+fs::File(host=g, path="/srv/g", content="")
+"#;
+
+#[test]
+fn everything_in_a_directory_requires_it() {
+    let p = project(&DIRS_MODEL.replace("PURGED", "true"), &[]);
+    let x = export(p.path());
+    let got: BTreeMap<String, Vec<String>> = x
+        .resources
+        .iter()
+        .map(|r| (r.id.0.clone(), requires(r)))
+        .collect();
+    // as the reference's export of the same model (with a mitogen context on the hosts):
+    // paths compared normalized, every ancestor directory required, per host; a purged file
+    // in a purged directory goes first; a symlink by its src and by its dst
+    let srv = "fs::Directory[h,path=/srv/]";
+    let data = "fs::Directory[h,path=/srv/www/../data]";
+    let expected: BTreeMap<String, Vec<String>> = [
+        ("fs::Directory[h,path=/]", vec![]),
+        (srv, vec![]),
+        (data, vec![srv]),
+        (
+            "fs::Directory[h,path=/srv/www]",
+            vec![srv, "fs::File[h,path=/srv/www/old.html]"],
+        ),
+        ("fs::File[g,path=/srv/g]", vec![]),
+        ("fs::File[h,path=/srv/data//x]", vec![srv, data]),
+        ("fs::File[h,path=/srv/www/old.html]", vec![srv]),
+        ("fs::File[h,path=/srvx]", vec![]),
+        ("fs::Symlink[h,dst=/opt/link]", vec![srv, data]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into_iter().map(str::to_string).collect()))
+    .collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_resource_kept_in_a_purged_directory_is_an_error() {
+    let p = project(&DIRS_MODEL.replace("PURGED", "false"), &[]);
+    let e = try_export(p.path()).unwrap_err();
+    assert_eq!(
+        e,
+        "Directory fs::Directory[h,path=/srv/www] is purged but a resource is trying to deploy \
+         something in it: fs::File[h,path=/srv/www/old.html]"
+    );
+}
+
+/// A model written for the reference deploys as it means to: the module file's text lands in
+/// the file (not the marker), and the directories exist before what is in them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deploy_writes_the_module_file_inside_its_directories() {
+    let (_srv, c, env, dir) = crate::deploy::deploying_env("builtin", json!({})).await;
+    let root = dir.path().join("site");
+    let main = format!(
+        r#"
+import fs
+import mymod
+h = std::Host(name="localhost", os=std::linux)
+fs::File(host=h, path="{root}/a/b/robots.txt", content=fs::file("mymod/robots.txt"))
+fs::Directory(host=h, path="{root}/a/b")
+fs::Directory(host=h, path="{root}/a")
+fs::Directory(host=h, path="{root}")
+"#,
+        root = root.display()
+    );
+    let p = project(&main, &MYMOD);
+    let x = export(p.path());
+    let file_id = format!("fs::File[localhost,path={}/a/b/robots.txt]", root.display());
+    assert_eq!(by_id(&x)[file_id.as_str()].requires.len(), 3);
+    let v = c.upload(&env, &x, json!({})).await.unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    crate::support::wait_deployed(&c, &env, v, 60).await;
+    assert_eq!(
+        std::fs::read_to_string(root.join("a/b/robots.txt")).unwrap(),
+        "User-agent: *\nDisallow: /\n"
+    );
+    assert_eq!(
+        crate::deploy::state_of(&c, &env, &file_id).await.status,
+        "deployed"
+    );
 }
