@@ -60,8 +60,8 @@ fn context(rt: &Runtime, inst: InstId) -> Result<Option<serde_json::Value>, Unkn
     let Some(host) = optional(rt, inst, "host")? else {
         return Ok(None);
     };
-    let is_host = entity_named(rt, "std", "Host")
-        .is_some_and(|h| rt.p.is_subtype(rt.inst_entity(host), h));
+    let is_host =
+        entity_named(rt, "std", "Host").is_some_and(|h| rt.p.is_subtype(rt.inst_entity(host), h));
     if !is_host {
         return Ok(None);
     }
