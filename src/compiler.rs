@@ -115,6 +115,46 @@ impl plugins::Host for CompileHost<'_> {
     fn remembered_file(&self, marker: &str) -> Option<String> {
         self.files.get(marker).cloned()
     }
+
+    fn list_module_files(
+        &self,
+        module: &str,
+        dir: &str,
+        path: &str,
+    ) -> Result<Vec<String>, String> {
+        project::list_module_files(self.project, self.modules, module, dir, path)
+    }
+
+    fn read_data_file(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+        let path = self.project.dir.join("data").join(namespace).join(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        project::read_confined(&self.project.root, &path)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = self.project.dir.join("data").join(namespace);
+        let fail = |e: std::io::Error| format!("{}: {e}", dir.join(name).display());
+        std::fs::create_dir_all(&dir).map_err(fail)?;
+        let real = project::confined(&self.project.root, &dir).map_err(fail)?;
+        // replaced whole, readable by its owner only (it holds passwords)
+        let tmp = real.join(format!(".{name}.{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(fail)?;
+        f.write_all(text.as_bytes()).map_err(fail)?;
+        drop(f);
+        std::fs::rename(&tmp, real.join(name)).map_err(fail)
+    }
 }
 
 /// Stack of the compiler thread: deep (but bounded) models recurse deeply in the passes.

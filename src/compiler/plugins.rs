@@ -12,6 +12,8 @@
 //! evaluator implements [`Caller`]; nothing here knows its state.
 
 mod bind;
+mod exec;
+mod files;
 mod json;
 mod net;
 mod std_lib;
@@ -48,6 +50,28 @@ pub trait Host {
     fn remembered_file(&self, marker: &str) -> Option<String> {
         let _ = marker;
         None
+    }
+    /// The names of the files in a directory of a module (`dir` is `files`), sorted.
+    fn list_module_files(
+        &self,
+        module: &str,
+        dir: &str,
+        path: &str,
+    ) -> Result<Vec<String>, String> {
+        let _ = (module, dir, path);
+        Err("this compile reads no module directories".into())
+    }
+    /// A file of the project's data directory for the plugins of `namespace`
+    /// (`data/<namespace>/<name>`, as the reference's `Context.get_data_dir`); `None` when it
+    /// does not exist.
+    fn read_data_file(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+        let _ = (namespace, name);
+        Ok(None)
+    }
+    /// Write (replace) a file of the project's data directory.
+    fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
+        let _ = (namespace, name, text);
+        Err("this compile has no data directory".into())
     }
 }
 
@@ -185,6 +209,8 @@ pub fn all() -> &'static [PluginDef] {
     ALL.get_or_init(|| {
         let mut v = Vec::new();
         v.extend(std_lib::plugins());
+        v.extend(files::plugins());
+        v.extend(exec::plugins());
         v.extend(net::plugins());
         v.extend(json::plugins());
         v.extend(template::plugins());

@@ -338,3 +338,45 @@ fs::Directory(host=h, path="{root}")
         "deployed"
     );
 }
+
+/// std::generate_password keeps what it made in the project's `data/std/passwordfile.txt`
+/// (as the reference), so the next compile and std::password see the same password; a
+/// password already in the file is used as it is.
+#[test]
+fn generated_passwords_are_kept_for_the_next_compiles() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = project(
+        r#"
+import std::testing
+std::testing::NullResource(name=std::generate_password("db", 16))
+"#,
+        &[],
+    );
+    let first = export(p.path()).resources[0].id.0.clone();
+    let file = p.path().join("data/std/passwordfile.txt");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let pw = text.strip_prefix("db=").unwrap().trim_end().to_string();
+    assert_eq!(pw.len(), 16);
+    assert!(pw.chars().all(|c| c.is_ascii_alphanumeric()), "{pw}");
+    assert_eq!(
+        first,
+        format!("std::testing::NullResource[internal,name={pw}]")
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // the next compile gets the same password, from either plugin
+    assert_eq!(export(p.path()).resources[0].id.0, first);
+    std::fs::write(
+        p.path().join("main.cf"),
+        "import std::testing\nstd::testing::NullResource(name=std::password(\"db\"))\n",
+    )
+    .unwrap();
+    assert_eq!(export(p.path()).resources[0].id.0, first);
+    std::fs::write(&file, "db=chosen\n").unwrap();
+    assert_eq!(
+        export(p.path()).resources[0].id.0,
+        "std::testing::NullResource[internal,name=chosen]"
+    );
+}

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::std_lib::resolve_module_path;
+use super::files::resolve_module_path;
 use super::{Args, Caller, Outcome, PluginDef, Stop, fail, req};
 use crate::compiler::value::{InstId, Value};
 
