@@ -138,22 +138,29 @@ impl plugins::Host for CompileHost<'_> {
     fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
-        let dir = self.project.dir.join("data").join(namespace);
-        let fail = |e: std::io::Error| format!("{}: {e}", dir.join(name).display());
-        std::fs::create_dir_all(&dir).map_err(fail)?;
-        let real = project::confined(&self.project.root, &dir).map_err(fail)?;
+        let target = self.project.dir.join("data").join(namespace).join(name);
+        let fail = |e: std::io::Error| format!("{}: {e}", target.display());
+        // each directory checked inside the project before anything is made in it
+        let mut dir = self.project.root.clone();
+        for part in ["data", namespace] {
+            let next = dir.join(part);
+            if next.symlink_metadata().is_err() {
+                std::fs::create_dir(&next).map_err(fail)?;
+            }
+            dir = project::confined(&self.project.root, &next).map_err(fail)?;
+        }
         // replaced whole, readable by its owner only (it holds passwords)
-        let tmp = real.join(format!(".{name}.{}", std::process::id()));
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)
             .map_err(fail)?;
         f.write_all(text.as_bytes()).map_err(fail)?;
         drop(f);
-        std::fs::rename(&tmp, real.join(name)).map_err(fail)
+        std::fs::rename(&tmp, dir.join(name)).map_err(fail)
     }
 }
 

@@ -380,3 +380,15 @@ std::testing::NullResource(name=std::generate_password("db", 16))
         "std::testing::NullResource[internal,name=chosen]"
     );
 }
+
+/// The password file stays inside the project: a `data/` that is a symlink out of it is
+/// refused before anything is written there.
+#[test]
+fn the_password_file_is_not_written_through_a_symlink_out_of_the_project() {
+    let outside = tempfile::tempdir().unwrap();
+    let p = project("std::print(std::generate_password(\"db\"))\n", &[]);
+    std::os::unix::fs::symlink(outside.path(), p.path().join("data")).unwrap();
+    let e = try_export(p.path()).unwrap_err();
+    assert!(e.contains("outside the project directory"), "{e}");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+}
