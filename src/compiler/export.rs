@@ -6,6 +6,11 @@
 //! `requires` from the instance's `requires` relation restricted to resources. Unknown field
 //! values mark the resource undefined; an unknown agent or id skips it. Duplicate ids and
 //! dependency cycles are errors.
+//!
+//! As the reference's exporter: a `std::ManagedResource` exporting `managed` is left out when
+//! it is false; the built-in mappings `@fs_content` and `@mitogen_via` compute a file's content
+//! and a resource's mitogen context ([`fs`], [`mitogen`]); and fs's `dir_before_file` adds the
+//! requires edges of files and directories to the directories they are in.
 
 mod fs;
 mod mitogen;
