@@ -88,6 +88,8 @@ struct CompileHost<'a> {
     project: &'a project::Project,
     modules: &'a BTreeMap<String, project::ModuleInfo>,
     print: &'a mut (dyn FnMut(&str) + Send),
+    /// File markers handed out by `fs::file` / `std::file`, with the file's content.
+    files: std::collections::HashMap<String, String>,
 }
 
 impl plugins::Host for CompileHost<'_> {
@@ -104,6 +106,61 @@ impl plugins::Host for CompileHost<'_> {
             .get(name)
             .cloned()
             .or_else(|| std::env::var(name).ok())
+    }
+
+    fn remember_file(&mut self, marker: &str, content: &str) {
+        self.files.insert(marker.to_string(), content.to_string());
+    }
+
+    fn remembered_file(&self, marker: &str) -> Option<String> {
+        self.files.get(marker).cloned()
+    }
+
+    fn list_module_files(
+        &self,
+        module: &str,
+        dir: &str,
+        path: &str,
+    ) -> Result<Vec<String>, String> {
+        project::list_module_files(self.project, self.modules, module, dir, path)
+    }
+
+    fn read_data_file(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+        let path = self.project.dir.join("data").join(namespace).join(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        project::read_confined(&self.project.root, &path)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let target = self.project.dir.join("data").join(namespace).join(name);
+        let fail = |e: std::io::Error| format!("{}: {e}", target.display());
+        // each directory checked inside the project before anything is made in it
+        let mut dir = self.project.root.clone();
+        for part in ["data", namespace] {
+            let next = dir.join(part);
+            if next.symlink_metadata().is_err() {
+                std::fs::create_dir(&next).map_err(fail)?;
+            }
+            dir = project::confined(&self.project.root, &next).map_err(fail)?;
+        }
+        // replaced whole, readable by its owner only (it holds passwords)
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(fail)?;
+        f.write_all(text.as_bytes()).map_err(fail)?;
+        drop(f);
+        std::fs::rename(&tmp, dir.join(name)).map_err(fail)
     }
 }
 
@@ -177,6 +234,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             project: &project,
             modules: &modules,
             print,
+            files: Default::default(),
         };
         let mut rt = eval::Runtime::new(&program, &sources, &mut host);
         let run = rt

@@ -6,6 +6,14 @@
 //! `requires` from the instance's `requires` relation restricted to resources. Unknown field
 //! values mark the resource undefined; an unknown agent or id skips it. Duplicate ids and
 //! dependency cycles are errors.
+//!
+//! As the reference's exporter: a `std::ManagedResource` exporting `managed` is left out when
+//! it is false; the built-in mappings `@fs_content` and `@mitogen_via` compute a file's content
+//! and a resource's mitogen context ([`fs`], [`mitogen`]); and fs's `dir_before_file` adds the
+//! requires edges of files and directories to the directories they are in.
+
+mod fs;
+mod mitogen;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -152,57 +160,19 @@ fn mark_remote_agents(resources: &mut [Resource]) {
     }
 }
 
-/// `fs::File` content: sorted prefix blocks, the content, sorted suffix blocks.
-fn fs_content(rt: &Runtime, inst: InstId) -> Read {
-    let content = match read_path(rt, inst, "content") {
-        Read::Value(Value::Str(s)) => s.to_string(),
-        Read::Value(_) => String::new(),
-        other => return other,
-    };
-    let sep = match read_path(rt, inst, "content_separator") {
-        Read::Value(Value::Str(s)) => s.to_string(),
-        _ => "\n".into(),
-    };
-    let blocks = |rel: &str| -> Option<String> {
-        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else {
-            return Some(String::new());
-        };
-        let mut parts: Vec<(String, String)> = Vec::new();
-        for i in items.iter() {
-            let Value::Instance(b) = i else { continue };
-            let value = match read_path(rt, *b, "value") {
-                Read::Value(Value::Str(s)) => s.to_string(),
-                _ => return None,
-            };
-            let key = match read_path(rt, *b, "sorting_key") {
-                Read::Value(Value::Str(s)) => s.to_string(),
-                _ => value.clone(),
-            };
-            parts.push((key, value));
-        }
-        parts.sort();
-        Some(
-            parts
-                .into_iter()
-                .map(|(_, v)| v)
-                .collect::<Vec<_>>()
-                .join(&sep),
-        )
-    };
-    let (Some(prefix), Some(suffix)) = (blocks("prefix_content"), blocks("suffix_content")) else {
-        return Read::Unknown;
-    };
-    let mut out = String::new();
-    if !prefix.is_empty() {
-        out.push_str(&prefix);
-        out.push_str(&sep);
+/// The entity `ns::name`, when the program has it.
+fn entity_named(rt: &Runtime, ns: &str, name: &str) -> Option<EntityId> {
+    match rt
+        .p
+        .namespaces
+        .iter()
+        .find(|n| n.name == ns)?
+        .types
+        .get(name)
+    {
+        Some(super::types::TypeRef::Entity(e)) => Some(*e),
+        _ => None,
     }
-    out.push_str(&content);
-    if !suffix.is_empty() {
-        out.push_str(&sep);
-        out.push_str(&suffix);
-    }
-    Read::Value(Value::string(out))
 }
 
 fn value_text(rt: &Runtime, v: &Value) -> String {
@@ -237,6 +207,7 @@ pub fn export(
             .get(&e)
             .or_else(|| p.entity(e).ancestors.iter().find_map(|a| declared.get(a)))
     };
+    let managed_resource = entity_named(rt, "std", "ManagedResource");
     let mut errors = Vec::new();
     let mut ids: HashMap<InstId, ResourceId> = HashMap::new();
     let mut seen_ids: std::collections::HashSet<ResourceId> = std::collections::HashSet::new();
@@ -249,6 +220,18 @@ pub fn export(
         let span = p.ir.expr(rt.instances[i].site).span;
         if let Some(flag) = &def.skip_unless
             && !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true)))
+        {
+            continue;
+        }
+        // std::ManagedResource with managed=false: not exported, as the reference's
+        // `ManagedResource.get_managed` ignores it (an unknown `managed` is exported undefined)
+        if let Some(m) = managed_resource
+            && def.fields.iter().any(|f| f == "managed")
+            && p.is_subtype(rt.inst_entity(inst), m)
+            && matches!(
+                read_path(rt, inst, "managed"),
+                Read::Value(Value::Bool(false))
+            )
         {
             continue;
         }
@@ -309,7 +292,14 @@ pub fn export(
         let mut is_undefined = false;
         for field in &def.fields {
             let read = match def.map.get(field).map(String::as_str) {
-                Some("@fs_content") => fs_content(rt, *inst),
+                Some("@fs_content") => fs::content(rt, *inst),
+                Some("@mitogen_via") => match mitogen::via(rt, *inst) {
+                    Some(j) => {
+                        attributes.insert(field.clone(), j);
+                        continue;
+                    }
+                    None => Read::Unknown,
+                },
                 Some(path) => read_path(rt, *inst, path),
                 None => read_path(rt, *inst, field),
             };
@@ -363,6 +353,10 @@ pub fn export(
             attributes,
             requires,
         });
+    }
+    let instances: Vec<InstId> = order.iter().map(|o| o.0).collect();
+    if let Err(message) = fs::dir_before_file(rt, &mut resources, &instances) {
+        errors.push(Diagnostic::error("export", message));
     }
     mark_remote_agents(&mut resources);
     if let Some(cycle) = crate::model::find_cycle(&resources) {

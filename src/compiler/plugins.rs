@@ -12,6 +12,8 @@
 //! evaluator implements [`Caller`]; nothing here knows its state.
 
 mod bind;
+mod exec;
+mod files;
 mod json;
 mod net;
 mod std_lib;
@@ -38,6 +40,38 @@ pub trait Host {
     /// An environment variable.
     fn env_var(&self, name: &str) -> Option<String> {
         std::env::var(name).ok()
+    }
+    /// Keep the content of a module file handed to the model as a file marker (`fs::file`,
+    /// `std::file`: `imp-module-source:file://<path>`), for the export to put in its place.
+    fn remember_file(&mut self, marker: &str, content: &str) {
+        let _ = (marker, content);
+    }
+    /// The content kept for a file marker, when the string is one this compile made.
+    fn remembered_file(&self, marker: &str) -> Option<String> {
+        let _ = marker;
+        None
+    }
+    /// The names of the files in a directory of a module (`dir` is `files`), sorted.
+    fn list_module_files(
+        &self,
+        module: &str,
+        dir: &str,
+        path: &str,
+    ) -> Result<Vec<String>, String> {
+        let _ = (module, dir, path);
+        Err("this compile reads no module directories".into())
+    }
+    /// A file of the project's data directory for the plugins of `namespace`
+    /// (`data/<namespace>/<name>`, as the reference's `Context.get_data_dir`); `None` when it
+    /// does not exist.
+    fn read_data_file(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+        let _ = (namespace, name);
+        Ok(None)
+    }
+    /// Write (replace) a file of the project's data directory.
+    fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
+        let _ = (namespace, name, text);
+        Err("this compile has no data directory".into())
     }
 }
 
@@ -175,6 +209,8 @@ pub fn all() -> &'static [PluginDef] {
     ALL.get_or_init(|| {
         let mut v = Vec::new();
         v.extend(std_lib::plugins());
+        v.extend(files::plugins());
+        v.extend(exec::plugins());
         v.extend(net::plugins());
         v.extend(json::plugins());
         v.extend(template::plugins());

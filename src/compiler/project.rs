@@ -568,3 +568,76 @@ pub fn module_file(
         None => Err(format!("{module}/{path} isn't a valid file")),
     }
 }
+
+/// The names of the files (directories left out) in `path` under a module's `dir`, as
+/// `module_file` finds that module (`path` may be empty: the `dir` itself), sorted.
+pub fn list_module_files(
+    project: &Project,
+    modules: &BTreeMap<String, ModuleInfo>,
+    module: &str,
+    dir: &str,
+    path: &str,
+) -> Result<Vec<String>, String> {
+    if path.split('/').any(|p| p == "..") || path.starts_with('/') {
+        return Err(format!(
+            "{path}: paths may not leave the module (no absolute paths, no `..`)"
+        ));
+    }
+    let (root, full) = if module.is_empty()
+        || module == "__config__"
+        || (module == project.name && !modules.contains_key(module))
+    {
+        (project.root.clone(), project.dir.join(dir).join(path))
+    } else {
+        let Some(m) = modules.get(module) else {
+            return Err(format!(
+                "Module {module} does not exist for path {module}/{path}"
+            ));
+        };
+        match &m.root {
+            ModuleRoot::Dir(d) => (
+                d.canonicalize()
+                    .map_err(|e| format!("{}: {e}", d.display()))?,
+                d.join(dir).join(path),
+            ),
+            ModuleRoot::Builtin => {
+                let prefix = format!("{dir}/{}", path.trim_end_matches('/'));
+                let prefix = format!("{}/", prefix.trim_end_matches('/'));
+                let mut names: Vec<String> = BUILTIN
+                    .iter()
+                    .filter(|(m, _, _)| *m == module)
+                    .filter_map(|(_, p, _)| p.strip_prefix(&prefix))
+                    .filter(|rest| !rest.contains('/'))
+                    .map(str::to_string)
+                    .collect();
+                if names.is_empty() {
+                    return Err(format!(
+                        "FileNotFoundError: [Errno 2] No such file or directory: '<builtin>/{module}/{prefix}'"
+                    ));
+                }
+                names.sort();
+                return Ok(names);
+            }
+        }
+    };
+    let not_found = || {
+        format!(
+            "FileNotFoundError: [Errno 2] No such file or directory: '{}'",
+            full.display()
+        )
+    };
+    let real = confined(&root, &full).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => format!("{}: {e}", full.display()),
+        _ => not_found(),
+    })?;
+    let entries = std::fs::read_dir(&real).map_err(|_| not_found())?;
+    let mut names = Vec::new();
+    for entry in entries.flatten() {
+        // a file, or a symlink to one inside the project (os.path.isfile follows links)
+        if confined(&root, &entry.path()).is_ok_and(|p| p.is_file()) {
+            names.push(entry.file_name().to_string_lossy().to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}

@@ -448,53 +448,6 @@ pub fn plugins() -> Vec<PluginDef> {
                 ))
             }
         ),
-        plugin!(
-            "generate_password",
-            [
-                req("pw_id", "string"),
-                opt("length", "int", Default::Int(20))
-            ],
-            "string",
-            |_, a| {
-                // deterministic per id: a compile must not change desired state on every run
-                use sha2::Digest;
-                let digest = sha2::Sha256::digest(s(a, 0).as_bytes());
-                let alphabet = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-                let n = int(a, 1).clamp(1, 64) as usize;
-                let out: String = (0..n)
-                    .map(|i| alphabet[digest[i % 32] as usize % alphabet.len()] as char)
-                    .collect();
-                Ok(Value::string(out))
-            }
-        ),
-        plugin!(
-            "unique_file",
-            [
-                req("prefix", "string"),
-                req("seed", "string"),
-                req("suffix", "string"),
-                opt("length", "int", Default::Int(20))
-            ],
-            "string",
-            |_, a| {
-                use sha2::Digest;
-                let digest = sha2::Sha256::digest(s(a, 1).as_bytes());
-                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-                let n = int(a, 3).clamp(1, 64) as usize;
-                Ok(Value::string(format!(
-                    "{}{}{}",
-                    s(a, 0),
-                    &hex[..n],
-                    s(a, 2)
-                )))
-            }
-        ),
-        plugin!("source", [req("path", "string")], "string", |c, a| {
-            module_file(c, a, "files", "std::source")
-        }),
-        plugin!("file", [req("path", "string")], "string", |c, a| {
-            module_file(c, a, "files", "std::file")
-        }),
     ];
     v.push(PluginDef {
         namespace: "std",
@@ -545,30 +498,6 @@ pub fn plugins() -> Vec<PluginDef> {
         returns: "any",
         func: getattr,
     });
-    v.push(PluginDef {
-        namespace: "exec",
-        name: "in_shell",
-        params: vec![req("command", "string")],
-        var_kwargs: false,
-        allow_unknown: false,
-        returns: "string",
-        func: |_, a| Ok(Value::string(format!("sh -c {}", shell_quote(s(a, 0))))),
-    });
-    for (name, plugin_name) in [("source", "fs::source"), ("file", "fs::file")] {
-        v.push(PluginDef {
-            namespace: "fs",
-            name,
-            params: vec![req("path", "string")],
-            var_kwargs: false,
-            allow_unknown: false,
-            returns: "string",
-            func: if plugin_name == "fs::source" {
-                |c, a| module_file(c, a, "files", "fs::source")
-            } else {
-                |c, a| module_file(c, a, "files", "fs::file")
-            },
-        });
-    }
     v
 }
 
@@ -579,45 +508,32 @@ fn env_or_unknown(c: &mut dyn Caller, var: &str) -> Value {
     }
 }
 
-/// Python's `subprocess.list2cmdline` for one argument.
-fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty() && !arg.contains([' ', '\t', '"']) {
-        return arg.to_string();
-    }
-    let mut out = String::from("\"");
-    let mut backslashes = 0;
-    for c in arg.chars() {
-        match c {
-            '\\' => backslashes += 1,
-            '"' => {
-                out.push_str(&"\\".repeat(backslashes * 2 + 1));
-                out.push('"');
-                backslashes = 0;
-            }
-            c => {
-                out.push_str(&"\\".repeat(backslashes));
-                backslashes = 0;
-                out.push(c);
-            }
-        }
-    }
-    out.push_str(&"\\".repeat(backslashes * 2));
-    out.push('"');
-    out
-}
-
+/// `base64.b64decode(s, validate=True)` succeeds, as in the reference's Python 3.11
+/// (`binascii.a2b_base64` in strict mode): only alphabet characters, no leading padding, no
+/// data after padding, whole quads; padding after a whole quad is tolerated.
 fn is_base64(s: &str) -> bool {
-    let b = s.as_bytes();
-    if !b.len().is_multiple_of(4) {
+    if s.starts_with('=') {
         return false;
     }
-    let pad = b.iter().rev().take_while(|c| **c == b'=').count();
-    if pad > 2 {
-        return false;
+    let (mut quad, mut pads, mut padding) = (0, 0, false);
+    for (i, c) in s.bytes().enumerate() {
+        if c == b'=' {
+            padding = true;
+            if quad >= 2 {
+                pads += 1;
+                if quad + pads >= 4 {
+                    return i + 1 == s.len();
+                }
+            }
+            continue;
+        }
+        if !(c.is_ascii_alphanumeric() || c == b'+' || c == b'/') || padding {
+            return false;
+        }
+        pads = 0;
+        quad = (quad + 1) % 4;
     }
-    b[..b.len() - pad]
-        .iter()
-        .all(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/')
+    quad == 0
 }
 
 fn read_named_attr(c: &mut dyn Caller, o: &Value, name: &str, a: &Args) -> Outcome<Value> {
@@ -777,46 +693,38 @@ fn key_sort(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     Ok(Value::list(keyed.into_iter().map(|(_, v)| v).collect()))
 }
 
-fn module_file(c: &mut dyn Caller, a: &mut Args, dir: &str, plugin: &str) -> Outcome<Value> {
-    let path = s(a, 0).to_string();
-    let (module, rest) = resolve_module_path(c, &path, a, plugin)?;
-    match c.host().module_file(&module, dir, &rest) {
-        Ok((content, abs)) => {
-            if plugin.ends_with("::file") {
-                Ok(Value::string(format!("imp-module-source:file://{abs}")))
-            } else {
-                Ok(Value::string(content))
-            }
-        }
-        Err(e) => Err(fail(a, plugin, e)),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::is_base64;
 
-/// `module/path` (or `./path` for the calling module) into (module, path).
-pub fn resolve_module_path(
-    c: &dyn Caller,
-    path: &str,
-    a: &Args,
-    plugin: &str,
-) -> Outcome<(String, String)> {
-    if let Some(rest) = path.strip_prefix("./") {
-        // the module of the file the call is written in
-        let file = a.span.file;
-        let module = c
-            .program()
-            .namespaces
-            .iter()
-            .find(|n| n.file == Some(file))
-            .map(|n| n.module.clone())
-            .unwrap_or_default();
-        return Ok((module, rest.to_string()));
-    }
-    match path.split_once('/') {
-        Some((m, rest)) => Ok((m.to_string(), rest.to_string())),
-        None => Err(fail(
-            a,
-            plugin,
-            format!("{path} is not of the form <module>/<path>"),
-        )),
+    #[test]
+    fn is_base64_encoded_is_pythons_strict_decode() {
+        // each value from Python 3.11's base64.b64decode(s, validate=True) succeeding
+        for (s, expected) in [
+            ("", true),
+            ("a", false),
+            ("abc", false),
+            ("abcd", true),
+            ("ab==", true),
+            ("ab=", false),
+            ("abc=", true),
+            ("a===", false),
+            ("abcde===", false),
+            ("abcdefg=", true),
+            ("ab==ab==", false),
+            ("ab=c", false),
+            ("YWJj\n", false),
+            ("YW Jj", false),
+            ("====", false),
+            ("=", false),
+            ("abcd=", true),
+            ("abcd==", true),
+            ("abc==", false),
+            ("a+/b", true),
+            ("a-_b", false),
+            ("é", false),
+        ] {
+            assert_eq!(is_base64(s), expected, "{s:?}");
+        }
     }
 }

@@ -4,13 +4,19 @@
 //! Without keyword arguments the template sees the variables in scope at the call (`::` is
 //! written `.`). The variables the template uses are resolved through the caller first — a
 //! value that does not exist yet makes the call wait, as any plugin argument would — and then
-//! handed to minijinja; instances become maps of their attributes.
+//! handed to minijinja; instances become maps of their attributes, dicts keep the model's
+//! order. As in Jinja2, dicts, lists and strings have Python's methods (`d.get(k, default)`,
+//! `d.items()`, `d.keys()`, `d.values()`, `s.upper()`, … through minijinja-contrib's pycompat),
+//! and `{{ value }}` shows what the reference shows: Python's `str()` (`None`, `True`, and the
+//! model's lists and dicts as `@[…]`/`@{…}`).
 
 use std::collections::BTreeMap;
 
-use super::std_lib::resolve_module_path;
+use indexmap::IndexMap;
+
+use super::files::resolve_module_path;
 use super::{Args, Caller, Outcome, PluginDef, Stop, fail, req};
-use crate::compiler::value::{InstId, Value};
+use crate::compiler::value::{InstId, Value, pyfmt};
 
 pub fn plugins() -> Vec<PluginDef> {
     vec![PluginDef {
@@ -33,6 +39,9 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     };
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    // Python's methods on dicts, lists and strings (`d.get(k)`, `d.items()`, `s.upper()`, …)
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_formatter(python_formatter);
     if let Err(e) = env.add_template("t", &source) {
         return Err(fail(
             a,
@@ -121,13 +130,12 @@ fn to_jinja(c: &dyn Caller, v: &Value, depth: u32) -> minijinja::Value {
         Value::List(l) => {
             minijinja::Value::from(l.iter().map(|x| to_jinja(c, x, depth)).collect::<Vec<_>>())
         }
-        Value::Dict(d) => {
-            let m: BTreeMap<String, minijinja::Value> = d
-                .iter()
-                .map(|(k, x)| (k.to_string(), to_jinja(c, x, depth)))
-                .collect();
-            minijinja::Value::from(m)
-        }
+        // in the model's order, as a Python dict iterates
+        Value::Dict(d) => minijinja::Value::from(
+            d.iter()
+                .map(|(k, x)| (minijinja::Value::from(&**k), to_jinja(c, x, depth)))
+                .collect::<IndexMap<_, _>>(),
+        ),
         Value::Instance(i) => instance_map(c, *i, depth),
     }
 }
@@ -141,4 +149,66 @@ fn instance_map(c: &dyn Caller, inst: InstId, depth: u32) -> minijinja::Value {
         m.insert(name, to_jinja(c, &v, depth - 1));
     }
     minijinja::Value::from(m)
+}
+
+/// `{{ value }}` as Jinja2 shows the reference's values: `str()` of the value, which for the
+/// model's lists and dicts is the proxy's `@[…]` / `@{…}` (LANGUAGE.md §15.4, `std::print`).
+fn python_formatter(
+    out: &mut minijinja::Output,
+    _: &mut minijinja::State,
+    value: &minijinja::Value,
+) -> Result<(), minijinja::Error> {
+    let text = match value.as_str() {
+        Some(s) => s.to_string(),
+        None => pyfmt::print_text(&from_jinja(value), &NoInstances),
+    };
+    out.write_str(&text)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::WriteFailure, e.to_string()))
+}
+
+/// A template value back as a model value, to show it as Python would.
+fn from_jinja(v: &minijinja::Value) -> Value {
+    use minijinja::value::ValueKind;
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => Value::Null,
+        ValueKind::Bool => Value::Bool(v.is_true()),
+        ValueKind::Number if v.is_integer() => match v.as_i64() {
+            Some(i) => Value::Int(i),
+            None => Value::string(v.to_string()),
+        },
+        ValueKind::Number => Value::Float(f64::try_from(v.clone()).unwrap_or(f64::NAN)),
+        ValueKind::String => Value::string(v.as_str().unwrap_or("").to_string()),
+        ValueKind::Map => {
+            let mut d = crate::compiler::value::Dict::default();
+            if let Ok(keys) = v.try_iter() {
+                for k in keys {
+                    let item = v.get_item(&k).unwrap_or_default();
+                    let key = k
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| k.to_string());
+                    d.insert(key.into(), from_jinja(&item));
+                }
+            }
+            Value::Dict(std::rc::Rc::new(d))
+        }
+        ValueKind::Seq | ValueKind::Iterable => Value::list(
+            v.try_iter()
+                .map(|it| it.map(|x| from_jinja(&x)).collect())
+                .unwrap_or_default(),
+        ),
+        _ => Value::string(v.to_string()),
+    }
+}
+
+/// Template values hold no instances (they became maps of their attributes).
+struct NoInstances;
+
+impl pyfmt::InstanceText for NoInstances {
+    fn inst_repr(&self, _: InstId) -> String {
+        String::new()
+    }
+    fn inst_str(&self, _: InstId) -> String {
+        String::new()
+    }
 }

@@ -1,0 +1,197 @@
+//! What inmanta-module-fs 1.1.2 adds to the export of its resources: the content of an
+//! `fs::File` (its prefix and suffix blocks joined in, a file marker of `fs::file` replaced by
+//! the file's text), and the `dir_before_file` requires edges from everything in a directory
+//! to that `fs::Directory`.
+
+use super::{Read, read_path};
+use crate::compiler::eval::Runtime;
+use crate::compiler::value::{InstId, Value};
+
+/// `fs::File` content, as the reference's `store_file`: the content (the module file's text
+/// when it is a marker made by `fs::file`/`std::file`), after the sorted prefix blocks and
+/// before the sorted suffix blocks, joined by `content_separator`.
+pub(super) fn content(rt: &Runtime, inst: InstId) -> Read {
+    let content = match read_path(rt, inst, "content") {
+        Read::Value(Value::Str(s)) => rt.host.remembered_file(&s).unwrap_or_else(|| s.to_string()),
+        Read::Value(_) => String::new(),
+        other => return other,
+    };
+    let sep = match read_path(rt, inst, "content_separator") {
+        Read::Value(Value::Str(s)) => s.to_string(),
+        Read::Unknown => return Read::Unknown,
+        _ => "\n".into(),
+    };
+    // the blocks of a relation, joined; None when one is unknown
+    let blocks = |rel: &str| -> Option<Option<String>> {
+        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else {
+            return Some(None);
+        };
+        if items.is_empty() {
+            return Some(None);
+        }
+        let mut parts: Vec<(String, String)> = Vec::new();
+        for i in items.iter() {
+            let Value::Instance(b) = i else { continue };
+            let value = match read_path(rt, *b, "value") {
+                Read::Value(Value::Str(s)) => s.to_string(),
+                _ => return None,
+            };
+            let key = match read_path(rt, *b, "sorting_key") {
+                Read::Value(Value::Str(s)) => s.to_string(),
+                Read::Value(Value::Null) => value.clone(),
+                _ => return None,
+            };
+            parts.push((key, value));
+        }
+        // Python's sorted is stable and compares the keys only
+        parts.sort_by(|a, b| a.0.cmp(&b.0));
+        Some(Some(
+            parts
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect::<Vec<_>>()
+                .join(&sep),
+        ))
+    };
+    let (Some(prefix), Some(suffix)) = (blocks("prefix_content"), blocks("suffix_content")) else {
+        return Read::Unknown;
+    };
+    let mut out = String::new();
+    if let Some(prefix) = prefix {
+        out.push_str(&prefix);
+        out.push_str(&sep);
+    }
+    out.push_str(&content);
+    if let Some(suffix) = suffix {
+        out.push_str(&sep);
+        out.push_str(&suffix);
+    }
+    Read::Value(Value::string(out))
+}
+
+/// Python's `os.path.normpath` on a POSIX path (`posixpath.normpath`, step by step).
+fn normpath(path: &str) -> String {
+    if path.is_empty() {
+        return ".".into();
+    }
+    // exactly two leading slashes are kept; three or more fold into one
+    let initial = match (
+        path.starts_with('/'),
+        path.starts_with("//"),
+        path.starts_with("///"),
+    ) {
+        (false, ..) => 0,
+        (true, true, false) => 2,
+        _ => 1,
+    };
+    let mut comps: Vec<&str> = Vec::new();
+    for comp in path.split('/') {
+        if comp.is_empty() || comp == "." {
+            continue;
+        }
+        if comp != ".." || (initial == 0 && comps.is_empty()) || comps.last() == Some(&"..") {
+            comps.push(comp);
+        } else {
+            comps.pop();
+        }
+    }
+    let out = "/".repeat(initial) + &comps.join("/");
+    if out.is_empty() { ".".into() } else { out }
+}
+
+/// inmanta-module-fs 1.1.2's `dir_before_file`: every `fs::File`, `fs::Directory` and
+/// `fs::Symlink` (by its `src` and by its `dst`) inside an `fs::Directory` of the same host
+/// requires that directory, ancestors included. Inside a purged directory a purged resource
+/// is required by it instead (it goes first), and one that is not purged is an error.
+pub(super) fn dir_before_file(
+    rt: &Runtime,
+    resources: &mut [crate::model::Resource],
+    instances: &[InstId],
+) -> Result<(), String> {
+    let text = |r: &crate::model::Resource, k: &str| -> Option<String> {
+        r.attributes.get(k)?.as_str().map(str::to_string)
+    };
+    let purged = |r: &crate::model::Resource| {
+        r.attributes
+            .get("purged")
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+    };
+    // per host: (normalized path, resource index), and the directories with a trailing '/'
+    let mut paths: Vec<(InstId, String, usize)> = Vec::new();
+    let mut dirs: Vec<(InstId, String, usize)> = Vec::new();
+    for (i, (r, inst)) in resources.iter().zip(instances).enumerate() {
+        let keys: &[&str] = match r.type_name.as_str() {
+            "fs::File" | "fs::Directory" | "fs::JsonFile" => &["path"],
+            "fs::Symlink" => &["src", "dst"],
+            _ => continue,
+        };
+        let Read::Value(Value::Instance(host)) = read_path(rt, *inst, "host") else {
+            continue;
+        };
+        for k in keys {
+            if let Some(p) = text(r, k) {
+                paths.push((host, normpath(&p), i));
+            }
+        }
+        if r.type_name == "fs::Directory"
+            && let Some(p) = text(r, "path")
+        {
+            dirs.push((host, normpath(&p) + "/", i));
+        }
+    }
+    let mut edges: Vec<(usize, usize)> = Vec::new();
+    for (host, path, file) in &paths {
+        for (dir_host, prefix, dir) in &dirs {
+            if dir_host != host || !path.starts_with(prefix.as_str()) {
+                continue;
+            }
+            match (purged(&resources[*dir]), purged(&resources[*file])) {
+                (true, true) => edges.push((*dir, *file)),
+                (true, false) => {
+                    return Err(format!(
+                        "Directory {} is purged but a resource is trying to deploy something in it: {}",
+                        resources[*dir].id, resources[*file].id
+                    ));
+                }
+                _ => edges.push((*file, *dir)),
+            }
+        }
+    }
+    for (from, to) in edges {
+        let id = resources[to].id.clone();
+        resources[from].requires.push(id);
+    }
+    for r in resources.iter_mut() {
+        r.requires.sort();
+        r.requires.dedup();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normpath;
+
+    #[test]
+    fn normpath_is_pythons() {
+        // each pair checked against Python 3.11's os.path.normpath
+        for (input, expected) in [
+            ("", "."),
+            ("/", "/"),
+            ("//", "//"),
+            ("///", "/"),
+            ("/srv/", "/srv"),
+            ("/srv/www/../data", "/srv/data"),
+            ("/srv/data//x", "/srv/data/x"),
+            ("/../a", "/a"),
+            ("a/../..", ".."),
+            ("../../a", "../../a"),
+            ("./a/./b/", "a/b"),
+            ("//a//b", "//a/b"),
+            ("///a", "/a"),
+        ] {
+            assert_eq!(normpath(input), expected, "{input}");
+        }
+    }
+}
