@@ -375,3 +375,51 @@ fn unavailable(
         state: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    fn bundle(content: &[u8], sent: &[u8]) -> (serde_json::Value, String) {
+        let mut files = BTreeMap::new();
+        files.insert(
+            "handler.py".to_string(),
+            CodeFile {
+                hash: hex::encode(Sha256::digest(content)),
+                executable: false,
+            },
+        );
+        let digest = HandlerCode::compute_digest("handler.py", &files);
+        let code = HandlerCode {
+            module: "m".into(),
+            entry: "handler.py".into(),
+            files,
+            digest: digest.clone(),
+        };
+        let b = serde_json::json!({"code": code, "contents": {"handler.py": hex::encode(sent)}});
+        (b, digest)
+    }
+
+    #[test]
+    fn fetched_code_is_checked_against_its_digest_and_hashes() {
+        let (b, digest) = bundle(b"print(1)", b"print(1)");
+        let (code, blobs) = verified_code(&b, &digest).unwrap();
+        assert_eq!(code.digest, digest);
+        assert_eq!(blobs.len(), 1);
+        // a file changed on the way
+        let (b, digest) = bundle(b"print(1)", b"print(2)");
+        assert!(
+            verified_code(&b, &digest)
+                .unwrap_err()
+                .contains("does not match its hash")
+        );
+        // other code than asked for
+        let (b, _) = bundle(b"print(1)", b"print(1)");
+        assert!(
+            verified_code(&b, "0000")
+                .unwrap_err()
+                .contains("another digest")
+        );
+    }
+}

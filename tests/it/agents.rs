@@ -668,3 +668,27 @@ async fn the_model_places_an_agent_with_std_agent_config_and_the_setting_wins() 
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn module_handler_code_reaches_an_external_agent_by_digest() {
+    // examples/integration: an INI file managed by a module's own Python handler, on agent
+    // "localhost", here placed external
+    let (srv, c, env, dir) =
+        deploying_env("ext-code", json!({"agent_map": {"localhost": "external"}})).await;
+    let ex = crate::integration::example();
+    let x = ex.export();
+    assert!(!x.handlers.is_empty(), "the example ships handler code");
+    let v = c.upload(&env, &x, json!({})).await.unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    let token = agent_token(&c, &env, &["localhost"]).await;
+    let mut agent = spawn_agent(&srv, &token, &env, &["localhost"], dir.path(), "a");
+    wait_deployed(&c, &env, v, 60).await;
+    assert!(ex.ini().contains("db.internal"), "{}", ex.ini());
+    // fetched from the server, checked, and cached under the agent's work dir by digest
+    let digest = &x.handlers.values().next().unwrap().digest;
+    let cached = dir.path().join("a.work/code").join(digest);
+    assert!(cached.join(".complete").is_file(), "{}", cached.display());
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}

@@ -42,13 +42,13 @@ fn edit(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replace(from, to)).unwrap();
 }
 
-struct Example {
+pub struct Example {
     _tmp: tempfile::TempDir,
     project: PathBuf,
     ini: PathBuf,
 }
 
-fn example() -> Example {
+pub fn example() -> Example {
     let tmp = tempfile::tempdir().unwrap();
     let project = tmp.path().join("integration");
     copy_dir(
@@ -64,13 +64,13 @@ fn example() -> Example {
 }
 
 impl Example {
-    fn export(&self) -> ExportFile {
+    pub fn export(&self) -> ExportFile {
         export(
             &self.project,
             &[("INTEGRATION_INI", self.ini.to_str().unwrap())],
         )
     }
-    fn ini(&self) -> String {
+    pub fn ini(&self) -> String {
         std::fs::read_to_string(&self.ini).unwrap_or_default()
     }
     fn entry_id(&self, section: &str, key: &str) -> String {

@@ -18,7 +18,7 @@ mod gitops;
 mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;
-mod integration;
+pub mod integration;
 mod layout;
 mod openapi;
 mod pg_security;
