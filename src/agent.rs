@@ -195,7 +195,8 @@ impl Agent {
                 self.pool.release(proc);
                 self.finished(*result);
             }
-            PoolEvent::Reply(_, Reply::Ready { .. }) => {}
+            // an agent process places nothing over SSH
+            PoolEvent::Reply(_, Reply::Ready { .. }) | PoolEvent::SshConnected(..) => {}
             PoolEvent::Exited(proc, why) => {
                 self.pool.forget(proc);
                 let action = self

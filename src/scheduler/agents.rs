@@ -338,8 +338,8 @@ impl AgentHub {
             }
             // the primary gets what is in flight for its agent under an older term (a
             // predecessor that died, was stopped or cut off) or with no holder yet
+            let live: std::collections::HashSet<Uuid> = st.sessions.keys().copied().collect();
             for (agent, term) in primary.clone() {
-                let live: std::collections::HashSet<Uuid> = st.sessions.keys().copied().collect();
                 let moved: Vec<Assignment> = st
                     .inflight
                     .values_mut()

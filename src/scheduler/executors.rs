@@ -27,6 +27,19 @@ pub enum PoolEvent {
     Reply(ProcId, Reply),
     /// The process closed its output: it exited or crashed.
     Exited(ProcId, String),
+    /// Connecting to an SSH target (and shipping the executor there) ended; its agents'
+    /// actions may start (or fail with the error).
+    SshConnected(String, Result<(SshLink, String), String>),
+}
+
+/// An SSH target as the pool knows it. Connecting runs in a task of its own, so a host
+/// that takes its time holds up only its own agents' actions.
+enum SshState {
+    Connecting,
+    /// the connection and the path of the executor shipped there
+    Ready(SshLink, String),
+    /// the last attempt failed: the next action reports it, the one after tries again
+    Failed(String),
 }
 
 struct Proc {
@@ -59,10 +72,9 @@ pub struct Pool {
     /// external agents: the hub and the environment they belong to
     hub: Option<(AgentHub, Uuid)>,
     remote: HashMap<ProcId, RemoteSlot>,
-    /// SSH: how to connect, one connection per target, and the executor shipped there
+    /// SSH: how to connect, and each target's connection (with the executor shipped there)
     ssh_options: SshOptions,
-    ssh_links: HashMap<String, SshLink>,
-    shipped: HashMap<String, String>,
+    ssh_targets: HashMap<String, SshState>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,8 +109,7 @@ impl Pool {
                 hub: None,
                 remote: HashMap::new(),
                 ssh_options: SshOptions::default(),
-                ssh_links: HashMap::new(),
-                shipped: HashMap::new(),
+                ssh_targets: HashMap::new(),
             },
             rx,
         )
@@ -123,7 +134,7 @@ impl Pool {
             && self.ssh_options.identity == opts.identity
             && self.ssh_options.connect_timeout == opts.connect_timeout;
         if !same {
-            self.ssh_links.clear();
+            self.ssh_targets.clear();
             self.ssh_options = opts;
         }
     }
@@ -135,16 +146,81 @@ impl Pool {
             .unwrap_or(Placement::Local)
     }
 
-    /// Can an action of `agent` start now? An external agent needs a connected primary;
-    /// until it has one, its actions wait in the queue.
+    /// Can an action of `agent` start now? An external agent needs a connected primary,
+    /// an SSH one its connection (or the error it ended in); until then its actions wait
+    /// in the queue.
     pub fn is_ready(&self, agent: &str) -> bool {
         match self.placement(agent) {
             Placement::External => self
                 .hub
                 .as_ref()
                 .is_some_and(|(hub, env)| hub.is_up(*env, agent)),
-            _ => true,
+            Placement::Ssh(uri) => matches!(
+                self.ssh_targets.get(&uri),
+                Some(SshState::Ready(..) | SshState::Failed(_))
+            ),
+            Placement::Local => true,
         }
+    }
+
+    /// [`Pool::is_ready`], starting to connect to an SSH target that needs it.
+    pub fn make_ready(&mut self, agent: &str) -> bool {
+        if let Placement::Ssh(uri) = self.placement(agent) {
+            let usable = match self.ssh_targets.get(&uri) {
+                Some(SshState::Ready(link, _)) => link.is_alive(),
+                Some(_) => true,
+                None => false,
+            };
+            if !usable {
+                self.connect(uri);
+            }
+        }
+        self.is_ready(agent)
+    }
+
+    /// Connect to an SSH target and ship the executor there, in a task; the outcome comes
+    /// back as [`PoolEvent::SshConnected`].
+    fn connect(&mut self, uri: String) {
+        self.ssh_targets.insert(uri.clone(), SshState::Connecting);
+        let (opts, binary, tx) = (
+            self.ssh_options.clone(),
+            self.binary.clone(),
+            self.tx.clone(),
+        );
+        tokio::spawn(async move {
+            let outcome = async {
+                let target = SshTarget::parse(&uri).map_err(|e| e.to_string())?;
+                let link = SshLink::connect(&target, &opts)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let shipped = link
+                    .ensure_executor(&binary)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if shipped.bytes_uploaded > 0 {
+                    tracing::info!(target = %uri, bytes = shipped.bytes_uploaded, path = %shipped.remote_path, "executor shipped over SSH");
+                }
+                Ok((link, shipped.remote_path))
+            }
+            .await;
+            let _ = tx.send(PoolEvent::SshConnected(uri, outcome));
+        });
+    }
+
+    /// The outcome of [`Pool::connect`].
+    pub fn ssh_connected(&mut self, uri: String, outcome: Result<(SshLink, String), String>) {
+        // options changed meanwhile: this connection used the old ones
+        if !matches!(self.ssh_targets.get(&uri), Some(SshState::Connecting)) {
+            return;
+        }
+        let state = match outcome {
+            Ok((link, path)) => SshState::Ready(link, path),
+            Err(e) => {
+                tracing::warn!(target = %uri, "SSH: {e}");
+                SshState::Failed(e)
+            }
+        };
+        self.ssh_targets.insert(uri, state);
     }
 
     /// An action in flight whose agent is down: it waits for the agent, and its handler
@@ -216,14 +292,22 @@ impl Pool {
         }
         match placement {
             Placement::Ssh(uri) => {
-                let (link, remote_binary) =
-                    self.ssh_executor(&uri)
-                        .await
-                        .map_err(|detail| PoolError::Ssh {
-                            agent: agent.to_string(),
-                            target: uri.clone(),
-                            detail,
-                        })?;
+                let ssh_error = |detail: String| PoolError::Ssh {
+                    agent: agent.to_string(),
+                    target: uri.clone(),
+                    detail,
+                };
+                let (link, remote_binary) = match self.ssh_targets.get(&uri) {
+                    Some(SshState::Ready(link, path)) => (link.clone(), path.clone()),
+                    Some(SshState::Failed(_)) => {
+                        // reported once; the next action connects again
+                        let Some(SshState::Failed(e)) = self.ssh_targets.remove(&uri) else {
+                            unreachable!("matched above")
+                        };
+                        return Err(ssh_error(e));
+                    }
+                    _ => return Err(ssh_error("not connected yet".into())),
+                };
                 // its environment is the SSH client's own (SSH_ENVIRONMENT): not cleared
                 let command = link.executor_command(&remote_binary, agent);
                 self.spawn(agent, command, Some(link))
@@ -243,41 +327,6 @@ impl Pool {
                 self.spawn(agent, command, None)
             }
         }
-    }
-
-    /// The connection to an SSH target (made, or made again when it died) and the path of
-    /// this server's executor there (shipped once, by hash).
-    async fn ssh_executor(&mut self, uri: &str) -> Result<(SshLink, String), String> {
-        if self.ssh_links.get(uri).is_some_and(|l| !l.is_alive()) {
-            self.ssh_links.remove(uri);
-        }
-        let link = match self.ssh_links.get(uri) {
-            Some(l) => l.clone(),
-            None => {
-                let target = SshTarget::parse(uri).map_err(|e| e.to_string())?;
-                let link = SshLink::connect(&target, &self.ssh_options)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                self.ssh_links.insert(uri.to_string(), link.clone());
-                link
-            }
-        };
-        let remote = match self.shipped.get(uri) {
-            Some(p) => p.clone(),
-            None => {
-                let shipped = link
-                    .ensure_executor(&self.binary)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if shipped.bytes_uploaded > 0 {
-                    tracing::info!(target = uri, bytes = shipped.bytes_uploaded, path = %shipped.remote_path, "executor shipped over SSH");
-                }
-                self.shipped
-                    .insert(uri.to_string(), shipped.remote_path.clone());
-                shipped.remote_path
-            }
-        };
-        Ok((link, remote))
     }
 
     fn spawn(

@@ -143,3 +143,37 @@ async fn an_unreachable_ssh_agent_fails_within_the_connect_timeout() {
     assert!(text.contains("can not reach 127.0.0.1"), "{text}");
     assert!(took < Duration::from_secs(6), "failed after {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_ssh_host_holds_up_only_its_own_agent() {
+    let sshd = Sshd::start();
+    let silent = crate::ssh_support::Silent::start();
+    let uri = format!("ssh://{}@127.0.0.1:{}", sshd.user, silent.port);
+    let (_srv, c, env, dir) =
+        deploying_env("ssh-silent", settings(&uri, &sshd, &sshd.known_hosts)).await;
+    let d = dir.path().display().to_string();
+    let remote = fs_file(WEB, &format!("{d}/remote"), "x", &[]);
+    let rid = remote.id.0.clone();
+    let local = fs_file("localhost", &format!("{d}/local"), "here", &[]);
+    let started = Instant::now();
+    upload(&c, &env, vec![remote, local]).await;
+    // the local agent does not wait for the SSH host's connect timeout (5 s)
+    eventually(10, "the local file", || async {
+        std::fs::read_to_string(format!("{d}/local")).ok()
+    })
+    .await;
+    let local_took = started.elapsed();
+    assert!(
+        local_took < Duration::from_secs(3),
+        "local took {local_took:?}"
+    );
+    let acts = eventually(30, "the SSH action to fail", || async {
+        let acts = deploy_actions(&c, &env, &rid).await;
+        acts.iter()
+            .any(|a| a.status == "unavailable")
+            .then_some(acts)
+    })
+    .await;
+    let text = serde_json::to_string(&acts[0].messages).unwrap();
+    assert!(text.contains("within 5 s"), "{text}");
+}

@@ -51,10 +51,13 @@ impl EnvScheduler {
         }
         for agent in self.queue.agents_with_ready() {
             // a paused agent, or an external one with no process connected: its work waits
-            if self.paused.contains(&agent) || !self.executors.is_ready(&agent) {
+            if self.paused.contains(&agent) || !self.executors.make_ready(&agent) {
                 continue;
             }
-            while self.queue.running_count(&agent) < self.settings.agent_parallelism as usize {
+            while self.queue.running_count(&agent) < self.settings.agent_parallelism as usize
+                // an SSH target whose error was just reported connects again first
+                && self.executors.make_ready(&agent)
+            {
                 let Some((key, run)) = self.queue.pop(&agent) else {
                     break;
                 };
@@ -296,6 +299,7 @@ impl EnvScheduler {
                 }
             }
             PoolEvent::Reply(_, Reply::Ready { .. }) => {}
+            PoolEvent::SshConnected(uri, outcome) => self.executors.ssh_connected(uri, outcome),
             PoolEvent::Exited(proc, why) => {
                 self.executors.forget(proc);
                 let key = self
