@@ -124,6 +124,13 @@ async fn primary(c: &Client, env: &str) -> Option<String> {
 
 async fn run(n: usize) {
     let tmp = tempfile::tempdir().expect("temp dir");
+    // BENCH_DIR: where the files go (default: the temp dir), e.g. /dev/shm to take the
+    // disk's file-creation cost (which varies a lot from run to run) out of the figures
+    let files_tmp = match std::env::var_os("BENCH_DIR") {
+        Some(p) => tempfile::tempdir_in(p).expect("BENCH_DIR"),
+        None => tempfile::tempdir().expect("temp dir"),
+    };
+    let files = files_tmp.path();
     let (cluster, pool) = common::database(tmp.path(), 16).await;
     let me = std::env::current_exe().expect("own path");
     let state =
@@ -132,30 +139,65 @@ async fn run(n: usize) {
     let url = common::serve(state).await;
     let c = Client::new(&url, None);
 
-    // 1. local executor (after a one-file warm-up, as the SSH figure is)
+    // 1 and 2, interleaved three times (medians): this machine's speed drifts between runs
     let warm = environment(&c, "local-warm", json!({})).await;
-    deploy(&c, &warm, &tmp.path().join("local-warm"), 1).await;
-    let local_env = environment(&c, "local", json!({})).await;
-    let local = deploy(&c, &local_env, &tmp.path().join("local"), n).await;
+    deploy(&c, &warm, &files.join("local-warm"), 1).await;
+    let (mut locals, mut externals) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let local_env = environment(&c, &format!("local{round}"), json!({})).await;
+        locals.push(deploy(&c, &local_env, &files.join(format!("local{round}")), n).await);
+        let ext_env = environment(
+            &c,
+            &format!("external{round}"),
+            json!({"agent_map": {AGENT: "external"}}),
+        )
+        .await;
+        let mut agent = spawn_agent(&url, &ext_env, &tmp.path().join(format!("agent{round}")));
+        while primary(&c, &ext_env).await.is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        externals.push(deploy(&c, &ext_env, &files.join(format!("external{round}")), n).await);
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("local runs {locals:.3?}, external runs {externals:.3?}");
+    let local = median(&mut locals);
+    let external = median(&mut externals);
     println!(
-        "local executor:  {n} files in {local:.3} s ({:.0}/s)",
+        "local executor:  {n} files in {local:.3} s ({:.0}/s) (median of 3)",
         n as f64 / local
     );
-
-    // 2. an external agent process
-    let ext_env = environment(&c, "external", json!({"agent_map": {AGENT: "external"}})).await;
-    let mut agent = spawn_agent(&url, &ext_env, &tmp.path().join("agent1"));
-    while primary(&c, &ext_env).await.is_none() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let external = deploy(&c, &ext_env, &tmp.path().join("external"), n).await;
     println!(
-        "external agent:  {n} files in {external:.3} s ({:.0}/s), {:.2}x local (target <= 1.5x)",
+        "external agent:  {n} files in {external:.3} s ({:.0}/s), {:.2}x local (median of 3; target <= 1.5x)",
         n as f64 / external,
         external / local
     );
+
+    // 2b. the same with agent_parallelism 8 (throughput rather than one round trip at a time)
+    let par = json!({"agent_parallelism": 8});
+    let local_env = environment(&c, "local-par", par.clone()).await;
+    let local8 = deploy(&c, &local_env, &files.join("local-par"), n).await;
+    let ext_env = environment(
+        &c,
+        "external-par",
+        json!({"agent_map": {AGENT: "external"}, "agent_parallelism": 8}),
+    )
+    .await;
+    let mut agent = spawn_agent(&url, &ext_env, &tmp.path().join("agent-par"));
+    while primary(&c, &ext_env).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let external8 = deploy(&c, &ext_env, &files.join("external-par"), n).await;
     let _ = agent.kill();
     let _ = agent.wait();
+    println!(
+        "agent_parallelism 8: local {local8:.3} s, external agent {external8:.3} s ({:.2}x local)",
+        external8 / local8
+    );
 
     // 3. over SSH
     let sshd = sshd::Sshd::start(&tmp.path().join("sshd"));
@@ -169,13 +211,13 @@ async fn run(n: usize) {
     // the first action ships the executor (by hash) and opens the connection: warm it up
     let warm = environment(&c, "ssh-warm", ssh_settings(sshd.port, 1)).await;
     let start = Instant::now();
-    deploy(&c, &warm, &tmp.path().join("ssh-warm"), 1).await;
+    deploy(&c, &warm, &files.join("ssh-warm"), 1).await;
     println!(
         "ssh: first connection and executor shipped in {:.3} s",
         start.elapsed().as_secs_f64()
     );
     let ssh_env = environment(&c, "ssh", ssh_settings(sshd.port, 1)).await;
-    let ssh = deploy(&c, &ssh_env, &tmp.path().join("ssh"), n).await;
+    let ssh = deploy(&c, &ssh_env, &files.join("ssh"), n).await;
     println!(
         "over SSH:        {n} files in {ssh:.3} s ({:.0}/s), {:.2}x local (target <= 3x)",
         n as f64 / ssh,
@@ -186,7 +228,7 @@ async fn run(n: usize) {
     let proxy = sshd::delay_proxy(sshd.port, Duration::from_millis(10)).await;
     sshd.also_known_at(proxy);
     let slow_env = environment(&c, "ssh-slow", ssh_settings(proxy, 8)).await;
-    let slow = deploy(&c, &slow_env, &tmp.path().join("ssh-slow"), n).await;
+    let slow = deploy(&c, &slow_env, &files.join("ssh-slow"), n).await;
     println!(
         "over SSH, +20 ms per round trip, agent_parallelism 8: {n} files in {slow:.3} s (target < 15 s)"
     );
@@ -199,7 +241,7 @@ async fn run(n: usize) {
     }
     let mut a2 = spawn_agent(&url, &env, &tmp.path().join("t2"));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let dir = tmp.path().join("takeover");
+    let dir = files.join("takeover");
     std::fs::create_dir_all(&dir).unwrap();
     let v = c.upload(&env, &export(&dir, n), json!({})).await.unwrap();
     let v = v["number"].as_i64().unwrap() as i32;
@@ -259,7 +301,10 @@ fn main() {
                 executor_bin: std::env::current_exe().unwrap(),
             };
             let client = Client::new(url, None);
-            tokio::runtime::Runtime::new()
+            // as `steward agent run` runs it (cli::remote_command)
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
                 .unwrap()
                 .block_on(steward::agent::run(client, opts, std::future::pending()))
                 .expect("agent");

@@ -27,8 +27,10 @@ pub async fn database(dir: &Path, connections: u32) -> (PgCluster, sqlx::PgPool)
 pub async fn serve(state: steward::server::AppState) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    // the server's own serving loop (as `steward server` runs it: TCP_NODELAY, timeouts)
     tokio::spawn(async move {
-        let _ = axum::serve(listener, steward::server::router(state)).await;
+        let app = steward::server::router(state);
+        let _ = steward::server::listen::serve(listener, app, std::future::pending()).await;
     });
     url
 }
