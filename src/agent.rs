@@ -11,7 +11,7 @@
 //! (409: another process is primary now) drops them: the new primary runs those actions
 //! again. It starts no action once its lease may have run out without a renewal.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -56,6 +56,8 @@ struct Running {
     agent: String,
     term: i64,
     proc: ProcId,
+    /// the handler timeout, enforced here: an action may have waited for its slot
+    deadline: Option<(Instant, u64)>,
 }
 
 struct Agent {
@@ -64,6 +66,8 @@ struct Agent {
     instance: Uuid,
     pool: Pool,
     running: HashMap<Uuid, Running>,
+    /// handed out ahead, waiting for a slot of their agent
+    waiting: VecDeque<Assignment>,
     /// finished actions not yet taken by the server
     results: Vec<Report>,
     primary: BTreeMap<String, i64>,
@@ -86,6 +90,7 @@ pub async fn run(
         instance: Uuid::new_v4(),
         pool,
         running: HashMap::new(),
+        waiting: VecDeque::new(),
         results: Vec::new(),
         primary: BTreeMap::new(),
         lease_until: Instant::now(),
@@ -111,19 +116,39 @@ impl Agent {
         let mut open = false;
         let mut last_poll = Instant::now();
         loop {
-            // while actions run: wait for one to end, or for the next heartbeat
+            // while actions run: wait for one to end, for the next heartbeat, or for a
+            // handler's timeout
             if !self.running.is_empty() {
-                let beat = tokio::time::sleep_until((last_poll + HEARTBEAT).into());
+                let mut wake = last_poll + HEARTBEAT;
+                if let Some(d) = self
+                    .running
+                    .values()
+                    .filter_map(|r| r.deadline)
+                    .map(|d| d.0)
+                    .min()
+                {
+                    wake = wake.min(d);
+                }
                 tokio::select! {
                     Some(ev) = events.recv() => self.on_event(ev),
-                    _ = beat => {},
+                    _ = tokio::time::sleep_until(wake.into()) => {},
                 }
                 while let Ok(ev) = events.try_recv() {
                     self.on_event(ev);
                 }
+                self.expire();
+                // a slot freed: what was handed out ahead starts now, before the round trip
+                self.start_waiting().await;
             }
             let answer = if open {
-                let wait_ms = if self.running.is_empty() { 1000 } else { 0 };
+                // idle: wait up to a second for work. Busy with nothing handed out ahead: wait
+                // a little for the next action (the server hands it out as soon as it has our
+                // last result), so it is here when a slot frees. Work waiting: report at once.
+                let wait_ms = match (self.running.is_empty(), self.waiting.is_empty()) {
+                    (true, true) => 1000,
+                    (false, true) => 50,
+                    _ => 0,
+                };
                 let poll = Poll {
                     results: self.results.clone(),
                     wait_ms,
@@ -234,13 +259,72 @@ impl Agent {
             self.primary = reply.primary;
         }
         for action in reply.cancel {
+            self.waiting.retain(|a| a.item.action_id != action);
             if let Some(r) = self.running.remove(&action) {
                 tracing::warn!(instance = %self.instance, action = %action, "action abandoned by the server (timeout): killing its executor");
                 self.pool.kill(r.proc);
             }
         }
         for a in reply.work {
-            self.start(a).await;
+            let id = a.item.action_id;
+            if !self.running.contains_key(&id)
+                && !self.waiting.iter().any(|w| w.item.action_id == id)
+            {
+                self.waiting.push_back(a);
+            }
+        }
+        self.start_waiting().await;
+    }
+
+    /// Start what waits, in order, while its agent has a free slot.
+    async fn start_waiting(&mut self) {
+        // deposed: what was handed out under a term we no longer hold goes to the new primary
+        let primary = self.primary.clone();
+        self.waiting
+            .retain(|a| primary.get(&a.agent) == Some(&a.term));
+        // never start under a lease that may have run out: wait for the next poll
+        if Instant::now() >= self.lease_until {
+            return;
+        }
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let a = &self.waiting[i];
+            let busy = self.running.values().filter(|r| r.agent == a.agent).count();
+            if busy < a.run_at_most.max(1) {
+                let a = self.waiting.remove(i).expect("index in range");
+                self.start(a).await;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Handlers past their timeout: kill their executor (and what it started) and report.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let late: Vec<Uuid> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.deadline.is_some_and(|(d, _)| d <= now))
+            .map(|(a, _)| *a)
+            .collect();
+        for action_id in late {
+            let Some(r) = self.running.remove(&action_id) else {
+                continue;
+            };
+            self.pool.kill(r.proc);
+            let secs = r.deadline.map(|(_, s)| s).unwrap_or(0);
+            let mut result = unavailable(
+                action_id,
+                &format!("the handler did not finish within {secs} s: its executor was killed"),
+                chrono::Utc::now(),
+            );
+            result.outcome = Outcome::TimedOut;
+            self.results.push(Report {
+                agent: r.agent,
+                term: r.term,
+                result,
+            });
         }
     }
 
@@ -249,6 +333,7 @@ impl Agent {
             agent,
             term,
             mut item,
+            ..
         } = a;
         let action_id = item.action_id;
         if self.running.contains_key(&action_id) {
@@ -273,6 +358,9 @@ impl Agent {
                 }
             }
         }
+        let deadline = item
+            .timeout
+            .map(|t| (Instant::now() + Duration::from_secs(t), t));
         let sent = match self.pool.acquire(&agent).await {
             Ok(proc) => {
                 self.running.insert(
@@ -281,6 +369,7 @@ impl Agent {
                         agent: agent.clone(),
                         term,
                         proc,
+                        deadline,
                     },
                 );
                 self.pool.send(proc, item).await.map_err(|e| e.to_string())

@@ -79,8 +79,17 @@ pub struct Hello {
 pub struct Assignment {
     pub agent: String,
     pub term: i64,
+    /// At most this many actions of the agent run at once (its `agent_parallelism`): the
+    /// server hands out one more, which the process starts when a slot frees, so the round
+    /// trip to the server overlaps the work.
+    #[serde(default = "one")]
+    pub run_at_most: usize,
     #[schema(value_type = Object)]
     pub item: WorkItem,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A finished action, reported with the term it was handed out under.
@@ -147,6 +156,7 @@ struct InFlight {
     agent: String,
     proc: ProcId,
     item: WorkItem,
+    run_at_most: usize,
     /// the session and term it was handed to; None while the agent has no primary
     holder: Option<(Uuid, i64)>,
 }
@@ -353,6 +363,7 @@ impl AgentHub {
                         Assignment {
                             agent: agent.clone(),
                             term,
+                            run_at_most: f.run_at_most,
                             item: f.item.clone(),
                         }
                     })
@@ -511,7 +522,7 @@ impl AgentHub {
     }
 
     /// Hand an action to the agent's primary (or hold it until there is one).
-    pub fn assign(&self, env: Uuid, agent: &str, proc: ProcId, item: WorkItem) {
+    pub fn assign(&self, env: Uuid, agent: &str, proc: ProcId, item: WorkItem, run_at_most: usize) {
         let mut st = self.lock();
         let holder = Self::primary_of(&st, env, agent);
         let action_id = item.action_id;
@@ -521,6 +532,7 @@ impl AgentHub {
             s.outbox.push(Assignment {
                 agent: agent.to_string(),
                 term,
+                run_at_most,
                 item: item.clone(),
             });
             s.wake.notify_waiters();
@@ -532,6 +544,7 @@ impl AgentHub {
                 agent: agent.to_string(),
                 proc,
                 item,
+                run_at_most,
                 holder,
             },
         );

@@ -75,6 +75,8 @@ pub struct Pool {
     /// SSH: how to connect, and each target's connection (with the executor shipped there)
     ssh_options: SshOptions,
     ssh_targets: HashMap<String, SshState>,
+    /// the environment's agent_parallelism, which an external agent process enforces
+    parallelism: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +112,7 @@ impl Pool {
                 remote: HashMap::new(),
                 ssh_options: SshOptions::default(),
                 ssh_targets: HashMap::new(),
+                parallelism: 1,
             },
             rx,
         )
@@ -120,6 +123,21 @@ impl Pool {
         hub.attach(env, self.tx.clone());
         self.hub = Some((hub, env));
         self
+    }
+
+    /// How many actions of one agent run at once (the environment's `agent_parallelism`).
+    pub fn set_parallelism(&mut self, n: usize) {
+        self.parallelism = n.max(1);
+    }
+
+    /// How many actions of `agent` the scheduler may have out at once: its parallelism, and
+    /// for an external agent one more, handed out ahead so that the process starts it as
+    /// soon as a slot frees, without waiting for a round trip to the server.
+    pub fn max_out(&self, agent: &str) -> usize {
+        match self.placement(agent) {
+            Placement::External => self.parallelism + 1,
+            _ => self.parallelism,
+        }
     }
 
     /// Where each agent's executor runs, from the settings and the model.
@@ -435,7 +453,7 @@ impl Pool {
             slot.action = Some(item.action_id);
             // it runs where the model routes its agent
             item.at_target = true;
-            hub.assign(*env, &slot.agent, id, item);
+            hub.assign(*env, &slot.agent, id, item, self.parallelism);
             return Ok(());
         }
         let p = self.procs.get_mut(&id).ok_or(PoolError::Gone(id))?;

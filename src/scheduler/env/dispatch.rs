@@ -54,7 +54,7 @@ impl EnvScheduler {
             if self.paused.contains(&agent) || !self.executors.make_ready(&agent) {
                 continue;
             }
-            while self.queue.running_count(&agent) < self.settings.agent_parallelism as usize
+            while self.queue.running_count(&agent) < self.executors.max_out(&agent)
                 // an SSH target whose error was just reported connects again first
                 && self.executors.make_ready(&agent)
             {
@@ -209,8 +209,16 @@ impl EnvScheduler {
                 return;
             }
         };
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_secs(self.settings.handler_timeout);
+        let timeout = Duration::from_secs(self.settings.handler_timeout);
+        // an external agent process enforces the timeout itself, from when it starts the
+        // action (one may wait for a slot there): here only a backstop
+        let deadline = tokio::time::Instant::now()
+            + match self.executors.placement(agent) {
+                crate::model::placement::Placement::External => {
+                    timeout * 2 + Duration::from_secs(30)
+                }
+                _ => timeout,
+            };
         self.running.insert(
             key.clone(),
             RunInfo {

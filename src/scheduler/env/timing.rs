@@ -40,6 +40,8 @@ impl EnvScheduler {
         }
         placements.retain(|_, p| !p.is_local());
         self.executors.set_placements(placements);
+        self.executors
+            .set_parallelism(self.settings.agent_parallelism as usize);
         let ssh = &self.settings.ssh;
         self.executors
             .set_ssh_options(crate::scheduler::ssh::SshOptions {
