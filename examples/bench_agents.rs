@@ -6,6 +6,8 @@
 //!   1. by an executor the server starts (`local:`);
 //!   2. by an external agent process (`steward agent run`, here this program's `agent` mode,
 //!      which runs the same library code) connected over HTTP;
+//!   2b. local and external with `agent_parallelism` 8;
+//!   2c. an external agent 20 ms of round trip away (through a loopback proxy);
 //!   3. over SSH (agentless) to a throwaway sshd on a loopback port: the executor shipped
 //!      there once by hash, one action at a time, as for the others;
 //!   4. over SSH through a loopback proxy that adds 20 ms to every round trip, with
@@ -197,6 +199,30 @@ async fn run(n: usize) {
     println!(
         "agent_parallelism 8: local {local8:.3} s, external agent {external8:.3} s ({:.2}x local)",
         external8 / local8
+    );
+
+    // 2c. an external agent 20 ms of round trip away (a loopback proxy): what handing out an
+    // action ahead buys on a real network
+    let far = 200.min(n);
+    let proxy_url = format!(
+        "http://127.0.0.1:{}",
+        sshd::delay_proxy(
+            url.rsplit(':').next().unwrap().parse().unwrap(),
+            Duration::from_millis(10)
+        )
+        .await
+    );
+    let far_env = environment(&c, "external-far", json!({"agent_map": {AGENT: "external"}})).await;
+    let mut agent = spawn_agent(&proxy_url, &far_env, &tmp.path().join("agent-far"));
+    while primary(&c, &far_env).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let far_t = deploy(&c, &far_env, &files.join("external-far"), far).await;
+    let _ = agent.kill();
+    let _ = agent.wait();
+    println!(
+        "external agent, +20 ms per round trip: {far} files in {far_t:.3} s ({:.1} ms per action; one round trip each would be >= 20 ms)",
+        far_t * 1000.0 / far as f64
     );
 
     // 3. over SSH
