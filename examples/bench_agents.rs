@@ -212,7 +212,12 @@ async fn run(n: usize) {
         )
         .await
     );
-    let far_env = environment(&c, "external-far", json!({"agent_map": {AGENT: "external"}})).await;
+    let far_env = environment(
+        &c,
+        "external-far",
+        json!({"agent_map": {AGENT: "external"}}),
+    )
+    .await;
     let mut agent = spawn_agent(&proxy_url, &far_env, &tmp.path().join("agent-far"));
     while primary(&c, &far_env).await.is_none() {
         tokio::time::sleep(Duration::from_millis(20)).await;
