@@ -6,8 +6,8 @@
 //!   1. by an executor the server starts (`local:`);
 //!   2. by an external agent process (`steward agent run`, here this program's `agent` mode,
 //!      which runs the same library code) connected over HTTP;
-//!   2b. local and external with `agent_parallelism` 8;
-//!   2c. an external agent 20 ms of round trip away (through a loopback proxy);
+//!      Then both again with `agent_parallelism` 8, and an external agent 20 ms of round
+//!      trip away (through a loopback proxy);
 //!   3. over SSH (agentless) to a throwaway sshd on a loopback port: the executor shipped
 //!      there once by hash, one action at a time, as for the others;
 //!   4. over SSH through a loopback proxy that adds 20 ms to every round trip, with

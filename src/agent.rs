@@ -282,12 +282,13 @@ impl Agent {
         let primary = self.primary.clone();
         self.waiting
             .retain(|a| primary.get(&a.agent) == Some(&a.term));
-        // never start under a lease that may have run out: wait for the next poll
-        if Instant::now() >= self.lease_until {
-            return;
-        }
         let mut i = 0;
         while i < self.waiting.len() {
+            // never start under a lease that may have run out (a code fetch takes time):
+            // what waits stays for after the next poll, never dropped while still ours
+            if Instant::now() >= self.lease_until {
+                return;
+            }
             let a = &self.waiting[i];
             let busy = self.running.values().filter(|r| r.agent == a.agent).count();
             if busy < a.run_at_most.max(1) {
@@ -337,11 +338,6 @@ impl Agent {
         } = a;
         let action_id = item.action_id;
         if self.running.contains_key(&action_id) {
-            return;
-        }
-        // never start under a lease that may have run out: the server gave it to another
-        if Instant::now() >= self.lease_until || self.primary.get(&agent) != Some(&term) {
-            tracing::warn!(instance = %self.instance, agent = %agent, "not starting an action: the lease may have run out");
             return;
         }
         let started = chrono::Utc::now();
