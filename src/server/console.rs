@@ -11,8 +11,11 @@
 //! - Static assets are embedded in the binary.
 
 mod envs;
+mod git;
 mod render;
+mod resources;
 mod session;
+mod versions;
 
 use axum::Router;
 use axum::extract::Request;
@@ -38,6 +41,9 @@ pub fn router() -> Router<AppState> {
         .route("/console/sign-out", post(session::sign_out))
         .route("/console/static/{name}", get(static_asset))
         .merge(envs::routes())
+        .merge(versions::routes())
+        .merge(resources::routes())
+        .merge(git::routes())
         // the API's fallback answers JSON; a mistyped console address gets a page
         .route("/console/{*rest}", get(render::not_found))
         .layer(axum::middleware::from_fn(security_headers))

@@ -22,6 +22,19 @@ use crate::server::{AppState, Event, api_envs};
 use crate::store::environments::Environment;
 use crate::store::{self, versions};
 
+/// This module's templates (registered by [`super::render`]).
+pub const TEMPLATES: &[(&str, &str)] = &[
+    (
+        "environments.html",
+        include_str!("templates/environments.html"),
+    ),
+    (
+        "environment.html",
+        include_str!("templates/environment.html"),
+    ),
+    ("settings.html", include_str!("templates/settings.html")),
+];
+
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/console/", get(list))

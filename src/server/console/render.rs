@@ -9,29 +9,30 @@ use minijinja::{Environment, Value};
 
 use crate::server::error::ApiError;
 
-/// The templates, by name.
+/// The shared templates, by name (each page module lists its own).
 const TEMPLATES: &[(&str, &str)] = &[
     ("base.html", include_str!("templates/base.html")),
     ("sign_in.html", include_str!("templates/sign_in.html")),
     ("error.html", include_str!("templates/error.html")),
-    (
-        "environments.html",
-        include_str!("templates/environments.html"),
-    ),
-    (
-        "environment.html",
-        include_str!("templates/environment.html"),
-    ),
-    ("settings.html", include_str!("templates/settings.html")),
     ("confirm.html", include_str!("templates/confirm.html")),
 ];
+
+/// Every template: the shared ones and each page module's.
+fn all_templates() -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    TEMPLATES
+        .iter()
+        .chain(super::envs::TEMPLATES)
+        .chain(super::versions::TEMPLATES)
+        .chain(super::resources::TEMPLATES)
+        .chain(super::git::TEMPLATES)
+}
 
 fn templates() -> &'static Environment<'static> {
     static ENV: OnceLock<Environment<'static>> = OnceLock::new();
     ENV.get_or_init(|| {
         let mut env = Environment::new();
         // `.html` names are auto-escaped by minijinja's default callback
-        for (name, source) in TEMPLATES {
+        for (name, source) in all_templates() {
             env.add_template(name, source)
                 .unwrap_or_else(|e| panic!("console template {name}: {e}"));
         }
@@ -142,7 +143,7 @@ mod tests {
     #[test]
     fn every_template_parses() {
         let env = templates();
-        for (name, _) in TEMPLATES {
+        for (name, _) in all_templates() {
             env.get_template(name).unwrap();
         }
     }
