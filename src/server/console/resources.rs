@@ -212,8 +212,7 @@ async fn list(
         .map(|r| {
             context! {
                 id => &r.resource_id,
-                href => format!("/console/env/{id}/resource?id={}{}", url_component(&r.resource_id),
-                    p.version().map(|v| format!("&version={v}")).unwrap_or_default()),
+                href => format!("/console/env/{id}/resource?id={}", url_component(&r.resource_id)),
                 rtype => &r.resource_type,
                 agent => &r.agent,
                 status => &r.status,
