@@ -9,6 +9,8 @@ mod chaos;
 mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;
+mod console;
+mod console_support;
 mod deploy;
 mod deploy_cli;
 mod deploy_faults;
