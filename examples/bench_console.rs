@@ -252,7 +252,7 @@ async fn main() {
             ("filtered: deployed", format!("{base}?state=deployed")),
             (
                 "filtered: agent + type",
-                format!("{base}?agent=host007&type=exec%3A%3ARun"),
+                format!("{base}?agent=host006&type=exec%3A%3ARun"),
             ),
             ("text search", format!("{base}?q=site7%2Ff0")),
             (

@@ -6,40 +6,8 @@
 use serde_json::json;
 use steward::client::Client;
 
+use crate::console_support::{ConsoleSession, http};
 use crate::support::{TestServer, export_of, fs_file, wait_deployed};
-
-/// An HTTP client that does not follow redirects (to see them and their cookies).
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-/// Sign in with `token`; the session cookie header.
-async fn sign_in(base: &str, token: &str) -> String {
-    let body = format!("token={}", urlencode(token));
-    let r = http()
-        .post(format!("{base}/console/sign-in"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303, "sign-in: {}", r.text().await.unwrap());
-    let cookie = r
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with("steward_session="))
-        .expect("session cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    cookie
-}
 
 fn urlencode(s: &str) -> String {
     s.bytes()
@@ -54,14 +22,9 @@ fn urlencode(s: &str) -> String {
 }
 
 /// GET a console page with the session; (status, body).
-async fn page(base: &str, cookie: &str, path: &str) -> (u16, String) {
-    let r = http()
-        .get(format!("{base}{path}"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
+async fn page(session: &ConsoleSession, path: &str) -> (u16, String) {
+    let (status, html) = session.page(path).await;
+    (status.as_u16(), html)
 }
 
 /// Undo the templates' HTML escaping.
@@ -166,13 +129,13 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
     let c = s.admin_client();
     let (env, ids) = seeded(&s, &c).await;
     let viewer = c.create_token("v", "viewer", Some(&env)).await.unwrap();
-    let cookie = sign_in(&s.url, viewer["secret"].as_str().unwrap()).await;
+    let cookie = ConsoleSession::sign_in(&s.url, viewer["secret"].as_str().unwrap()).await;
     let base = format!("/console/env/{env}/resources");
     let mut sorted = ids.clone();
     sorted.sort();
 
     // first page: 50 in id order, and the counts of every state
-    let (status, html) = page(&s.url, &cookie, &base).await;
+    let (status, html) = page(&cookie, &base).await;
     assert_eq!(status, 200, "{html}");
     assert_eq!(row_ids(&html), sorted[..50]);
     assert!(html.contains("Resources 1–50 of 130"), "{html}");
@@ -181,10 +144,10 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
     assert!(html.contains("available 104"), "{html}");
     assert!(html.contains("Page 1 of 3"));
     // the last page
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?page=3")).await;
+    let (_, html) = page(&cookie, &format!("{base}?page=3")).await;
     assert_eq!(row_ids(&html), sorted[100..]);
     // a page past the end is empty, not an error
-    let (status, html) = page(&s.url, &cookie, &format!("{base}?page=9")).await;
+    let (status, html) = page(&cookie, &format!("{base}?page=9")).await;
     assert_eq!((status, row_ids(&html).len()), (200, 0));
 
     // what each resource is, by its index
@@ -205,12 +168,12 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
 
     // filters: state, agent, type, all three, and text
     let failed = matching(&|i, _| state_of(i) == "failed");
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?state=failed")).await;
+    let (_, html) = page(&cookie, &format!("{base}?state=failed")).await;
     assert_eq!(row_ids(&html), failed);
     assert!(html.contains("Resources 1–13 of 13"), "{html}");
     // a state filter (on the underlying columns) finds as many as its count (the CASE)
     for (state, n) in [("deployed", 13), ("available", 104), ("undefined", 0)] {
-        let (_, html) = page(&s.url, &cookie, &format!("{base}?state={state}")).await;
+        let (_, html) = page(&cookie, &format!("{base}?state={state}")).await;
         let shown = row_ids(&html);
         assert_eq!(shown.len(), n.min(50), "{state}");
         assert!(shown.iter().all(|id| state_of(idx(id)) == state), "{state}");
@@ -218,20 +181,14 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
             assert!(html.contains(&format!(" of {n}</p>")), "{state}: {html}");
         }
     }
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?agent=a1")).await;
+    let (_, html) = page(&cookie, &format!("{base}?agent=a1")).await;
     assert_eq!(row_ids(&html), matching(&|i, _| agent_of(i) == "a1"));
-    let (_, html) = page(
-        &s.url,
-        &cookie,
-        &format!("{base}?type=exec%3A%3ARun&page=1"),
-    )
-    .await;
+    let (_, html) = page(&cookie, &format!("{base}?type=exec%3A%3ARun&page=1")).await;
     assert_eq!(
         row_ids(&html),
         matching(&|_, id| id.starts_with("exec::Run["))
     );
     let (_, html) = page(
-        &s.url,
         &cookie,
         &format!("{base}?state=available&agent=a1&type=exec%3A%3ARun"),
     )
@@ -242,29 +199,29 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
     assert!(want.len() > 5);
     assert_eq!(row_ids(&html), want);
     // the counts follow the other filters
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?agent=a2&state=failed")).await;
+    let (_, html) = page(&cookie, &format!("{base}?agent=a2&state=failed")).await;
     let n = matching(&|i, _| agent_of(i) == "a2").len();
     assert!(html.contains(&format!("all {n}<")), "{html}");
 
     // text search: case-insensitive, wildcards taken literally
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?q=null12")).await;
+    let (_, html) = page(&cookie, &format!("{base}?q=null12")).await;
     assert_eq!(row_ids(&html), matching(&|_, id| id.contains("Null12")));
     assert_eq!(row_ids(&html).len(), 3);
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?q=%25")).await;
+    let (_, html) = page(&cookie, &format!("{base}?q=%25")).await;
     assert!(row_ids(&html).is_empty());
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?q=site%2Ff12")).await;
+    let (_, html) = page(&cookie, &format!("{base}?q=site%2Ff12")).await;
     assert_eq!(row_ids(&html), matching(&|_, id| id.contains("site/f12")));
     assert_eq!(row_ids(&html).len(), 4);
 
     // sorting: by agent descending (ids descending within an agent), by last deploy
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?sort=agent&order=desc")).await;
+    let (_, html) = page(&cookie, &format!("{base}?sort=agent&order=desc")).await;
     let mut by_agent = ids.clone();
     by_agent.sort_by(|a, b| (agent_of(idx(b)), b).cmp(&(agent_of(idx(a)), a)));
     assert_eq!(row_ids(&html), by_agent[..50]);
     // the current column's header link flips the order
     assert!(html.contains("aria-sort=\"descending\""), "{html}");
     assert!(unescape(&html).contains(&format!("href=\"{base}?sort=agent\"")));
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?sort=deployed&order=desc")).await;
+    let (_, html) = page(&cookie, &format!("{base}?sort=deployed&order=desc")).await;
     // the latest deploy first: 125 (deployed), then 120 (failed), 115
     let got = row_ids(&html);
     assert_eq!(
@@ -278,7 +235,7 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
         .take(24)
         .collect();
     assert_eq!(got[26..], never);
-    let (_, html) = page(&s.url, &cookie, &format!("{base}?sort=status")).await;
+    let (_, html) = page(&cookie, &format!("{base}?sort=status")).await;
     assert_eq!(
         row_ids(&html),
         matching(&|i, _| state_of(i) == "available")[..50]
@@ -391,10 +348,9 @@ async fn a_resource_page_shows_attributes_neighbours_and_why_it_failed() {
     assert!(!logged.is_empty());
 
     let viewer = c.create_token("v", "viewer", Some(&env)).await.unwrap();
-    let cookie = sign_in(&srv.url, viewer["secret"].as_str().unwrap()).await;
+    let cookie = ConsoleSession::sign_in(&srv.url, viewer["secret"].as_str().unwrap()).await;
     // found from the table filtered to failures
     let (_, html) = page(
-        &srv.url,
         &cookie,
         &format!("/console/env/{env}/resources?state=failed"),
     )
@@ -408,7 +364,7 @@ async fn a_resource_page_shows_attributes_neighbours_and_why_it_failed() {
             .next()
             .unwrap(),
     );
-    let (status, html) = page(&srv.url, &cookie, &href).await;
+    let (status, html) = page(&cookie, &href).await;
     assert_eq!(status, 200, "{html}");
     let text = unescape(&html);
     // its state, attributes (the content, pretty), the resource requiring it (a link)
@@ -439,7 +395,6 @@ async fn a_resource_page_shows_attributes_neighbours_and_why_it_failed() {
 
     // the skipped one: why, and links to what it requires
     let (_, html) = page(
-        &srv.url,
         &cookie,
         &format!("/console/env/{env}/resource?id={}", urlencode(&dep_id)),
     )
@@ -457,13 +412,12 @@ async fn a_resource_page_shows_attributes_neighbours_and_why_it_failed() {
     }
     // an unknown resource is a 404 page; no id a 400
     let (status, _) = page(
-        &srv.url,
         &cookie,
         &format!("/console/env/{env}/resource?id=nope%5Bx%2Cy%3Dz%5D"),
     )
     .await;
     assert_eq!(status, 404);
-    let (status, _) = page(&srv.url, &cookie, &format!("/console/env/{env}/resource")).await;
+    let (status, _) = page(&cookie, &format!("/console/env/{env}/resource")).await;
     assert_eq!(status, 400);
     // another environment's viewer sees neither page
     let other = c
@@ -474,9 +428,9 @@ async fn a_resource_page_shows_attributes_neighbours_and_why_it_failed() {
         .create_token("s", "viewer", Some(&other.id.to_string()))
         .await
         .unwrap();
-    let cookie = sign_in(&srv.url, stranger["secret"].as_str().unwrap()).await;
-    let (status, _) = page(&srv.url, &cookie, &format!("/console/env/{env}/resources")).await;
+    let cookie = ConsoleSession::sign_in(&srv.url, stranger["secret"].as_str().unwrap()).await;
+    let (status, _) = page(&cookie, &format!("/console/env/{env}/resources")).await;
     assert!(status == 403 || status == 404, "{status}");
-    let (status, _) = page(&srv.url, &cookie, &href).await;
+    let (status, _) = page(&cookie, &href).await;
     assert!(status == 403 || status == 404, "{status}");
 }

@@ -38,7 +38,7 @@ pub const PAGE_SIZE: i64 = 50;
 const AGENT_CHOICES: usize = 200;
 
 /// Dependants listed on a resource page.
-const PROVIDES_SHOWN: i64 = 500;
+const PROVIDES_SHOWN: i64 = 200;
 
 /// Actions listed on a resource page.
 const ACTIONS_SHOWN: i64 = 50;

@@ -156,6 +156,16 @@ fn status_filter(status: &str) -> String {
     }
 }
 
+/// A transaction whose joins of a whole version (100,000 state rows hashed) fit in
+/// memory: with the default 4 MB they spill to temporary files (measured ~15% slower).
+async fn roomy(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL work_mem = '32MB'")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
 /// `%text%` for ILIKE, with its wildcards taken literally.
 fn pattern(text: &str) -> String {
     let mut p = String::with_capacity(text.len() + 2);
@@ -217,18 +227,19 @@ pub async fn rows(pool: &PgPool, env: Uuid, req: &PageRequest) -> Result<Vec<Res
         )
     };
     let text = nonempty(&filter.text).map(pattern);
-    Ok(
-        sqlx::query_as::<_, ResourceWithState>(sqlx::AssertSqlSafe(sql))
-            .persistent(false)
-            .bind(env)
-            .bind(version)
-            .bind(nonempty(&filter.agent))
-            .bind(nonempty(&filter.resource_type))
-            .bind(text)
-            .bind(status)
-            .fetch_all(pool)
-            .await?,
-    )
+    let mut tx = roomy(pool).await?;
+    let rows = sqlx::query_as::<_, ResourceWithState>(sqlx::AssertSqlSafe(sql))
+        .persistent(false)
+        .bind(env)
+        .bind(version)
+        .bind(nonempty(&filter.agent))
+        .bind(nonempty(&filter.resource_type))
+        .bind(text)
+        .bind(status)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// One pass over the version: counts by status under the agent, type and text filters, and
@@ -248,6 +259,7 @@ async fn facets(
          WHERE vr.environment_id = $1 AND vr.version = $2 \
          GROUP BY GROUPING SETS ((1), (2), (3))"
     );
+    let mut tx = roomy(pool).await?;
     let groups: Vec<(Option<String>, Option<String>, Option<String>, i64)> =
         sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .persistent(false)
@@ -256,8 +268,9 @@ async fn facets(
             .bind(nonempty(&filter.agent))
             .bind(nonempty(&filter.resource_type))
             .bind(nonempty(&filter.text).map(pattern))
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
+    tx.commit().await?;
     let (mut by_status, mut agents, mut types) = (BTreeMap::new(), Vec::new(), Vec::new());
     for (status, agent, rtype, n) in groups {
         match (status, agent, rtype) {
