@@ -98,9 +98,9 @@ async fn seeded(s: &TestServer, c: &Client) -> (String, Vec<String>) {
     // deploy state: every 10th failed, every 5th (else) deployed, at increasing times
     let env_id = uuid::Uuid::parse_str(&env).unwrap();
     for (i, id) in ids.iter().enumerate() {
-        let result = if i % 10 == 0 {
+        let result = if i.is_multiple_of(10) {
             "failed"
-        } else if i % 5 == 0 {
+        } else if i.is_multiple_of(5) {
             "deployed"
         } else {
             continue;
@@ -154,8 +154,8 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
     let idx = |id: &str| ids.iter().position(|x| x == id).unwrap();
     let agent_of = |i: usize| format!("a{}", (i / 3) % 3);
     let state_of = |i: usize| match i {
-        _ if i % 10 == 0 => "failed",
-        _ if i % 5 == 0 => "deployed",
+        _ if i.is_multiple_of(10) => "failed",
+        _ if i.is_multiple_of(5) => "deployed",
         _ => "available",
     };
     let matching = |keep: &dyn Fn(usize, &str) -> bool| -> Vec<String> {
@@ -229,7 +229,7 @@ async fn the_table_filters_sorts_and_pages_in_the_database() {
         [ids[125].clone(), ids[120].clone(), ids[115].clone()]
     );
     // never deployed after all 26 deployed ones (ids descending too)
-    let never: Vec<String> = matching(&|i, _| i % 5 != 0)
+    let never: Vec<String> = matching(&|i, _| !i.is_multiple_of(5))
         .into_iter()
         .rev()
         .take(24)
@@ -355,7 +355,7 @@ async fn a_resource_page_shows_attributes_neighbours_and_why_it_failed() {
         &format!("/console/env/{env}/resources?state=failed"),
     )
     .await;
-    assert_eq!(row_ids(&html), [bad_id.clone()]);
+    assert_eq!(row_ids(&html), std::slice::from_ref(&bad_id));
     let href = unescape(
         html.split("class=\"resource-link mono\" href=\"")
             .nth(1)

@@ -260,16 +260,17 @@ async fn facets(
          GROUP BY GROUPING SETS ((1), (2), (3))"
     );
     let mut tx = roomy(pool).await?;
-    let groups: Vec<(Option<String>, Option<String>, Option<String>, i64)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .persistent(false)
-            .bind(env)
-            .bind(version)
-            .bind(nonempty(&filter.agent))
-            .bind(nonempty(&filter.resource_type))
-            .bind(nonempty(&filter.text).map(pattern))
-            .fetch_all(&mut *tx)
-            .await?;
+    // (status, agent, type, count): one of the three is set, by grouping set
+    type Group = (Option<String>, Option<String>, Option<String>, i64);
+    let groups: Vec<Group> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .persistent(false)
+        .bind(env)
+        .bind(version)
+        .bind(nonempty(&filter.agent))
+        .bind(nonempty(&filter.resource_type))
+        .bind(nonempty(&filter.text).map(pattern))
+        .fetch_all(&mut *tx)
+        .await?;
     tx.commit().await?;
     let (mut by_status, mut agents, mut types) = (BTreeMap::new(), Vec::new(), Vec::new());
     for (status, agent, rtype, n) in groups {
