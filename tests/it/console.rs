@@ -167,7 +167,10 @@ async fn revoking_the_token_ends_its_sessions() {
         }
     }
     assert!(text.contains("event: signed-out"), "{text}");
-    assert!(!text.contains("\"halted\":true"), "a revoked session saw the change: {text}");
+    assert!(
+        !text.contains("\"halted\":true"),
+        "a revoked session saw the change: {text}"
+    );
     let r = approver.get("/console/").await;
     assert_eq!(
         r.status(),

@@ -208,7 +208,9 @@ async fn events(
         let mut last = String::new();
         loop {
             if !visitor.still_signed_in(&state.pool).await {
-                let _ = tx.send(SseEvent::default().event("signed-out").data("{}")).await;
+                let _ = tx
+                    .send(SseEvent::default().event("signed-out").data("{}"))
+                    .await;
                 return;
             }
             let env_now = match store::environments::get_environment(&state.pool, env.id).await {
