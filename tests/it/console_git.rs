@@ -5,102 +5,11 @@
 //! what each role is offered and refused.
 
 use reqwest::StatusCode;
-use reqwest::redirect::Policy;
 use serde_json::json;
 
+use crate::console_support::{ConsoleSession as Session, http};
 use crate::gitops_support::{Repo, compiled, follow};
 use crate::support::{TestServer, eventually};
-
-/// A signed-in console session (the cookie a browser would keep).
-struct Session {
-    base: String,
-    http: reqwest::Client,
-    cookie: String,
-}
-
-const FORM: &str = "application/x-www-form-urlencoded";
-
-/// A form's body as a browser sends it (reqwest here is built without its form feature).
-fn form_body(pairs: &[(&str, &str)]) -> String {
-    let enc = |s: &str| {
-        s.bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect::<String>()
-    };
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(Policy::none())
-        .build()
-        .unwrap()
-}
-
-impl Session {
-    async fn sign_in(base: &str, token: &str) -> Session {
-        let resp = http()
-            .post(format!("{base}/console/sign-in"))
-            .header("content-type", FORM)
-            .body(form_body(&[("token", token), ("next", "/console/")]))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::SEE_OTHER, "sign-in refused");
-        let cookie = resp.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_string();
-        Session {
-            base: base.to_string(),
-            http: http(),
-            cookie,
-        }
-    }
-
-    async fn page(&self, path: &str) -> (StatusCode, String) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .header("cookie", &self.cookie)
-            .send()
-            .await
-            .unwrap();
-        (r.status(), r.text().await.unwrap())
-    }
-
-    async fn post(&self, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
-        self.http
-            .post(format!("{}{path}", self.base))
-            .header("cookie", &self.cookie)
-            .header("content-type", FORM)
-            .body(form_body(form))
-            .send()
-            .await
-            .unwrap()
-    }
-
-    /// The session's CSRF value, as its pages carry it.
-    async fn csrf(&self) -> String {
-        let (_, html) = self.page("/console/").await;
-        let marker = "name=\"csrf\" value=\"";
-        let at = html.find(marker).expect("a csrf field") + marker.len();
-        html[at..at + html[at..].find('"').unwrap()].to_string()
-    }
-}
 
 /// The page answered 200; its HTML.
 async fn ok_page(s: &Session, path: &str) -> String {
@@ -238,22 +147,13 @@ async fn compile_now_is_confirmed_and_offered_only_to_those_who_may() {
     let trigger = format!("{git}/trigger");
 
     // no session: pages go to sign-in, changes are refused
-    let anon = Session {
-        base: srv.url.clone(),
-        http: http(),
-        cookie: String::new(),
-    };
+    let anon = http();
     for path in [
         git.clone(),
         trigger.clone(),
         format!("/console/env/{env}/audit"),
     ] {
-        let r = anon
-            .http
-            .get(format!("{}{path}", srv.url))
-            .send()
-            .await
-            .unwrap();
+        let r = anon.get(format!("{}{path}", srv.url)).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::SEE_OTHER, "{path}");
         assert!(
             r.headers()["location"]
@@ -263,7 +163,13 @@ async fn compile_now_is_confirmed_and_offered_only_to_those_who_may() {
             "{path}"
         );
     }
-    let r = anon.post(&trigger, &[("csrf", "x")]).await;
+    let r = anon
+        .post(format!("{}{trigger}", srv.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("csrf=x")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
     // a viewer sees the pages but no compile button, and may not compile
