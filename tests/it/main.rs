@@ -11,6 +11,7 @@ mod compiler_cases;
 mod compiler_cli;
 mod console;
 mod console_git;
+mod console_resources;
 mod console_support;
 mod deploy;
 mod deploy_cli;
