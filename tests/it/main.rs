@@ -10,6 +10,7 @@ mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;
 mod console;
+mod console_git;
 mod console_resources;
 mod console_support;
 mod deploy;
