@@ -131,12 +131,28 @@ impl Pool {
     }
 
     /// How many actions of `agent` the scheduler may have out at once: its parallelism, and
-    /// for an external agent one more, handed out ahead so that the process starts it as
-    /// soon as a slot frees, without waiting for a round trip to the server.
+    /// for an external agent [`super::agents::AHEAD`] more, handed out ahead so that the
+    /// process starts the next as soon as a slot frees, without waiting for a round trip to
+    /// the server.
     pub fn max_out(&self, agent: &str) -> usize {
         match self.placement(agent) {
-            Placement::External => self.parallelism + 1,
+            Placement::External => self.parallelism + super::agents::AHEAD,
             _ => self.parallelism,
+        }
+    }
+
+    /// The parallelism set by [`Pool::set_parallelism`].
+    pub fn parallelism(&self) -> usize {
+        self.parallelism
+    }
+
+    /// Tell external agent processes about the actions handed to them since the last call
+    /// (one wake-up for all that one dispatch handed out).
+    pub fn wake_agents(&self) {
+        if let Some((hub, env)) = &self.hub
+            && !self.remote.is_empty()
+        {
+            hub.wake(*env);
         }
     }
 

@@ -215,7 +215,7 @@ impl EnvScheduler {
         let deadline = tokio::time::Instant::now()
             + match self.executors.placement(agent) {
                 crate::model::placement::Placement::External => {
-                    timeout * 2 + Duration::from_secs(30)
+                    crate::scheduler::agents::backstop(timeout, self.executors.parallelism())
                 }
                 _ => timeout,
             };
