@@ -25,11 +25,11 @@
 //! Targets (issue 13): external agent ≤ 1.5× local; SSH ≤ 3× local and < 15 s through the
 //! 20 ms proxy; takeover < 5 s. Needs /usr/sbin/sshd (Debian's openssh-server).
 //!
-//! Figures on the 2-core machine this was written on (three runs; more in docs/agents.md):
-//! local ≈ 0.21–0.29 ms per file; external agent 1.14–1.58× local (CPU per action 0.36–0.52
-//! ms against 0.28–0.36 local), 1.13–1.29× at `agent_parallelism` 8; SSH 2.0–2.5×; 20 ms
-//! away: external 3.0 ms per action, SSH (parallelism 8) 1.4–1.5 s for 1,000 files;
-//! takeover 2.3–2.4 s.
+//! Figures on the 2-core machine this was written on (four runs; more in docs/agents.md):
+//! local ≈ 0.21–0.29 ms per file; external agent 1.14–1.58× local, 1.27× the median run
+//! (CPU per action 0.36–0.52 ms against 0.28–0.36 local), 1.06–1.29× at
+//! `agent_parallelism` 8; SSH 2.0–2.5×; 20 ms away: external 3.0 ms per action, SSH
+//! (parallelism 8) 1.4–1.5 s for 1,000 files; takeover 2.3–2.4 s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
