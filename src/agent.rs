@@ -6,10 +6,18 @@
 //! apply, same logs, dry-runs and timeouts. Handler code of module resources comes from the
 //! server by digest, is checked against the digest, and is cached under the work dir.
 //!
-//! Results wait in memory until a poll takes them: a dropped connection is retried with
-//! backoff, and the results are sent when it is back. A process that learns it was deposed
-//! (409: another process is primary now) drops them: the new primary runs those actions
-//! again. It starts no action once its lease may have run out without a renewal.
+//! One poll always waits for work (it is the heartbeat too); results go on a second poll
+//! that does not wait, at most one at a time: at once when little is left to start, else
+//! gathered for up to [`REPORT_DELAY`], so one request carries many when actions are short.
+//! The server hands out more actions than the agent's parallelism: they wait here for a
+//! slot, so the round trips overlap the work. Results wait in memory until a poll takes
+//! them: a dropped connection is retried with backoff, the session is opened again (the
+//! server then hands out again what is in flight for us: what we run, hold or have a result
+//! for is skipped) and the results are sent. A process that learns it was deposed (409:
+//! another process is primary now) opens its session again and drops the results of the
+//! agents it lost: the new primary runs those actions again. It starts no action once its
+//! lease may have run out without a renewal, counted from when it sent the request whose
+//! answer renewed it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -49,8 +57,20 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A lease is taken to end this much before the server says, to allow for clock rates and
 /// the time the answer took.
 const LEASE_MARGIN: Duration = Duration::from_millis(500);
-/// Poll at least this often while actions run (the heartbeat that renews the leases).
-const HEARTBEAT: Duration = Duration::from_millis(1000);
+/// How long a poll waits for work (the server answers within a second, so it is also the
+/// heartbeat that renews the leases).
+const MAX_WAIT: Duration = Duration::from_millis(1000);
+
+/// Results are sent at once when at most this many actions wait to start (or none runs):
+/// else they gather for up to [`REPORT_DELAY`] (one request for many).
+const REPORT_WHEN_WAITING: usize = 8;
+const REPORT_DELAY: Duration = Duration::from_millis(5);
+
+/// Why an answer ends the loop or holds the next request.
+enum Answer {
+    Refused(AgentError),
+    Retry,
+}
 
 struct Running {
     agent: String,
@@ -68,10 +88,19 @@ struct Agent {
     running: HashMap<Uuid, Running>,
     /// handed out ahead, waiting for a slot of their agent
     waiting: VecDeque<Assignment>,
-    /// finished actions not yet taken by the server
+    /// finished actions not yet sent to the server
     results: Vec<Report>,
+    /// when the oldest of `results` finished
+    results_since: Option<Instant>,
+    /// finished actions on their way to the server
+    sending: Vec<Report>,
     primary: BTreeMap<String, i64>,
     lease_until: Instant,
+    /// when the request whose answer last set `primary` and `lease_until` was sent (answers
+    /// of requests sent earlier are older news)
+    applied: Option<Instant>,
+    /// the session is open
+    open: bool,
     code: HashMap<String, PathBuf>,
 }
 
@@ -92,8 +121,12 @@ pub async fn run(
         running: HashMap::new(),
         waiting: VecDeque::new(),
         results: Vec::new(),
+        sending: Vec::new(),
+        results_since: None,
         primary: BTreeMap::new(),
         lease_until: Instant::now(),
+        applied: None,
+        open: false,
         code: HashMap::new(),
     };
     let mut shutdown = std::pin::pin!(shutdown);
@@ -107,100 +140,223 @@ pub async fn run(
     outcome
 }
 
+/// A request to the server on its way: what it is, when it was sent, and its answer.
+type Pending = std::pin::Pin<Box<dyn Future<Output = (Sent, Result<PollReply, ClientError>)>>>;
+
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    at: Instant,
+    kind: Request,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Request {
+    /// opening the session
+    Open,
+    /// results in (`Agent::sending`), without waiting for work
+    Report,
+    /// waiting for work (the heartbeat)
+    Wait,
+}
+
+/// The answer of a request on its way, or never.
+async fn answer(p: &mut Option<Pending>) -> (Sent, Result<PollReply, ClientError>) {
+    match p {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Agent {
     async fn serve(
         &mut self,
         events: &mut tokio::sync::mpsc::UnboundedReceiver<PoolEvent>,
     ) -> Result<(), AgentError> {
         let mut backoff = BACKOFF_START;
-        let mut open = false;
-        let mut last_poll = Instant::now();
+        // no request before this (after a failed one)
+        let mut hold_until = Instant::now();
+        // the session opens alone; then one poll always waits for work, and results go on
+        // a second one as soon as there are any (those that finish meanwhile go on the next)
+        let mut opener: Option<Pending> = None;
+        let mut report: Option<Pending> = None;
+        let mut waiter: Option<Pending> = None;
         loop {
-            // while actions run: wait for one to end, for the next heartbeat, or for a
-            // handler's timeout
-            if !self.running.is_empty() {
-                let mut wake = last_poll + HEARTBEAT;
-                if let Some(d) = self
-                    .running
-                    .values()
-                    .filter_map(|r| r.deadline)
-                    .map(|d| d.0)
-                    .min()
-                {
-                    wake = wake.min(d);
+            let now = Instant::now();
+            if now >= hold_until {
+                if !self.open {
+                    if opener.is_none() && report.is_none() && waiter.is_none() {
+                        opener = Some(self.request(Request::Open));
+                    }
+                } else {
+                    if report.is_none() && self.report_due() {
+                        report = Some(self.request(Request::Report));
+                    }
+                    if waiter.is_none() {
+                        waiter = Some(self.request(Request::Wait));
+                    }
                 }
-                tokio::select! {
-                    Some(ev) = events.recv() => self.on_event(ev),
-                    _ = tokio::time::sleep_until(wake.into()) => {},
-                }
-                while let Ok(ev) = events.try_recv() {
-                    self.on_event(ev);
-                }
-                self.expire();
-                // a slot freed: what was handed out ahead starts now, before the round trip
-                self.start_waiting().await;
             }
-            let answer = if open {
-                // idle: wait up to a second for work. Busy with nothing handed out ahead: wait
-                // a little for the next action (the server hands it out as soon as it has our
-                // last result), so it is here when a slot frees. Work waiting: report at once.
-                let wait_ms = match (self.running.is_empty(), self.waiting.is_empty()) {
-                    (true, true) => 1000,
-                    (false, true) => 50,
-                    _ => 0,
-                };
-                let poll = Poll {
-                    results: self.results.clone(),
-                    wait_ms,
-                };
-                let r = self
-                    .client
-                    .agent_poll(&self.opts.environment, self.instance, &poll)
-                    .await;
-                if r.is_ok() {
-                    // taken (each once, by action id)
-                    self.results.drain(..poll.results.len());
+            // a handler's timeout, or the end of a hold
+            let mut wake = self
+                .running
+                .values()
+                .filter_map(|r| r.deadline)
+                .map(|d| d.0)
+                .min();
+            if now < hold_until {
+                wake = Some(wake.map_or(hold_until, |w| w.min(hold_until)));
+            }
+            if report.is_none()
+                && !self.results.is_empty()
+                && let Some(t) = self.results_since
+            {
+                let due = t + REPORT_DELAY;
+                wake = Some(wake.map_or(due, |w| w.min(due)));
+            }
+            let sleep = async {
+                match wake {
+                    Some(w) => tokio::time::sleep_until(w.into()).await,
+                    None => std::future::pending().await,
                 }
-                r
-            } else {
-                self.client
-                    .agent_open(&self.opts.environment, &self.hello())
-                    .await
             };
-            last_poll = Instant::now();
-            match answer {
-                Ok(reply) => {
-                    if !open {
-                        tracing::info!(instance = %self.instance, agents = ?self.opts.names, "connected to the server");
+            let outcome = tokio::select! {
+                Some(ev) = events.recv() => {
+                    self.on_event(ev);
+                    while let Ok(ev) = events.try_recv() {
+                        self.on_event(ev);
                     }
-                    open = true;
-                    backoff = BACKOFF_START;
-                    self.on_reply(reply).await;
+                    None
                 }
-                Err(e) => match e.status() {
-                    Some(401) | Some(403) => return Err(AgentError::Refused(e.to_string())),
-                    Some(404) if open => {
-                        tracing::warn!(instance = %self.instance, "the server forgot this session; opening a new one");
-                        open = false;
-                    }
-                    Some(409) => {
-                        // deposed: another process is primary; what we ran is run again there
-                        tracing::warn!(instance = %self.instance, dropped = self.results.len(), "{e}");
-                        self.results.clear();
-                        self.primary.clear();
-                    }
-                    _ => {
-                        tracing::warn!(instance = %self.instance, retry_in_ms = backoff.as_millis() as u64, "{e}");
-                        if matches!(e, ClientError::Connect { .. }) {
-                            // the server may have restarted and forgotten us
-                            open = false;
-                        }
-                        tokio::time::sleep(backoff).await;
+                a = answer(&mut opener) => { opener = None; Some(a) }
+                a = answer(&mut report) => { report = None; Some(a) }
+                a = answer(&mut waiter) => { waiter = None; Some(a) }
+                _ = sleep => None,
+            };
+            if let Some((sent, r)) = outcome {
+                match self.on_answer(sent, r) {
+                    Ok(()) => backoff = BACKOFF_START,
+                    Err(Answer::Refused(e)) => return Err(e),
+                    Err(Answer::Retry) => {
+                        hold_until = Instant::now() + backoff;
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
-                },
+                }
+            }
+            self.expire();
+            // what was handed out ahead starts as soon as a slot frees
+            self.start_waiting().await;
+        }
+    }
+
+    /// Send a request; its answer comes back through the returned future.
+    fn request(&mut self, kind: Request) -> Pending {
+        let client = self.client.clone();
+        let env = self.opts.environment.clone();
+        let instance = self.instance;
+        let sent = Sent {
+            at: Instant::now(),
+            kind,
+        };
+        match kind {
+            Request::Open => {
+                let hello = self.hello();
+                Box::pin(async move { (sent, client.agent_open(&env, &hello).await) })
+            }
+            Request::Report => {
+                self.sending = std::mem::take(&mut self.results);
+                self.results_since = None;
+                let poll = Poll {
+                    results: self.sending.clone(),
+                    wait_ms: 0,
+                };
+                Box::pin(async move { (sent, client.agent_poll(&env, instance, &poll).await) })
+            }
+            Request::Wait => {
+                let poll = Poll {
+                    results: Vec::new(),
+                    wait_ms: MAX_WAIT.as_millis() as u64,
+                };
+                Box::pin(async move { (sent, client.agent_poll(&env, instance, &poll).await) })
             }
         }
+    }
+
+    /// Take an answer in: its work, its news about leases, and what it says about results.
+    fn on_answer(
+        &mut self,
+        sent: Sent,
+        answer: Result<PollReply, ClientError>,
+    ) -> Result<(), Answer> {
+        if sent.kind == Request::Report && answer.is_err() {
+            // not taken (or not known to be): they go again, first
+            let mut again = std::mem::take(&mut self.sending);
+            again.append(&mut self.results);
+            self.results = again;
+            self.results_since = Some(Instant::now());
+        }
+        match answer {
+            Ok(reply) => {
+                match sent.kind {
+                    Request::Open => {
+                        tracing::info!(instance = %self.instance, agents = ?self.opts.names, "connected to the server");
+                        self.open = true;
+                    }
+                    // taken (each once, by action id)
+                    Request::Report => self.sending.clear(),
+                    Request::Wait => {}
+                }
+                self.on_reply(sent, reply);
+                Ok(())
+            }
+            Err(e) => match e.status() {
+                Some(401) | Some(403) => Err(Answer::Refused(AgentError::Refused(e.to_string()))),
+                Some(404) => {
+                    if self.open {
+                        tracing::warn!(instance = %self.instance, "the server forgot this session; opening a new one");
+                    }
+                    self.open = false;
+                    Ok(())
+                }
+                Some(409) => {
+                    // deposed from (at least) one agent: start nothing until the session is
+                    // open again, which says what we still hold; results under terms we lost
+                    // are dropped then (their actions run again at the new primary), the
+                    // others are reported again
+                    tracing::warn!(instance = %self.instance, "{e}");
+                    self.primary.clear();
+                    self.applied = Some(sent.at.max(self.applied.unwrap_or(sent.at)));
+                    self.open = false;
+                    Ok(())
+                }
+                _ => {
+                    tracing::warn!(instance = %self.instance, "{e}");
+                    // the server may have restarted and forgotten us, or an answer (and the
+                    // work in it) was lost: open again, which hands us what is ours again
+                    self.open = false;
+                    Err(Answer::Retry)
+                }
+            },
+        }
+    }
+
+    fn push_result(&mut self, r: Report) {
+        if self.results.is_empty() {
+            self.results_since = Some(Instant::now());
+        }
+        self.results.push(r);
+    }
+
+    /// Is it time to send the results we have? At once when nothing else runs or little is
+    /// left to start (the server hands out more when it has them, and dependents may wait
+    /// for them); else they gather for up to [`REPORT_DELAY`], so that one request carries
+    /// many.
+    fn report_due(&self) -> bool {
+        !self.results.is_empty()
+            && (self.running.is_empty()
+                || self.waiting.len() <= REPORT_WHEN_WAITING
+                || self
+                    .results_since
+                    .is_none_or(|t| t.elapsed() >= REPORT_DELAY))
     }
 
     fn hello(&self) -> Hello {
@@ -243,7 +399,7 @@ impl Agent {
 
     fn finished(&mut self, result: WorkResult) {
         if let Some(r) = self.running.remove(&result.action_id) {
-            self.results.push(Report {
+            self.push_result(Report {
                 agent: r.agent,
                 term: r.term,
                 result,
@@ -251,12 +407,26 @@ impl Agent {
         }
     }
 
-    async fn on_reply(&mut self, reply: PollReply) {
-        let lease = Duration::from_millis(reply.lease_ms.max(0) as u64);
-        self.lease_until = Instant::now() + lease.saturating_sub(LEASE_MARGIN);
-        if reply.primary != self.primary {
-            tracing::info!(instance = %self.instance, primary = ?reply.primary, "primary of");
-            self.primary = reply.primary;
+    fn on_reply(&mut self, sent: Sent, reply: PollReply) {
+        // the leases as the server saw them when it answered, counted from when we asked
+        // (the lease can only have been renewed after that); older news is ignored
+        if self.applied.is_none_or(|a| sent.at >= a) {
+            self.applied = Some(sent.at);
+            let lease = Duration::from_millis(reply.lease_ms.max(0) as u64);
+            self.lease_until = sent.at + lease.saturating_sub(LEASE_MARGIN);
+            if reply.primary != self.primary {
+                tracing::info!(instance = %self.instance, primary = ?reply.primary, "primary of");
+                self.primary = reply.primary;
+            }
+            // results under a term we no longer hold would be refused: their actions run
+            // again at the new primary
+            let primary = &self.primary;
+            let before = self.results.len();
+            self.results
+                .retain(|r| primary.get(&r.agent) == Some(&r.term));
+            if self.results.len() < before {
+                tracing::warn!(instance = %self.instance, dropped = before - self.results.len(), "results of actions of a term no longer held dropped");
+            }
         }
         for action in reply.cancel {
             self.waiting.retain(|a| a.item.action_id != action);
@@ -266,14 +436,17 @@ impl Agent {
             }
         }
         for a in reply.work {
+            // handed out again (after we opened the session again): what we run, hold or
+            // have a result for is not started twice
             let id = a.item.action_id;
-            if !self.running.contains_key(&id)
-                && !self.waiting.iter().any(|w| w.item.action_id == id)
-            {
+            let known = self.running.contains_key(&id)
+                || self.waiting.iter().any(|w| w.item.action_id == id)
+                || self.results.iter().any(|r| r.result.action_id == id)
+                || self.sending.iter().any(|r| r.result.action_id == id);
+            if !known {
                 self.waiting.push_back(a);
             }
         }
-        self.start_waiting().await;
     }
 
     /// Start what waits, in order, while its agent has a free slot.
@@ -321,7 +494,7 @@ impl Agent {
                 chrono::Utc::now(),
             );
             result.outcome = Outcome::TimedOut;
-            self.results.push(Report {
+            self.push_result(Report {
                 agent: r.agent,
                 term: r.term,
                 result,
@@ -345,7 +518,7 @@ impl Agent {
             match self.code_dir(&h.digest).await {
                 Ok(dir) => h.dir = dir,
                 Err(e) => {
-                    self.results.push(Report {
+                    self.push_result(Report {
                         agent,
                         term,
                         result: unavailable(action_id, &e, started),
@@ -374,7 +547,7 @@ impl Agent {
         };
         if let Err(e) = sent {
             self.running.remove(&action_id);
-            self.results.push(Report {
+            self.push_result(Report {
                 agent,
                 term,
                 result: unavailable(action_id, &format!("no executor: {e}"), started),

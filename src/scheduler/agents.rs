@@ -2,9 +2,14 @@
 //! server and run the actions of the agents they host (DESIGN.md §9, the `external`
 //! transport of the executor protocol).
 //!
-//! A process opens a *session* and then polls: each poll carries the results of the actions
-//! it finished and brings back new work (it waits up to [`MAX_POLL_WAIT`] for some), so an
-//! action costs one round trip. Polls are the heartbeat. When several processes host the
+//! A process opens a *session* and then polls: a poll carries the results of the actions it
+//! finished in and brings new work back (it waits up to [`MAX_POLL_WAIT`] for some). A
+//! process keeps one poll waiting for work and sends its results on a second one that does
+//! not wait, so results never wait behind a poll that waits for work, and results that finish
+//! while one is on its way go together on the next. The server hands out up to [`AHEAD`]
+//! actions more than the agent's `agent_parallelism`: the process runs at most
+//! `agent_parallelism` at once and starts the next one it holds as soon as a slot frees, so
+//! round trips overlap the work. Polls are the heartbeat. When several processes host the
 //! same agent, the one holding the agent's lease in PostgreSQL (`store::leases`, renewed by
 //! every poll, [`LEASE_MS`] long) is its primary and gets the work; the others are
 //! standbys that take the lease over when the primary stops renewing it. Work is handed out
@@ -13,7 +18,13 @@
 //! again by the new primary. While an agent has no primary its actions wait: queued ones
 //! are not started, and ones in flight are handed to whichever process becomes primary
 //! (re-run: a handler reads before it changes anything, so a re-run of a finished action
-//! changes nothing). A result is taken once, by action id.
+//! changes nothing). A result is taken once, by action id. Actions handed out and not yet
+//! started are in flight like running ones: they go to the new primary with the rest, and a
+//! deposed process drops them (it starts nothing under a term it no longer holds, nor after
+//! its lease may have run out). A process that opens its session again (after a lost
+//! connection, or a refusal) gets everything in flight for it again, under its current term
+//! (an answer may have been lost on the way); it skips what it runs, holds or has results
+//! for.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -31,6 +42,22 @@ use crate::store::{self, leases::LeaseKind};
 
 /// How long an agent's primary lease lasts without a renewal (a poll).
 pub const LEASE_MS: i64 = 3000;
+/// How many actions of an agent are handed out beyond its `agent_parallelism`: they wait in
+/// the process for a free slot, so it never waits for a round trip to the server between
+/// two actions (results of many go back together). A handler timeout runs from when the
+/// process starts the action; the server's backstop allows for the wait (see
+/// [`backstop`]).
+pub const AHEAD: usize = 16;
+
+/// The server's own deadline for an action handed to an external agent, which enforces
+/// `timeout` itself from when it starts it: it may first wait behind the actions ahead of it
+/// (at most `AHEAD + parallelism - 1` of them, `parallelism` at a time, each within
+/// `timeout`), and this is only a backstop for a process that lost it.
+pub fn backstop(timeout: Duration, parallelism: usize) -> Duration {
+    let p = parallelism.max(1);
+    let rounds = (AHEAD + p - 1).div_ceil(p) as u32;
+    timeout * (rounds + 1) + Duration::from_secs(30)
+}
 /// The longest a poll waits for work before it answers empty (it must come back well
 /// within the lease to renew it).
 pub const MAX_POLL_WAIT: Duration = Duration::from_millis(1000);
@@ -80,8 +107,8 @@ pub struct Assignment {
     pub agent: String,
     pub term: i64,
     /// At most this many actions of the agent run at once (its `agent_parallelism`): the
-    /// server hands out one more, which the process starts when a slot frees, so the round
-    /// trip to the server overlaps the work.
+    /// server hands out up to [`AHEAD`] more, which the process starts when a slot frees, so
+    /// round trips to the server overlap the work.
     #[serde(default = "one")]
     pub run_at_most: usize,
     #[schema(value_type = Object)]
@@ -118,8 +145,8 @@ pub struct PollReply {
     pub cancel: Vec<Uuid>,
     /// The agents this process is primary of, with their terms.
     pub primary: BTreeMap<String, i64>,
-    /// How long its leases last from now, in milliseconds: start no new action after that
-    /// without a successful poll.
+    /// How long its leases last at least, in milliseconds from when this poll was sent:
+    /// start no new action after that without a successful poll.
     pub lease_ms: i64,
 }
 
@@ -263,6 +290,20 @@ impl AgentHub {
                 },
             );
         }
+        {
+            // everything in flight for this process is handed out again (to it, when it is
+            // still primary under the same term: it skips what it has; an answer may have
+            // been lost with the connection)
+            let mut st = self.lock();
+            for f in st.inflight.values_mut() {
+                if f.env == env && f.holder.is_some_and(|(i, _)| i == instance) {
+                    f.holder = None;
+                }
+            }
+            if let Some(s) = st.sessions.get_mut(&instance) {
+                s.outbox.clear();
+            }
+        }
         tracing::info!(environment = %env, instance = %instance, "agent process connected");
         self.poll(env, instance, token, Poll::default()).await
     }
@@ -285,7 +326,10 @@ impl AgentHub {
             s.last_seen = Instant::now();
             s.last_seen_at = Utc::now();
             let fresh = s.renewed.is_some_and(|t| t.elapsed() < RENEW_EVERY);
-            (s.hello.agents.clone(), fresh.then(|| s.primary.clone()))
+            (
+                s.hello.agents.clone(),
+                fresh.then(|| (s.primary.clone(), s.renewed)),
+            )
         };
         // the heartbeat: renew or take each agent's lease (at most every RENEW_EVERY)
         let renewing = Instant::now();
@@ -305,7 +349,15 @@ impl AgentHub {
             }
         }
         let renewed = cached.is_none();
-        if let Some(c) = cached {
+        // the leases run from the start of their last renewal: what is left of them now
+        // (less than LEASE_MS when this poll uses an earlier renewal) is what the process,
+        // counting from when it sent the poll, may use
+        let since = match &cached {
+            Some((_, Some(at))) => at.elapsed(),
+            _ => renewing.elapsed(),
+        };
+        let lease_ms = (LEASE_MS - since.as_millis() as i64).max(0);
+        if let Some((c, _)) = cached {
             primary = c;
         }
         // fencing: every result must come under a term this process holds now
@@ -395,7 +447,7 @@ impl AgentHub {
                         work: std::mem::take(&mut s.outbox),
                         cancel: std::mem::take(&mut s.cancels),
                         primary: s.primary.clone(),
-                        lease_ms: LEASE_MS,
+                        lease_ms,
                     });
                 }
             }
@@ -521,7 +573,20 @@ impl AgentHub {
         Self::primary_of(&self.lock(), env, agent).is_some()
     }
 
-    /// Hand an action to the agent's primary (or hold it until there is one).
+    /// Wake the polls of `env`'s processes that have work waiting: called once after a
+    /// scheduler handed out what it could ([`AgentHub::assign`]), so that a poll takes it
+    /// all at once rather than the first action alone.
+    pub fn wake(&self, env: Uuid) {
+        let st = self.lock();
+        for s in st.sessions.values() {
+            if s.env == env && !s.outbox.is_empty() {
+                s.wake.notify_waiters();
+            }
+        }
+    }
+
+    /// Hand an action to the agent's primary (or hold it until there is one); the process
+    /// hears of it at the next [`AgentHub::wake`].
     pub fn assign(&self, env: Uuid, agent: &str, proc: ProcId, item: WorkItem, run_at_most: usize) {
         let mut st = self.lock();
         let holder = Self::primary_of(&st, env, agent);
@@ -535,7 +600,6 @@ impl AgentHub {
                 run_at_most,
                 item: item.clone(),
             });
-            s.wake.notify_waiters();
         }
         st.inflight.insert(
             action_id,

@@ -185,13 +185,21 @@ impl EnvScheduler {
                     None | Some(Control::Stop) => break,
                     Some(c) => s.on_control(c).await,
                 },
-                Some(ev) = pool_rx.recv() => s.on_pool_event(ev),
+                Some(ev) = pool_rx.recv() => {
+                    // all that came in together (an agent's poll brings several results),
+                    // then one dispatch
+                    s.on_pool_event(ev);
+                    while let Ok(ev) = pool_rx.try_recv() {
+                        s.on_pool_event(ev);
+                    }
+                }
                 _ = tokio::time::sleep_until(wake) => {},
                 _ = flush_tick.tick() => {},
                 _ = reap_tick.tick() => s.executors.reap(Duration::from_secs(60)),
             }
             s.on_time(Utc::now());
             s.dispatch().await;
+            s.executors.wake_agents();
             s.flush();
         }
         s.executors.shutdown();

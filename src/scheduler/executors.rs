@@ -22,6 +22,10 @@ use crate::model::placement::Placement;
 
 pub type ProcId = u64;
 
+/// How many actions an executor on an SSH target is given at once: one it works on, the
+/// others wait in its input (see [`Pool::max_out`]).
+pub const SSH_DEPTH: usize = 4;
+
 #[derive(Debug)]
 pub enum PoolEvent {
     Reply(ProcId, Reply),
@@ -46,7 +50,9 @@ struct Proc {
     agent: String,
     child: Child,
     stdin: ChildStdin,
-    busy: bool,
+    /// actions sent to it and not finished: at most 1, and [`SSH_DEPTH`] over SSH (the
+    /// others wait in its input while it works on the first: see [`Pool::max_out`])
+    out: usize,
     last_used: Instant,
     /// An executor on a target over SSH: the connection, and its pid there (from its
     /// `Ready`), to kill its process group there (killing the local ssh only closes the
@@ -131,12 +137,32 @@ impl Pool {
     }
 
     /// How many actions of `agent` the scheduler may have out at once: its parallelism, and
-    /// for an external agent one more, handed out ahead so that the process starts it as
-    /// soon as a slot frees, without waiting for a round trip to the server.
+    /// for an external agent [`super::agents::AHEAD`] more, handed out ahead so that the
+    /// process starts the next as soon as a slot frees, without waiting for a round trip to
+    /// the server.
+    /// Over SSH, each executor gets its next actions while it works on one (it reads each
+    /// when done with the one before, [`SSH_DEPTH`] at most): round trips to the target
+    /// overlap the work, and still at most `agent_parallelism` actions run there at once.
     pub fn max_out(&self, agent: &str) -> usize {
         match self.placement(agent) {
-            Placement::External => self.parallelism + 1,
-            _ => self.parallelism,
+            Placement::External => self.parallelism + super::agents::AHEAD,
+            Placement::Ssh(_) => self.parallelism * SSH_DEPTH,
+            Placement::Local => self.parallelism,
+        }
+    }
+
+    /// The parallelism set by [`Pool::set_parallelism`].
+    pub fn parallelism(&self) -> usize {
+        self.parallelism
+    }
+
+    /// Tell external agent processes about the actions handed to them since the last call
+    /// (one wake-up for all that one dispatch handed out).
+    pub fn wake_agents(&self) {
+        if let Some((hub, env)) = &self.hub
+            && !self.remote.is_empty()
+        {
+            hub.wake(*env);
         }
     }
 
@@ -290,9 +316,23 @@ impl Pool {
         if let Some((id, p)) = self
             .procs
             .iter_mut()
-            .find(|(_, p)| p.agent == agent && !p.busy)
+            .find(|(_, p)| p.agent == agent && p.out == 0)
         {
-            p.busy = true;
+            p.out = 1;
+            p.last_used = Instant::now();
+            return Ok(*id);
+        }
+        // over SSH, with `agent_parallelism` executors at work: the next action waits in the
+        // input of one of them (see max_out)
+        if matches!(placement, Placement::Ssh(_))
+            && self.procs.values().filter(|p| p.agent == agent).count() >= self.parallelism
+            && let Some((id, p)) = self
+                .procs
+                .iter_mut()
+                .filter(|(_, p)| p.agent == agent && p.out < SSH_DEPTH)
+                .min_by_key(|(id, p)| (p.out, **id))
+        {
+            p.out += 1;
             p.last_used = Instant::now();
             return Ok(*id);
         }
@@ -300,7 +340,7 @@ impl Pool {
             let lru = self
                 .procs
                 .iter()
-                .filter(|(_, p)| !p.busy)
+                .filter(|(_, p)| p.out == 0)
                 .min_by_key(|(_, p)| p.last_used)
                 .map(|(id, _)| *id);
             match lru {
@@ -420,7 +460,7 @@ impl Pool {
                 agent: agent.to_string(),
                 child,
                 stdin,
-                busy: true,
+                out: 1,
                 last_used: Instant::now(),
                 ssh: link.map(|l| (l, remote_pid)),
             },
@@ -472,7 +512,7 @@ impl Pool {
             return;
         }
         if let Some(p) = self.procs.get_mut(&id) {
-            p.busy = false;
+            p.out = p.out.saturating_sub(1);
             p.last_used = Instant::now();
         }
     }
@@ -541,7 +581,7 @@ impl Pool {
         let old: Vec<ProcId> = self
             .procs
             .iter()
-            .filter(|(_, p)| !p.busy && p.last_used.elapsed() > idle)
+            .filter(|(_, p)| p.out == 0 && p.last_used.elapsed() > idle)
             .map(|(id, _)| *id)
             .collect();
         for id in old {

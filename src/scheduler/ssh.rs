@@ -49,7 +49,9 @@
 //! of `exec::Run` die with it through their parent-death signal). Dropping the last clone of a link ends its master and with it every channel on
 //! it; a remote executor then reads end-of-file and exits once its current action is done.
 //! One connection carries at most the target sshd's `MaxSessions` (10 by default) channels at
-//! once.
+//! once. The scheduler's pool gives each remote executor up to `SSH_DEPTH` actions at once
+//! (`scheduler/executors.rs`): they wait in the channel while it works on one, so the round
+//! trips overlap the work.
 
 mod error;
 mod ship;

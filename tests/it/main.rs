@@ -27,6 +27,7 @@ pub mod integration;
 mod layout;
 mod openapi;
 mod pg_security;
+mod pipelined_agents;
 mod retention;
 mod security;
 mod ssh;

@@ -177,3 +177,91 @@ async fn a_silent_ssh_host_holds_up_only_its_own_agent() {
     let text = serde_json::to_string(&acts[0].messages).unwrap();
     assert!(text.contains("within 5 s"), "{text}");
 }
+
+/// Over SSH an executor gets its next actions while it works on one: still one handler at a
+/// time (agent_parallelism 1), a hung one is killed at its own timeout, and what waited
+/// behind it in the same executor is run again, not lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ssh_executor_runs_what_it_was_given_ahead_one_at_a_time_and_loses_nothing() {
+    let sshd = Sshd::start();
+    let uri = format!("ssh://{}@127.0.0.1:{}", sshd.user, sshd.port);
+    let mut s = settings(&uri, &sshd, &sshd.known_hosts);
+    s["handler_timeout"] = json!(2);
+    s["retry_backoff"] = json!({"initial": 1, "factor": 1.0, "max": 1});
+    let (_srv, c, env, dir) = deploying_env("ssh-ahead", s).await;
+    let d = dir.path().display().to_string();
+    // the others log when they start and end; the first run of "hang" hangs (its timeout
+    // kills it), the next one passes. It comes last: it may wait behind others in the
+    // executor, and its timeout runs from when it starts
+    let n = 6;
+    let mut resources = Vec::new();
+    for i in 0..n {
+        resources.push(crate::support::exec_run(
+            WEB,
+            &format!(
+                "sh -c 'echo \"$(date +%s%N) 1\" >> {d}/log; sleep 0.1; echo \"$(date +%s%N) -1\" >> {d}/log; touch {d}/done{i}'"
+            ),
+            json!({"unless": format!("test -f {d}/done{i}")}),
+            &[],
+        ));
+    }
+    resources.push(crate::support::exec_run(
+        WEB,
+        &format!(
+            "sh -c 'if [ ! -f {d}/hung ]; then echo \"$(date +%s%N) hang\" >> {d}/log; touch {d}/hung; sleep 30; fi; touch {d}/hang.done'"
+        ),
+        json!({"unless": format!("test -f {d}/hang.done")}),
+        &[],
+    ));
+    let hang_id = resources[n].id.0.clone();
+    let v = upload(&c, &env, resources).await;
+    eventually(60, "everything deployed", || async {
+        let p = c.progress(&env, v).await.ok()?;
+        (p["by_status"]["deployed"] == n + 1).then_some(())
+    })
+    .await;
+    for i in 0..n {
+        assert!(std::path::Path::new(&format!("{d}/done{i}")).exists());
+    }
+    let acts = deploy_actions(&c, &env, &hang_id).await;
+    let timed_out = acts
+        .iter()
+        .find(|a| a.status == "timed_out")
+        .unwrap_or_else(|| panic!("the hung handler timed out: {acts:?}"));
+    // one handler at a time: none of the others ran while the hung one did
+    let log = std::fs::read_to_string(format!("{d}/log")).unwrap();
+    let mut events: Vec<(u128, &str)> = log
+        .lines()
+        .map(|l| {
+            let (t, e) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), e)
+        })
+        .collect();
+    events.sort();
+    let hung_at = events.iter().find(|e| e.1 == "hang").unwrap().0;
+    let killed_at = timed_out
+        .finished_at
+        .unwrap()
+        .timestamp_nanos_opt()
+        .unwrap() as u128;
+    assert!(
+        killed_at < hung_at + 4_000_000_000,
+        "killed {} ms after it started (timeout 2 s)",
+        (killed_at - hung_at) / 1_000_000
+    );
+    let (mut now, mut most) = (0, 0);
+    for (t, e) in &events {
+        if *e == "hang" {
+            continue;
+        }
+        if *e == "1" {
+            assert!(
+                *t < hung_at || *t > hung_at + 1_900_000_000,
+                "an action started while the hung one ran:\n{log}"
+            );
+        }
+        now += e.parse::<i32>().unwrap();
+        most = most.max(now);
+    }
+    assert_eq!(most, 1, "one at a time:\n{log}");
+}

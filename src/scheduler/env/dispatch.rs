@@ -211,14 +211,26 @@ impl EnvScheduler {
         };
         let timeout = Duration::from_secs(self.settings.handler_timeout);
         // an external agent process enforces the timeout itself, from when it starts the
-        // action (one may wait for a slot there): here only a backstop
-        let deadline = tokio::time::Instant::now()
-            + match self.executors.placement(agent) {
-                crate::model::placement::Placement::External => {
-                    timeout * 2 + Duration::from_secs(30)
-                }
-                _ => timeout,
-            };
+        // action (one may wait for a slot there): here only a backstop. An action sent to an
+        // SSH executor busy with another starts when that one ends (by its deadline).
+        let behind = self
+            .running
+            .values()
+            .filter(|r| r.proc == proc && proc != 0)
+            .map(|r| r.deadline)
+            .max();
+        let deadline = match self.executors.placement(agent) {
+            crate::model::placement::Placement::External => {
+                tokio::time::Instant::now()
+                    + crate::scheduler::agents::backstop(timeout, self.executors.parallelism())
+            }
+            _ => {
+                behind
+                    .unwrap_or_else(tokio::time::Instant::now)
+                    .max(tokio::time::Instant::now())
+                    + timeout
+            }
+        };
         self.running.insert(
             key.clone(),
             RunInfo {
@@ -305,17 +317,30 @@ impl EnvScheduler {
                 if let Some(key) = key {
                     self.finish(key, *res);
                 }
+                // over SSH the executor goes on with the next action it was given: that one
+                // starts now, and so does its timeout
+                if let Some(next) = self
+                    .running
+                    .values_mut()
+                    .filter(|r| r.proc == proc)
+                    .min_by_key(|r| r.deadline)
+                {
+                    next.deadline = tokio::time::Instant::now()
+                        + Duration::from_secs(self.settings.handler_timeout);
+                }
             }
             PoolEvent::Reply(_, Reply::Ready { .. }) => {}
             PoolEvent::SshConnected(uri, outcome) => self.executors.ssh_connected(uri, outcome),
             PoolEvent::Exited(proc, why) => {
                 self.executors.forget(proc);
-                let key = self
+                // every action it had (over SSH, one may have waited behind another)
+                let keys: Vec<TaskKey> = self
                     .running
                     .iter()
-                    .find(|(_, r)| r.proc == proc)
-                    .map(|(k, _)| k.clone());
-                if let Some(key) = key {
+                    .filter(|(_, r)| r.proc == proc)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for key in keys {
                     let info = &self.running[&key];
                     let (action_id, started) = (info.action_id, info.started);
                     tracing::warn!(environment = %self.env, resource = key.resource(), "executor crashed: {why}");
