@@ -10,6 +10,7 @@ mod chaos;
 mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;
+mod console_browser;
 mod deploy;
 mod deploy_cli;
 mod deploy_faults;
