@@ -225,6 +225,18 @@ impl Browser {
             .unwrap_or_else(|e| panic!("go to {url}: {e}"));
     }
 
+    /// The HTTP status of the document's own response (Navigation Timing; 0 for a data: URL).
+    pub async fn status(&self) -> u16 {
+        self.js(
+            "const n = performance.getEntriesByType('navigation')[0]; \
+             return n ? n.responseStatus : 0;",
+            vec![],
+        )
+        .await
+        .as_u64()
+        .unwrap_or(0) as u16
+    }
+
     pub async fn current_url(&self) -> String {
         self.client.current_url().await.expect("current url").into()
     }

@@ -209,6 +209,7 @@ async fn viewer_is_offered_no_change_and_the_cookie_is_safe() {
     for page in &pages {
         b.goto(&fx.url(page)).await;
         assert_eq!(b.client.current_url().await.unwrap().path(), page.as_str());
+        assert_eq!(b.status().await, 200, "{page}: {}", b.text("main").await);
         let offered: Vec<String> = {
             let mut ids = vec![];
             for e in b.find_all(CHANGE_CONTROLS).await {

@@ -11,6 +11,7 @@ mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;
 mod console_browser;
+mod console_pages;
 mod deploy;
 mod deploy_cli;
 mod deploy_faults;
