@@ -14,6 +14,7 @@ pub mod api_sources;
 pub mod api_tokens;
 pub mod api_versions;
 pub mod auth;
+pub mod console;
 pub mod error;
 pub mod extract;
 pub mod listen;
@@ -41,6 +42,10 @@ pub struct AppState {
     pub no_auth: bool,
     pub metrics: Arc<ops::Metrics>,
     pub notifier: Notifier,
+    /// Environments changed, as PostgreSQL notifies them (for pages that follow them live).
+    pub changes: crate::store::changes::Changes,
+    /// The console's session cookie is marked `Secure` (the server speaks TLS).
+    pub secure_cookies: bool,
     /// The deploy schedulers; None when the server runs without them (`--no-scheduler`).
     pub schedulers: Option<crate::scheduler::Schedulers>,
     /// Git sources; None when the server does not deploy.
@@ -150,7 +155,8 @@ pub fn api() -> OpenApiRouter<AppState> {
 
 pub fn router(state: AppState) -> Router {
     let (api, _) = api().split_for_parts();
-    api.fallback(ops::not_found)
+    api.merge(console::router())
+        .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         // inside `track`, so the metrics count the status the client gets
         .layer(axum::middleware::from_fn(error::json_errors))

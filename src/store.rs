@@ -7,6 +7,7 @@
 
 pub mod actions;
 pub mod audit;
+pub mod changes;
 pub mod cluster;
 pub mod code;
 pub mod deploy;
@@ -14,6 +15,7 @@ pub mod environments;
 pub mod leases;
 pub mod outbox;
 pub mod retention;
+pub mod sessions;
 pub mod sources;
 pub mod state;
 pub mod tokens;

@@ -110,12 +110,13 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
     if !(status.is_client_error() || status.is_server_error()) {
         return resp;
     }
-    let is_json = resp
+    // JSON already, or a console page (HTML for people)
+    let is_json_or_page = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if is_json {
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/html"));
+    if is_json_or_page {
         return resp;
     }
     let (parts, body) = resp.into_parts();

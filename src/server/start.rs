@@ -109,10 +109,12 @@ async fn shutdown_signal() {
 /// The shared state of a server on this pool.
 pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
     AppState {
-        pool,
+        pool: pool.clone(),
         no_auth,
         metrics: Arc::new(ops::Metrics::default()),
         notifier: Notifier::new(),
+        changes: crate::store::changes::Changes::new(pool.clone()),
+        secure_cookies: false,
         schedulers: None,
         sources: None,
     }
@@ -193,7 +195,7 @@ async fn serve(
             source,
         })?;
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
-    let state = if config.scheduler {
+    let mut state = if config.scheduler {
         let mut s = app_state_with_schedulers(
             pool,
             config.no_auth,
@@ -206,6 +208,8 @@ async fn serve(
     } else {
         app_state(pool, config.no_auth)
     };
+    // the console's cookie goes only over TLS when the server speaks it
+    state.secure_cookies = tls.is_some();
     let schedulers = state.schedulers.clone();
     let pruner = tokio::spawn(store::retention::run(
         state.pool.clone(),

@@ -135,6 +135,8 @@ pub async fn holds_epoch(c: &mut PgConnection, env: Uuid, epoch: i64) -> Result<
 }
 
 pub async fn write_batch(c: &mut PgConnection, env: Uuid, b: &Batch) -> Result<()> {
+    // followers (console pages) re-read once this commits
+    super::changes::notify(&mut *c, env).await?;
     if !b.states.is_empty() {
         let col = |f: &dyn Fn(&StateRow) -> Option<String>| -> Vec<Option<String>> {
             b.states.iter().map(f).collect()

@@ -25,6 +25,7 @@ pub struct Pruned {
     pub outbox: u64,
     pub audit: u64,
     pub code_blobs: u64,
+    pub console_sessions: u64,
 }
 
 impl Pruned {
@@ -37,6 +38,7 @@ impl Pruned {
             + self.outbox
             + self.audit
             + self.code_blobs
+            + self.console_sessions
     }
 }
 
@@ -173,6 +175,13 @@ pub async fn prune_global(pool: &PgPool, audit_days: u32) -> Result<Pruned> {
          WHERE b.created_at < now() - interval '1 hour' AND NOT EXISTS ( \
            SELECT 1 FROM version_handlers h, jsonb_each(h.files) f WHERE f.value->>'hash' = b.hash) \
          LIMIT 5000)",
+        |q| q,
+    )
+    .await?;
+    p.console_sessions += drain(
+        pool,
+        "DELETE FROM console_sessions WHERE secret_hash IN (SELECT secret_hash FROM console_sessions \
+         WHERE expires_at < now() LIMIT 5000)",
         |q| q,
     )
     .await?;

@@ -492,6 +492,18 @@ pub async fn list(e: impl PgExecutor<'_>, env: Uuid, limit: i64) -> Result<Vec<V
         .await?)
 }
 
+/// Versions waiting for a decision: not released nor rejected, newer than the active one.
+pub async fn waiting(e: impl PgExecutor<'_>, env: Uuid) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM versions v WHERE v.environment_id = $1 AND v.status = 'new' \
+         AND v.number > COALESCE((SELECT max(number) FROM versions a \
+           WHERE a.environment_id = $1 AND a.status = 'released'), 0)",
+    )
+    .bind(env)
+    .fetch_one(e)
+    .await?)
+}
+
 /// The active version: the newest released one.
 pub async fn active(e: impl PgExecutor<'_>, env: Uuid) -> Result<Option<i32>> {
     let (n,): (Option<i32>,) = sqlx::query_as(

@@ -1,0 +1,81 @@
+//! "Something in environment X changed": PostgreSQL NOTIFY on one channel, sent in the
+//! transaction that writes the change (so it is seen only once the change is), and one
+//! listener per server process that fans it out to whoever follows environments live (the
+//! web console's server-sent events). Through PostgreSQL rather than in memory, so that a
+//! page open on one server sees the deploy state another one writes.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use super::Result;
+
+const CHANNEL: &str = "steward_changes";
+
+/// Tell listeners that `env` changed, when the surrounding transaction commits.
+pub async fn notify(e: impl sqlx::PgExecutor<'_>, env: Uuid) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(env.to_string())
+        .execute(e)
+        .await?;
+    Ok(())
+}
+
+/// Changed environments as they are notified; a subscriber that falls behind gets `Lagged`
+/// and should re-read what it shows. The listener (one connection) starts with the first
+/// subscriber, so a server nobody watches holds no connection for it.
+#[derive(Clone)]
+pub struct Changes {
+    pool: PgPool,
+    sender: Arc<OnceLock<broadcast::Sender<Uuid>>>,
+}
+
+impl Changes {
+    pub fn new(pool: PgPool) -> Changes {
+        Changes {
+            pool,
+            sender: Arc::new(OnceLock::new()),
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Uuid> {
+        self.sender
+            .get_or_init(|| {
+                let (tx, _) = broadcast::channel(1024);
+                tokio::spawn(listen(self.pool.clone(), tx.clone()));
+                tx
+            })
+            .subscribe()
+    }
+}
+
+/// Listen for ever, reconnecting with backoff.
+async fn listen(pool: PgPool, tx: broadcast::Sender<Uuid>) {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        if let Err(e) = follow(&pool, &tx).await {
+            tracing::warn!(error = %e, "listening for changes failed; trying again");
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn follow(pool: &PgPool, tx: &broadcast::Sender<Uuid>) -> Result<()> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    loop {
+        // `recv` reconnects by itself after a lost connection (notifications sent meanwhile
+        // are lost; followers re-read on their own slow tick)
+        let n = listener.recv().await?;
+        if let Ok(env) = n.payload().parse::<Uuid>() {
+            // nobody following is fine
+            let _ = tx.send(env);
+        }
+    }
+}
