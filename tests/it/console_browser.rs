@@ -11,21 +11,23 @@ use steward::client::Client;
 use steward::model::Resource;
 
 use crate::browser::{Browser, WAIT};
-use crate::support::{TestServer, exec_run, export_of, fs_file, wait_deployed};
+use crate::support::{Spawned, exec_run, export_of, fs_file, wait_deployed};
 
 pub const AGENT: &str = "localhost";
 
-/// A deploying server in this process, its admin client, and a temp dir for resources.
+/// A real `steward server` process (its own database, schedulers, executors, the console),
+/// its admin client, and a temp dir for the resources it deploys.
 pub struct Fixture {
-    pub srv: TestServer,
+    pub srv: Spawned,
     pub admin: Client,
     pub dir: tempfile::TempDir,
 }
 
 impl Fixture {
     pub async fn start() -> Fixture {
-        let srv = TestServer::start_deploying().await;
-        let admin = srv.admin_client();
+        let secret = format!("stw_console_admin_{}", uuid::Uuid::new_v4().simple());
+        let srv = Spawned::start(&secret).await;
+        let admin = srv.client.clone();
         Fixture {
             srv,
             admin,
@@ -38,7 +40,7 @@ impl Fixture {
     }
 
     pub fn admin_token(&self) -> String {
-        self.srv.admin.clone().expect("admin token")
+        self.srv.admin.clone()
     }
 
     /// A new environment of project "shop" with `settings`; its id.
