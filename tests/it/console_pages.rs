@@ -210,7 +210,13 @@ async fn every_page_is_accessible_and_photographed() {
     let g = format!("/console/env/{git_env}");
     visit(&b, &fx, &g, "environment-git", &mut found).await;
     visit(&b, &fx, &format!("{g}/git"), "git", &mut found).await;
-    follow_link(&b, "main a[href*='/compiles/']", "compile-report", &mut found).await;
+    follow_link(
+        &b,
+        "main a[href*='/compiles/']",
+        "compile-report",
+        &mut found,
+    )
+    .await;
 
     b.goto(&fx.url("/console/no/such/page")).await;
     check(&b, "not-found", 404, &mut found).await;
@@ -227,8 +233,34 @@ async fn every_page_is_accessible_and_photographed() {
         b.goto(&fx.url(&path)).await;
         let (doc, win) = widths(&b).await;
         if doc > win {
+            let wide = b
+                .js(
+                    r#"const w = document.documentElement.clientWidth;
+                       const scrolls = e => ['auto', 'scroll', 'hidden']
+                         .includes(getComputedStyle(e).overflowX);
+                       // an absolutely positioned element escapes a scroller that is not its
+                       // containing block (position: static)
+                       const inScroller = e => {
+                         const abs = ['absolute', 'fixed'].includes(getComputedStyle(e).position);
+                         for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
+                           const st = getComputedStyle(p).position;
+                           if (scrolls(p) && (!abs || st !== 'static')) return true;
+                           if (abs && st !== 'static') return false;
+                         }
+                         return false;
+                       };
+                       return [...document.querySelectorAll('body *')]
+                         .filter(e => e.getBoundingClientRect().right > w + 1 && !inScroller(e))
+                         .slice(-5)
+                         .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')
+                                   + (e.className ? '.' + String(e.className).split(' ').join('.') : '')
+                                   + ' ' + Math.round(e.getBoundingClientRect().right) + 'px');"#,
+                    vec![],
+                )
+                .await;
             found.problems.push(format!(
-                "{name} at phone width: the page is {doc} px wide in a {win} px window"
+                "{name} at phone width: the page is {doc} px wide in a {win} px window; \
+                 too wide: {wide}"
             ));
         }
         if name == "environment" {
@@ -243,7 +275,8 @@ async fn every_page_is_accessible_and_photographed() {
 async fn widths(b: &Browser) -> (u64, u64) {
     let v = b
         .js(
-            "return [document.documentElement.scrollWidth, window.innerWidth];",
+            // clientWidth: the window without its scroll bar
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];",
             vec![],
         )
         .await;
