@@ -11,6 +11,7 @@ use steward::client::Client;
 use steward::model::Resource;
 
 use crate::browser::{Browser, WAIT};
+use crate::console_support::encode_form;
 use crate::support::{Spawned, exec_run, export_of, fs_file, wait_deployed};
 
 pub const AGENT: &str = "localhost";
@@ -139,25 +140,6 @@ pub async fn csrf_of_page(b: &Browser) -> String {
         .expect("a csrf value")
 }
 
-/// An `application/x-www-form-urlencoded` body.
-pub fn form_body(fields: &[(&str, String)]) -> String {
-    let enc = |s: &str| {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
-    fields
-        .iter()
-        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
 /// What a role may not be offered: every control that changes something.
 const CHANGE_CONTROLS: &str = "[id^=release-], [id^=reject-], [id^=rollback-], [id^=dryrun-], \
     #confirm, #deploy-now, #repair-now, #halt, #resume, #save-settings";
@@ -227,6 +209,33 @@ async fn viewer_is_offered_no_change_and_the_cookie_is_safe() {
     b.goto(&fx.url(&format!("/console/env/{env}/versions")))
         .await;
     assert!(b.exists(&format!("#version-{v}")).await);
+
+    // nor does the server let a viewer do it by hand: the confirm page is refused, and so is
+    // the change posted with the session's own cookie and CSRF value
+    b.goto(&fx.url(&format!("/console/env/{env}/versions/{v}/confirm/release")))
+        .await;
+    assert_eq!(b.status().await, 403, "{}", b.text("main").await);
+    assert!(!b.exists("#confirm").await);
+    b.goto(&fx.url(&format!("/console/env/{env}/versions")))
+        .await;
+    let csrf = csrf_of_page(&b).await;
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(fx.url(&format!("/console/env/{env}/versions/{v}/release")))
+        .header(
+            "cookie",
+            format!("steward_session={}", session_cookie(&b).await),
+        )
+        .header("origin", fx.srv.url.clone())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(encode_form(&[("csrf", &csrf), ("comment", "by hand")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a viewer released a version");
+    assert!(fx.admin.version(&env, v).await.unwrap()["released_at"].is_null());
 
     // the cookie: HttpOnly, SameSite=Strict, not visible to scripts
     let cookies = b.cookies().await;
@@ -304,15 +313,14 @@ async fn approver_releases_and_watches_the_deploy_live() {
         asked.contains(&v.to_string()),
         "the confirm page does not say which version: {asked}"
     );
-    assert_eq!(
-        fx.admin.version(&env, v).await.unwrap()["released"],
-        json!(false),
+    assert!(
+        fx.admin.version(&env, v).await.unwrap()["released_at"].is_null(),
         "released before confirming"
     );
     confirm.click().await.unwrap();
     crate::support::eventually(10, "the version to be released", || async {
         let info = fx.admin.version(&env, v).await.unwrap();
-        (info["released"] == true).then_some(())
+        (!info["released_at"].is_null()).then_some(())
     })
     .await;
 
@@ -496,7 +504,12 @@ async fn a_change_without_the_csrf_value_is_refused() {
             .header("cookie", cookie.clone())
             .header("origin", fx.srv.url.clone())
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(form_body(&form))
+            .body(encode_form(
+                &form
+                    .iter()
+                    .map(|(k, v)| (*k, v.as_str()))
+                    .collect::<Vec<_>>(),
+            ))
             .send()
     };
     let settings = format!("/console/env/{env}/settings");

@@ -168,19 +168,25 @@ async fn every_page_is_accessible_and_photographed() {
     let e = format!("/console/env/{env}");
     visit(&b, &fx, &e, "environment", &mut found).await;
     visit(&b, &fx, &format!("{e}/versions"), "versions", &mut found).await;
-    // a version's page and its diff, when the versions page links them
+    // a version's page, the diff of two versions, and the confirm page of a release
     let versions = format!("{e}/versions");
     let version_link = format!("#version-{waiting} a[href$='/versions/{waiting}']");
-    let diff_link = format!("#version-{waiting} a[href*='diff']");
     let release_link = format!("a#release-{waiting}");
     for (css, name) in [
         (version_link.as_str(), "version"),
-        (diff_link.as_str(), "version-diff"),
         (release_link.as_str(), "confirm-release"),
     ] {
         b.goto(&fx.url(&versions)).await;
         follow_link(&b, css, name, &mut found).await;
     }
+    visit(
+        &b,
+        &fx,
+        &format!("{e}/diff?from=1&to={waiting}"),
+        "version-diff",
+        &mut found,
+    )
+    .await;
 
     visit(&b, &fx, &format!("{e}/resources"), "resources", &mut found).await;
     visit(
