@@ -145,6 +145,10 @@ async fn revoking_the_token_ends_its_sessions() {
     let admin = s.server.admin_client();
     let approver = s.session("approver").await;
     assert_eq!(approver.page("/console/").await.0, StatusCode::OK);
+    let mut live = approver
+        .get(&format!("/console/env/{}/events", s.env))
+        .await;
+    assert_eq!(live.status(), StatusCode::OK);
     let tokens = admin.tokens(Some(&s.env), false).await.unwrap();
     let id = tokens
         .iter()
@@ -152,6 +156,21 @@ async fn revoking_the_token_ends_its_sessions() {
         .unwrap()
         .id;
     admin.revoke_token(&id.to_string()).await.unwrap();
+    // an open live page hears nothing more of the environment once something changes
+    admin.set_halted(&s.env, true).await.unwrap();
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !text.contains("event: signed-out") && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(5), live.chunk()).await {
+            Ok(Ok(Some(b))) => text.push_str(&String::from_utf8_lossy(&b)),
+            _ => break,
+        }
+    }
+    assert!(text.contains("event: signed-out"), "{text}");
+    assert!(
+        !text.contains("\"halted\":true"),
+        "a revoked session saw the change: {text}"
+    );
     let r = approver.get("/console/").await;
     assert_eq!(
         r.status(),
@@ -203,11 +222,11 @@ async fn every_console_route_needs_a_session() {
     let s = setup(TestServer::start(false).await, json!({})).await;
     let client = http();
     let mut checked = 0;
+    let re = regex::Regex::new(r"\{[^}]+\}").unwrap();
     for route in console_routes() {
         if PUBLIC.contains(&route.as_str()) {
             continue;
         }
-        let re = regex::Regex::new(r"\{[^}]+\}").unwrap();
         let path = re
             .replace_all(&route, |c: &regex::Captures| match &c[0] {
                 "{env}" => s.env.clone(),
@@ -420,6 +439,8 @@ async fn a_bad_setting_is_shown_with_the_apis_reason_and_changes_nothing() {
 async fn pages_carry_no_inline_script_and_a_strict_policy() {
     let s = setup(TestServer::start(false).await, json!({})).await;
     let admin = s.session("admin").await;
+    let inline = regex::Regex::new(r"<script(?:\s[^>]*)?>").unwrap();
+    let handlers = regex::Regex::new(r#"\son[a-z]+\s*=|\sstyle\s*="#).unwrap();
     for path in [
         "/console/sign-in".to_string(),
         "/console/".to_string(),
@@ -440,7 +461,6 @@ async fn pages_carry_no_inline_script_and_a_strict_policy() {
         assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
         assert_eq!(r.headers()["x-content-type-options"], "nosniff");
         let html = r.text().await.unwrap();
-        let inline = regex::Regex::new(r"<script(?:\s[^>]*)?>").unwrap();
         for tag in inline.find_iter(&html) {
             assert!(
                 tag.as_str().contains(" src="),
@@ -448,7 +468,6 @@ async fn pages_carry_no_inline_script_and_a_strict_policy() {
                 tag.as_str()
             );
         }
-        let handlers = regex::Regex::new(r#"\son[a-z]+\s*=|\sstyle\s*="#).unwrap();
         assert!(!handlers.is_match(&html), "{path}: inline handler or style");
     }
     let r = admin.get("/console/static/console.js").await;

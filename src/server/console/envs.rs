@@ -207,6 +207,12 @@ async fn events(
     tokio::spawn(async move {
         let mut last = String::new();
         loop {
+            if !visitor.still_signed_in(&state.pool).await {
+                let _ = tx
+                    .send(SseEvent::default().event("signed-out").data("{}"))
+                    .await;
+                return;
+            }
             let env_now = match store::environments::get_environment(&state.pool, env.id).await {
                 Ok(e) => e,
                 // deleted: say so and end the stream

@@ -44,6 +44,16 @@ impl Visitor {
         }
     }
 
+    /// Is the session still open (not signed out, expired, or its token revoked)? Long-lived
+    /// answers (the event stream) ask this before each update.
+    pub async fn still_signed_in(&self, pool: &sqlx::PgPool) -> bool {
+        match pool.acquire().await {
+            Ok(mut c) => matches!(sessions::find(&mut c, &self.secret).await, Ok(Some(_))),
+            // the database away: the stream sends nothing new anyway
+            Err(_) => true,
+        }
+    }
+
     /// What the templates know about the visitor.
     pub fn context(&self) -> minijinja::Value {
         context! {

@@ -53,6 +53,10 @@ function follow() {
       console.error("steward: bad live update", err);
     }
   });
+  source.addEventListener("signed-out", () => {
+    source.close();
+    setText("phase", "signed out: reload the page to sign in again");
+  });
   source.addEventListener("gone", () => {
     source.close();
     setText("phase", "this environment was deleted");
