@@ -2,8 +2,8 @@
 //! (fantoccini, plain HTTP to a chromedriver on 127.0.0.1), one browser per test, each with a
 //! fresh profile. A test gets a small API: go to a URL, find by CSS, fill and click, wait for
 //! a condition (timeout, clear message), read text and cookies, run axe-core (vendored under
-//! `tests/assets/axe-core/`, injected here, never served), and take screenshots into
-//! `docs/console/`.
+//! `tests/assets/axe-core/`, injected here, never served), and take screenshots (into
+//! `docs/console/` with `STEWARD_SCREENSHOTS=1`).
 //!
 //! Invariants: nothing is skipped (without Chromium a test fails and says to run
 //! `scripts/test`, which installs it); chromedriver runs in a process group of its own and the
@@ -439,10 +439,12 @@ impl Browser {
         axe(&self.client).await
     }
 
-    /// Save a PNG of the window as `docs/console/{name}.png`.
+    /// Save a PNG of the window as `{name}.png` in [`screenshot_dir`]: `docs/console/` when
+    /// `STEWARD_SCREENSHOTS=1` (to refresh the pictures the docs show), otherwise a dir under
+    /// the build's temp dir, so that a test run leaves the work tree as it was.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console");
-        std::fs::create_dir_all(&dir).expect("docs/console");
+        let dir = screenshot_dir();
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         let path = dir.join(format!("{name}.png"));
         self.screenshot_to(&path).await;
         path
@@ -472,6 +474,16 @@ impl Browser {
         let path = self.screenshot(name).await;
         let _ = self.client.set_window_size(w as u32, h as u32).await;
         path
+    }
+}
+
+/// Where [`Browser::screenshot`] saves: `docs/console/` with `STEWARD_SCREENSHOTS=1`, else
+/// `console-screenshots/` in the build's temp dir (`target/tmp/`).
+pub fn screenshot_dir() -> PathBuf {
+    if std::env::var("STEWARD_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console")
+    } else {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots")
     }
 }
 

@@ -2,7 +2,8 @@
 //! to, with several versions, failed and skipped resources, a version waiting for approval
 //! and a dry-run; one following a git repository, with a good and a broken commit): each page
 //! answers, has no serious or critical axe-core violation, does not overflow a phone's width,
-//! and is photographed into `docs/console/` (the README links the pictures).
+//! and is photographed (into `docs/console/`, which the README and docs/console.md show, when
+//! run with `STEWARD_SCREENSHOTS=1`).
 
 use std::time::Duration;
 
