@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::Result;
 
+/// The channel (also named in a few UPDATE … RETURNING pg_notify(…) statements).
 const CHANNEL: &str = "steward_changes";
 
 /// Tell listeners that `env` changed, when the surrounding transaction commits.

@@ -332,7 +332,8 @@ pub async fn last_results_by_agent(
 pub async fn set_paused(e: impl PgExecutor<'_>, env: Uuid, name: &str, paused: bool) -> Result<()> {
     sqlx::query(
         "INSERT INTO agents (environment_id, name, paused) VALUES ($1, $2, $3) \
-         ON CONFLICT (environment_id, name) DO UPDATE SET paused = EXCLUDED.paused",
+         ON CONFLICT (environment_id, name) DO UPDATE SET paused = EXCLUDED.paused \
+         RETURNING pg_notify('steward_changes', environment_id::text)",
     )
     .bind(env)
     .bind(name)

@@ -233,11 +233,14 @@ pub async fn rename_environment(e: impl PgExecutor<'_>, id: Uuid, name: &str) ->
 
 /// Store validated settings (the caller validated them with `EnvSettings::patched`).
 pub async fn set_settings(e: impl PgExecutor<'_>, id: Uuid, settings: &EnvSettings) -> Result<()> {
-    let r = sqlx::query("UPDATE environments SET settings = $2 WHERE id = $1")
-        .bind(id)
-        .bind(serde_json::to_value(settings).expect("settings serialize"))
-        .execute(e)
-        .await?;
+    let r = sqlx::query(
+        "UPDATE environments SET settings = $2 WHERE id = $1 \
+         RETURNING pg_notify('steward_changes', id::text)",
+    )
+    .bind(id)
+    .bind(serde_json::to_value(settings).expect("settings serialize"))
+    .execute(e)
+    .await?;
     if r.rows_affected() == 0 {
         return Err(StoreError::NotFound(format!("environment {id}")));
     }
@@ -254,11 +257,15 @@ pub async fn set_auto_release_held(e: impl PgExecutor<'_>, id: Uuid, held: bool)
 }
 
 pub async fn set_halted(e: impl PgExecutor<'_>, id: Uuid, halted: bool) -> Result<()> {
-    sqlx::query("UPDATE environments SET halted = $2 WHERE id = $1")
-        .bind(id)
-        .bind(halted)
-        .execute(e)
-        .await?;
+    // followers (console pages) hear of it when this commits
+    sqlx::query(
+        "UPDATE environments SET halted = $2 WHERE id = $1 \
+         RETURNING pg_notify('steward_changes', id::text)",
+    )
+    .bind(id)
+    .bind(halted)
+    .execute(e)
+    .await?;
     Ok(())
 }
 
@@ -279,13 +286,16 @@ pub async fn delete_environment(c: &mut PgConnection, id: Uuid) -> Result<()> {
 }
 
 /// Take the environment's row lock for the rest of the transaction (serializes version
-/// numbering and releases per environment).
+/// numbering and releases per environment). Whoever locks it changes it: followers are
+/// notified when the transaction commits.
 pub async fn lock(c: &mut PgConnection, id: Uuid) -> Result<Environment> {
     let sql = format!("{ENV_SELECT} WHERE e.id = $1 FOR UPDATE OF e");
-    sqlx::query_as::<_, EnvironmentRow>(sqlx::AssertSqlSafe(sql))
+    let env = sqlx::query_as::<_, EnvironmentRow>(sqlx::AssertSqlSafe(sql))
         .bind(id)
-        .fetch_optional(c)
+        .fetch_optional(&mut *c)
         .await?
         .map(Environment::from)
-        .ok_or_else(|| StoreError::NotFound(format!("environment {id}")))
+        .ok_or_else(|| StoreError::NotFound(format!("environment {id}")))?;
+    super::changes::notify(&mut *c, id).await?;
+    Ok(env)
 }
