@@ -142,7 +142,8 @@ pub async fn csrf_of_page(b: &Browser) -> String {
 
 /// What a role may not be offered: every control that changes something.
 const CHANGE_CONTROLS: &str = "[id^=release-], [id^=reject-], [id^=rollback-], [id^=dryrun-], \
-    #confirm, #deploy-now, #repair-now, #halt, #resume, #save-settings";
+    #confirm, #deploy-now, #repair-now, #halt, #resume, #save-settings, \
+    form[method=post]:not([action='/console/sign-out'])";
 
 /// Buttons and links on the page whose text or target speaks of approving or releasing.
 async fn approve_controls(b: &Browser) -> Vec<String> {
@@ -187,7 +188,11 @@ async fn viewer_is_offered_no_change_and_the_cookie_is_safe() {
         "/console/".to_string(),
         format!("/console/env/{env}"),
         format!("/console/env/{env}/versions"),
+        format!("/console/env/{env}/versions/{v}"),
         format!("/console/env/{env}/resources"),
+        format!("/console/env/{env}/dryruns"),
+        format!("/console/env/{env}/git"),
+        format!("/console/env/{env}/audit"),
         format!("/console/env/{env}/settings"),
     ];
     for page in &pages {
