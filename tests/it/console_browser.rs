@@ -192,7 +192,6 @@ async fn viewer_is_offered_no_change_and_the_cookie_is_safe() {
         format!("/console/env/{env}/resources"),
         format!("/console/env/{env}/dryruns"),
         format!("/console/env/{env}/git"),
-        format!("/console/env/{env}/audit"),
         format!("/console/env/{env}/settings"),
     ];
     for page in &pages {
@@ -210,6 +209,10 @@ async fn viewer_is_offered_no_change_and_the_cookie_is_safe() {
         let approve = approve_controls(&b).await;
         assert!(approve.is_empty(), "{page} offers a viewer: {approve:?}");
     }
+    // the audit log is for administrators, as in the API
+    b.goto(&fx.url(&format!("/console/env/{env}/audit"))).await;
+    assert_eq!(b.status().await, 403, "{}", b.text("main").await);
+
     // the versions page lists the waiting version all the same
     b.goto(&fx.url(&format!("/console/env/{env}/versions")))
         .await;
