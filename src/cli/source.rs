@@ -331,12 +331,29 @@ pub async fn run_report(remote: Remote, cmd: CompileReportCmd) -> anyhow::Result
             for d in r["diagnostics"].as_array().into_iter().flatten() {
                 let p = &d["primary"];
                 match p["file"].as_str() {
-                    Some(file) => println!(
-                        "{file}:{}:{}: {}",
-                        p["line"],
-                        p["column"],
-                        d["message"].as_str().unwrap_or("")
-                    ),
+                    Some(file) => {
+                        println!(
+                            "{file}:{}:{}: {}",
+                            p["line"],
+                            p["column"],
+                            d["message"].as_str().unwrap_or("")
+                        );
+                        // the model's line, as the commit has it, with a caret under the column
+                        let text = r["source_lines"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|l| l["file"].as_str() == Some(file) && l["line"] == p["line"]);
+                        if let Some(text) = text.and_then(|l| l["text"].as_str()) {
+                            let col = p["column"].as_u64().unwrap_or(1).max(1) as usize;
+                            let pad: String = text
+                                .chars()
+                                .take(col - 1)
+                                .map(|c| if c == '\t' { '\t' } else { ' ' })
+                                .collect();
+                            println!("  | {text}\n  | {pad}^");
+                        }
+                    }
                     None => println!("{}", d["message"].as_str().unwrap_or("")),
                 }
             }

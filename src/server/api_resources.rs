@@ -28,11 +28,70 @@ pub struct ListQuery {
     /// only resources with this status
     #[serde(default)]
     pub status: Option<String>,
+    /// only resources of this type (`fs::File`)
+    #[serde(default, rename = "type")]
+    pub resource_type: Option<String>,
+    /// only resources whose id contains this text (case-insensitive)
+    #[serde(default)]
+    pub q: Option<String>,
+    /// sort by id (default), type, agent, status or deployed (end of the last run; never
+    /// deployed last)
+    #[serde(default)]
+    pub sort: Option<String>,
+    /// asc (default) or desc
+    #[serde(default)]
+    pub order: Option<String>,
+    /// skip this many (default 0)
+    #[serde(default)]
+    pub offset: Option<i64>,
+    /// at most this many (default: all)
+    #[serde(default)]
+    pub limit: Option<i64>,
 }
 
-/// The resources of a version (default: the active one) with their deploy state.
+impl ListQuery {
+    /// The store's page request for `version`, or why the query is refused.
+    pub fn page_request(&self, version: i32) -> Result<store::state::PageRequest, ApiError> {
+        let sort = match self.sort.as_deref() {
+            None | Some("") => store::state::SortKey::Id,
+            Some(s) => store::state::SortKey::parse(s).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "sort must be one of {}",
+                    store::state::SortKey::ALL.map(|k| k.as_str()).join(", ")
+                ))
+            })?,
+        };
+        let desc = match self.order.as_deref() {
+            None | Some("") | Some("asc") => false,
+            Some("desc") => true,
+            Some(_) => return Err(ApiError::bad_request("order must be asc or desc")),
+        };
+        if self.offset.is_some_and(|o| o < 0) || self.limit.is_some_and(|l| l < 0) {
+            return Err(ApiError::bad_request(
+                "offset and limit must not be negative",
+            ));
+        }
+        Ok(store::state::PageRequest {
+            version,
+            filter: store::state::Filter {
+                status: self.status.clone(),
+                agent: self.agent.clone(),
+                resource_type: self.resource_type.clone(),
+                text: self.q.clone(),
+            },
+            sort,
+            desc,
+            offset: self.offset.unwrap_or(0),
+            limit: self.limit,
+        })
+    }
+}
+
+/// The resources of a version (default: the active one) with their deploy state; filtered,
+/// sorted and paged in the database.
 #[utoipa::path(get, operation_id = "list_resources", path = "/api/v1/environments/{env}/resources", tag = RESOURCES, params(EnvPath, ListQuery),
-    responses((status = 200, description = "The resources; `version` is null (and the list empty) before the first release", body = store::state::ResourceList)))]
+    responses((status = 200, description = "The resources; `version` is null (and the list empty) before the first release; `total` counts those matching the filter", body = store::state::ResourceList),
+        (status = 400, description = "An unknown sort or order, or a negative offset or limit")))]
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -45,24 +104,22 @@ pub async fn list(
         None => match versions::active(&state.pool, env.id).await? {
             Some(v) => v,
             None => {
+                q.page_request(0)?;
                 return Ok(Json(store::state::ResourceList {
                     version: None,
                     resources: vec![],
+                    total: Some(0),
                 }));
             }
         },
     };
-    let mut rows = store::state::list(&state.pool, env.id, version).await?;
-    if let Some(a) = &q.agent {
-        rows.retain(|r| &r.agent == a);
-    }
-    if let Some(s) = &q.status {
-        rows.retain(|r| &r.status == s);
-    }
+    let req = q.page_request(version)?;
+    let page = store::state::page(&state.pool, env.id, &req).await?;
     // serialized straight from the rows: 10,000 resources are a few MB
     Ok(Json(store::state::ResourceList {
         version: Some(version),
-        resources: rows,
+        resources: page.rows,
+        total: Some(page.total),
     }))
 }
 
@@ -90,10 +147,7 @@ pub async fn get(
         _ => *latest,
     };
     let current = versions::resource_in(&state.pool, env.id, shown, &id).await?;
-    let state_row = store::state::list(&state.pool, env.id, shown)
-        .await?
-        .into_iter()
-        .find(|r| r.resource_id == id);
+    let state_row = store::state::one(&state.pool, env.id, shown, &id).await?;
     // changes along its history: a new hash starts a new entry
     let mut changes = Vec::new();
     for w in history.windows(2) {

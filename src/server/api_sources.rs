@@ -15,6 +15,7 @@ use super::extract::{ApiJson, OptionalJson, environment, parse_uuid};
 use super::openapi::{CommitPath, EnvIdPath, EnvPath, SOURCES};
 use super::{AppState, Event};
 use crate::model::settings::SourceKind;
+use crate::sources::compile::{self, SourceLine};
 use crate::sources::{GitSources, SourceError, Triggered, webhook};
 use crate::store::sources::{CommitEvent, CompileRow, SourceSpec, SourceView};
 use crate::store::{self, audit};
@@ -572,19 +573,48 @@ pub async fn list_compiles(
     ))
 }
 
-/// A compile report with its output and diagnostics.
+/// A compile report, and the lines of the model its diagnostics point at.
+#[derive(Serialize, ToSchema)]
+pub struct CompileReport {
+    #[serde(flatten)]
+    pub report: CompileRow,
+    /// The lines the diagnostics point at, as the commit has them (read from the server's
+    /// mirror of the repository: lines of files outside the project, such as built-in
+    /// modules, and of commits the mirror no longer has, are missing).
+    pub source_lines: Vec<SourceLine>,
+}
+
+/// A compile report with its output and diagnostics, and the source lines they point at.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/compiles/{id}", tag = SOURCES, params(EnvIdPath),
-    responses((status = 200, description = "The compile", body = CompileRow)))]
+    responses((status = 200, description = "The compile", body = CompileReport)))]
 pub async fn get_compile(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, id)): Path<(String, String)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<CompileReport>> {
     let env = environment(&state, &caller, &key).await?;
     let id = parse_uuid("compile", &id)?;
-    Ok(Json(json!(
-        store::sources::get_compile(&state.pool, env.id, id).await?
-    )))
+    let report = store::sources::get_compile(&state.pool, env.id, id).await?;
+    let source = store::sources::get_source(&state.pool, env.id).await?;
+    let source_lines = match (&state.sources, source) {
+        (Some(g), Some(src)) if report.diagnostics.as_array().is_some_and(|d| !d.is_empty()) => {
+            let (mirror, commit, diagnostics) = (
+                g.mirror_of(&src.url),
+                report.commit.clone(),
+                report.diagnostics.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                compile::source_lines(&mirror, &commit, &src.path, &diagnostics)
+            })
+            .await
+            .unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    Ok(Json(CompileReport {
+        report,
+        source_lines,
+    }))
 }
 
 /// What happened to a commit: received → compiled → version → released → deployed.

@@ -167,6 +167,25 @@ pub struct AuditQuery {
     /// at most this many, newest first (default 100, at most 10,000)
     #[serde(default)]
     pub limit: Option<i64>,
+    /// only entries older than this entry id (the next page: the last id of this one)
+    #[serde(default)]
+    pub before: Option<i64>,
+    /// only entries of this action (e.g. `source.set`, `version.release`)
+    #[serde(default)]
+    pub action: Option<String>,
+}
+
+impl AuditQuery {
+    fn filter(&self) -> audit::AuditFilter {
+        audit::AuditFilter {
+            before: self.before,
+            action: self.action.clone().filter(|a| !a.is_empty()),
+        }
+    }
+
+    fn limit(&self) -> i64 {
+        self.limit.unwrap_or(100).clamp(1, 10_000)
+    }
 }
 
 /// The audit log of an environment, newest first (admin).
@@ -181,12 +200,7 @@ pub async fn audit(
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     Ok(Json(
-        audit::list(
-            &state.pool,
-            Some(env.id),
-            q.limit.unwrap_or(100).clamp(1, 10_000),
-        )
-        .await?,
+        audit::list(&state.pool, Some(env.id), &q.filter(), q.limit()).await?,
     ))
 }
 
@@ -200,6 +214,6 @@ pub async fn audit_all(
 ) -> ApiResult<Json<Vec<AuditEntry>>> {
     caller.require(Perm::Global, None)?;
     Ok(Json(
-        audit::list(&state.pool, None, q.limit.unwrap_or(100).clamp(1, 10_000)).await?,
+        audit::list(&state.pool, None, &q.filter(), q.limit()).await?,
     ))
 }

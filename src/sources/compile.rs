@@ -263,6 +263,80 @@ pub async fn run(
     }
 }
 
+/// A line of the model that a diagnostic of a compile report points at, as its commit has it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct SourceLine {
+    /// The file as the diagnostic names it (relative to the project).
+    pub file: String,
+    /// 1-based.
+    pub line: usize,
+    /// The line without its end (cut after 2,000 characters).
+    pub text: String,
+}
+
+/// Bounds of [`source_lines`]: lines looked up per report, characters kept per line, and
+/// the largest file read.
+const MAX_SOURCE_LINES: usize = 100;
+const MAX_LINE_CHARS: usize = 2000;
+const MAX_SOURCE_FILE: u64 = 4 << 20;
+
+/// The lines the diagnostics of a report point at (their primary and secondary labels), read
+/// from `commit` in the mirror. Only files of the project (under `project_path` in the
+/// repository) can be found; lines of other files (built-in modules) are left out, and so
+/// is everything when the mirror no longer has the commit. Blocking.
+pub fn source_lines(
+    mirror: &Path,
+    commit: &str,
+    project_path: &str,
+    diagnostics: &Value,
+) -> Vec<SourceLine> {
+    let mut wanted: std::collections::BTreeMap<&str, std::collections::BTreeSet<usize>> =
+        Default::default();
+    let mut count = 0;
+    for d in diagnostics.as_array().into_iter().flatten() {
+        let labels =
+            std::iter::once(&d["primary"]).chain(d["secondary"].as_array().into_iter().flatten());
+        for l in labels {
+            if let (Some(file), Some(line)) = (l["file"].as_str(), l["line"].as_u64())
+                && count < MAX_SOURCE_LINES
+                && wanted.entry(file).or_default().insert(line as usize)
+            {
+                count += 1;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (file, lines) in wanted {
+        if file.starts_with('/') || file.split('/').any(|p| p == "..") {
+            continue;
+        }
+        let path = if project_path.is_empty() {
+            file.to_string()
+        } else {
+            format!("{}/{file}", project_path.trim_matches('/'))
+        };
+        let Ok(Some(bytes)) = git::read_file(mirror, commit, &path, MAX_SOURCE_FILE) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let all: Vec<&str> = text.lines().collect();
+        for line in lines {
+            // the line after the last one is where the file ends ("unexpected end of file")
+            let text = match line.checked_sub(1).map(|i| all.get(i)) {
+                Some(Some(t)) => t.chars().take(MAX_LINE_CHARS).collect(),
+                Some(None) if line == all.len() + 1 => String::new(),
+                _ => continue,
+            };
+            out.push(SourceLine {
+                file: file.to_string(),
+                line,
+                text,
+            });
+        }
+    }
+    out
+}
+
 /// The export the compiler wrote, refused over [`MAX_EXPORT`].
 fn read_export(path: &Path) -> Result<ExportFile, String> {
     use std::io::Read;

@@ -704,6 +704,58 @@ pub fn subtree_changed(
     Ok(from != to)
 }
 
+/// The content of the file at `path` (slash-separated, inside the repository) in `commit_hex`:
+/// `None` when there is no such file, or it is not a plain file, or it is over `max` bytes.
+pub fn read_file(
+    mirror_dir: &Path,
+    commit_hex: &str,
+    path: &str,
+    max: u64,
+) -> Result<Option<Vec<u8>>, GitError> {
+    let components = normalize_subpath(Some(path))?;
+    let Some((name, dirs)) = components.split_last() else {
+        return Ok(None);
+    };
+    let repo = open_mirror(mirror_dir)?;
+    let dir = (!dirs.is_empty()).then(|| dirs.join("/"));
+    let Some(tree) = subtree_id(&repo, parse_commit_id(commit_hex)?, dir.as_deref()).or_else(
+        // a directory on the way that is a file: no such file
+        |e| match e {
+            GitError::Other(_) => Ok(None),
+            e => Err(e),
+        },
+    )?
+    else {
+        return Ok(None);
+    };
+    let tree = repo
+        .find_tree(tree)
+        .map_err(other(format_args!("cannot read tree {tree}")))?;
+    let Some(entry) = tree
+        .iter()
+        .filter_map(Result::ok)
+        .find(|e| e.filename().as_bytes() == name.as_bytes())
+    else {
+        return Ok(None);
+    };
+    if !matches!(
+        entry.mode().kind(),
+        EntryKind::Blob | EntryKind::BlobExecutable
+    ) {
+        return Ok(None);
+    }
+    let header = repo
+        .find_header(entry.object_id())
+        .map_err(other(format_args!("cannot read {path}")))?;
+    if header.size() > max {
+        return Ok(None);
+    }
+    let blob = repo
+        .find_blob(entry.object_id())
+        .map_err(other(format_args!("cannot read {path}")))?;
+    Ok(Some(blob.data.clone()))
+}
+
 // ---------------------------------------------------------------------------------------------
 // checkout
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ use uuid::Uuid;
 
 use super::Result;
 
+mod page;
+pub use page::{Filter, PageRequest, ResourcePage, SortKey, one, page, required_by, rows};
+
 #[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ResourceWithState {
     pub resource_id: String,
@@ -36,6 +39,9 @@ pub struct ResourceWithState {
 pub struct ResourceList {
     pub version: Option<i32>,
     pub resources: Vec<ResourceWithState>,
+    /// How many resources match the filter (more than `resources` holds when paged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<i64>,
 }
 
 /// The REST status, first match wins.

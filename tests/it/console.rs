@@ -149,6 +149,17 @@ async fn revoking_the_token_ends_its_sessions() {
         .get(&format!("/console/env/{}/events", s.env))
         .await;
     assert_eq!(live.status(), StatusCode::OK);
+    // the page's first document, computed while the session was good
+    let mut first = String::new();
+    while !first.contains("\n\n") {
+        let b = tokio::time::timeout(Duration::from_secs(5), live.chunk())
+            .await
+            .expect("a first document")
+            .unwrap()
+            .unwrap();
+        first.push_str(&String::from_utf8_lossy(&b));
+    }
+    assert!(first.contains("\"halted\":false"), "{first}");
     let tokens = admin.tokens(Some(&s.env), false).await.unwrap();
     let id = tokens
         .iter()
