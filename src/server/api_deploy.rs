@@ -162,7 +162,7 @@ pub async fn start_dryrun(
     let s = schedulers(&state)?;
     let version = match body.version {
         Some(v) => v,
-        None => versions::list(&state.pool, env.id, 1)
+        None => versions::list(&state.pool, env.id, 1, None)
             .await?
             .first()
             .map(|v| v.number)

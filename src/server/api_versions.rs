@@ -104,6 +104,10 @@ pub struct ListQuery {
     /// at most this many, newest first (default 100, at most 10,000)
     #[serde(default)]
     pub limit: Option<i64>,
+    /// only versions numbered below this one (the next page: the last number of this one)
+    #[serde(default)]
+    #[param(minimum = 1)]
+    pub before: Option<i32>,
 }
 
 /// A version in a list.
@@ -113,6 +117,8 @@ pub struct VersionItem {
     pub version: VersionInfo,
     /// It is the released version being deployed.
     pub active: bool,
+    /// How many decisions (releases, rejections) it has (`.../approvals` lists them).
+    pub approvals: i64,
 }
 
 /// The versions, newest first.
@@ -126,12 +132,15 @@ pub async fn list(
 ) -> ApiResult<Json<Vec<VersionItem>>> {
     let env = environment(&state, &caller, &key).await?;
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
-    let list = versions::list(&state.pool, env.id, limit).await?;
+    let list = versions::list(&state.pool, env.id, limit, q.before).await?;
     let active = versions::active(&state.pool, env.id).await?;
+    let numbers: Vec<i32> = list.iter().map(|v| v.number).collect();
+    let decisions = versions::decision_counts(&state.pool, env.id, &numbers).await?;
     Ok(Json(
         list.into_iter()
             .map(|v| VersionItem {
                 active: Some(v.number) == active,
+                approvals: decisions.get(&v.number).copied().unwrap_or(0),
                 version: v,
             })
             .collect(),

@@ -480,16 +480,40 @@ pub async fn get(e: impl PgExecutor<'_>, env: Uuid, number: i32) -> Result<Versi
         .ok_or_else(|| StoreError::NotFound(format!("version {number}")))
 }
 
-/// Newest first.
-pub async fn list(e: impl PgExecutor<'_>, env: Uuid, limit: i64) -> Result<Vec<VersionInfo>> {
+/// Newest first; with `before`, only versions numbered below it (the next page of a list).
+pub async fn list(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    limit: i64,
+    before: Option<i32>,
+) -> Result<Vec<VersionInfo>> {
     let sql = format!(
-        "SELECT {COLUMNS} FROM versions WHERE environment_id = $1 ORDER BY number DESC LIMIT $2"
+        "SELECT {COLUMNS} FROM versions WHERE environment_id = $1 AND ($3::int IS NULL OR number < $3) \
+         ORDER BY number DESC LIMIT $2"
     );
     Ok(sqlx::query_as::<_, VersionInfo>(sqlx::AssertSqlSafe(sql))
         .bind(env)
         .bind(limit)
+        .bind(before)
         .fetch_all(e)
         .await?)
+}
+
+/// How many decisions (releases and rejections) each of these versions has.
+pub async fn decision_counts(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    numbers: &[i32],
+) -> Result<HashMap<i32, i64>> {
+    let rows: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT version, count(*) FROM approvals WHERE environment_id = $1 AND version = ANY($2) \
+         GROUP BY version",
+    )
+    .bind(env)
+    .bind(numbers)
+    .fetch_all(e)
+    .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// Versions waiting for a decision: not released nor rejected, newer than the active one.

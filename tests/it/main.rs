@@ -16,6 +16,7 @@ mod console_git;
 mod console_pages;
 mod console_resources;
 mod console_support;
+mod console_versions;
 mod deploy;
 mod deploy_cli;
 mod deploy_faults;
