@@ -72,15 +72,7 @@ pub struct Client {
 
 /// Percent-encode a path segment (resource ids contain `[`, `]`, `/`, `=` …).
 pub fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::model::urls::encode_component(s)
 }
 
 /// The certificates of a PEM file of CA certificates (at least one).

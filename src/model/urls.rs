@@ -50,6 +50,20 @@ pub fn public_url(url: &str) -> String {
     }
 }
 
+/// Percent-encode everything but unreserved characters (RFC 3986), for a path segment or a
+/// query value (resource ids contain `[`, `]`, `/`, `=` …).
+pub fn encode_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod credential_tests {
     use super::split_credentials;

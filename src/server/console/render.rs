@@ -55,17 +55,9 @@ pub fn val<T: serde::Serialize>(v: T) -> Value {
     Value::from(minijinja::value::Serde(v))
 }
 
-/// Percent-encode everything but unreserved characters (for a path segment or query value).
+/// Percent-encode a path segment or query value.
 pub fn url_component(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::model::urls::encode_component(s)
 }
 
 /// A rendered page (or a rendering failure, which is logged and shown as a 500).
