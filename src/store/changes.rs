@@ -55,21 +55,26 @@ impl Changes {
     }
 }
 
-/// Listen for ever, reconnecting with backoff.
+/// Listen for ever, reconnecting with backoff (from the start again once a connection held).
 async fn listen(pool: PgPool, tx: broadcast::Sender<Uuid>) {
     let mut delay = Duration::from_millis(200);
     loop {
-        if let Err(e) = follow(&pool, &tx).await {
+        let mut listening = false;
+        if let Err(e) = follow(&pool, &tx, &mut listening).await {
             tracing::warn!(error = %e, "listening for changes failed; trying again");
+        }
+        if listening {
+            delay = Duration::from_millis(200);
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 
-async fn follow(pool: &PgPool, tx: &broadcast::Sender<Uuid>) -> Result<()> {
+async fn follow(pool: &PgPool, tx: &broadcast::Sender<Uuid>, listening: &mut bool) -> Result<()> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
+    *listening = true;
     loop {
         // `recv` reconnects by itself after a lost connection (notifications sent meanwhile
         // are lost; followers re-read on their own slow tick)

@@ -593,3 +593,89 @@ async fn a_deploy_reaches_an_open_page_as_it_happens() {
     let quiet = next_progress(&mut resp, &mut buf, 2, |_| true).await;
     assert!(quiet.is_none(), "an event without a change: {quiet:?}");
 }
+
+#[tokio::test]
+async fn expired_sessions_end_and_are_pruned() {
+    let s = setup(TestServer::start(false).await, json!({})).await;
+    let old = s.session("viewer").await;
+    let current = s.session("viewer").await;
+    let secret = old.cookie.trim_start_matches("steward_session=");
+    sqlx::query(
+        "UPDATE console_sessions SET expires_at = now() - interval '1 second' \
+         WHERE secret_hash = $1",
+    )
+    .bind(steward::store::tokens::hash_secret(secret))
+    .execute(&s.server.pool)
+    .await
+    .unwrap();
+    assert_eq!(old.get("/console/").await.status(), StatusCode::SEE_OTHER);
+    assert_eq!(current.page("/console/").await.0, StatusCode::OK);
+    let pruned = steward::store::retention::prune_all(&s.server.pool, None)
+        .await
+        .unwrap();
+    assert_eq!(pruned.console_sessions, 1, "{pruned:?}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM console_sessions")
+        .fetch_one(&s.server.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "the live session stays");
+    assert_eq!(current.page("/console/").await.0, StatusCode::OK);
+}
+
+/// The server's listening connection (LISTEN steward_changes) in this test's database.
+async fn listener_pid(pool: &sqlx::PgPool) -> Option<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+         AND query ILIKE 'LISTEN%steward_changes%' ORDER BY backend_start DESC LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn live_updates_carry_on_while_the_listening_connection_is_cut_again_and_again() {
+    let s = setup(TestServer::start(false).await, json!({})).await;
+    let viewer = s.session("viewer").await;
+    let mut resp = viewer.get(&format!("/console/env/{}/events", s.env)).await;
+    let mut buf = String::new();
+    next_progress(&mut resp, &mut buf, 5, |_| true)
+        .await
+        .unwrap();
+    let admin = s.server.admin_client();
+    let started = Instant::now();
+    let (mut rounds, mut halted) = (0, false);
+    // 20 s of a connection that keeps being cut (a failover, a proxy restart): each time the
+    // listener comes back by itself, and the next change reaches the page at once
+    while started.elapsed() < Duration::from_secs(20) {
+        let pid = listener_pid(&s.server.pool).await.expect("a listener");
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&s.server.pool)
+            .await
+            .unwrap();
+        let back = Instant::now();
+        loop {
+            match listener_pid(&s.server.pool).await {
+                Some(p) if p != pid => break,
+                _ if back.elapsed() > Duration::from_secs(10) => {
+                    panic!("the listener did not come back within 10 s (round {rounds})")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        halted = !halted;
+        admin.set_halted(&s.env, halted).await.unwrap();
+        let changed = Instant::now();
+        next_progress(&mut resp, &mut buf, 10, |d| d["halted"] == halted)
+            .await
+            .unwrap_or_else(|| panic!("round {rounds}: the change never reached the page"));
+        assert!(
+            changed.elapsed() < Duration::from_secs(2),
+            "round {rounds}: the change took {:?} (the slow tick, not the listener)",
+            changed.elapsed()
+        );
+        rounds += 1;
+    }
+    assert!(rounds >= 5, "only {rounds} rounds in 20 s");
+}
