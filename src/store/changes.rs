@@ -14,8 +14,9 @@ use uuid::Uuid;
 
 use super::Result;
 
-/// The channel (also named in a few UPDATE … RETURNING pg_notify(…) statements).
-const CHANNEL: &str = "steward_changes";
+/// The channel (also bound by the few UPDATE … RETURNING pg_notify(…) statements that
+/// notify in the statement that changes).
+pub const CHANNEL: &str = "steward_changes";
 
 /// Tell listeners that `env` changed, when the surrounding transaction commits.
 pub async fn notify(e: impl sqlx::PgExecutor<'_>, env: Uuid) -> Result<()> {

@@ -333,11 +333,12 @@ pub async fn set_paused(e: impl PgExecutor<'_>, env: Uuid, name: &str, paused: b
     sqlx::query(
         "INSERT INTO agents (environment_id, name, paused) VALUES ($1, $2, $3) \
          ON CONFLICT (environment_id, name) DO UPDATE SET paused = EXCLUDED.paused \
-         RETURNING pg_notify('steward_changes', environment_id::text)",
+         RETURNING pg_notify($4, environment_id::text)",
     )
     .bind(env)
     .bind(name)
     .bind(paused)
+    .bind(super::changes::CHANNEL)
     .execute(e)
     .await?;
     Ok(())

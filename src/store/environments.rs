@@ -235,10 +235,11 @@ pub async fn rename_environment(e: impl PgExecutor<'_>, id: Uuid, name: &str) ->
 pub async fn set_settings(e: impl PgExecutor<'_>, id: Uuid, settings: &EnvSettings) -> Result<()> {
     let r = sqlx::query(
         "UPDATE environments SET settings = $2 WHERE id = $1 \
-         RETURNING pg_notify('steward_changes', id::text)",
+         RETURNING pg_notify($3, id::text)",
     )
     .bind(id)
     .bind(serde_json::to_value(settings).expect("settings serialize"))
+    .bind(super::changes::CHANNEL)
     .execute(e)
     .await?;
     if r.rows_affected() == 0 {
@@ -260,10 +261,11 @@ pub async fn set_halted(e: impl PgExecutor<'_>, id: Uuid, halted: bool) -> Resul
     // followers (console pages) hear of it when this commits
     sqlx::query(
         "UPDATE environments SET halted = $2 WHERE id = $1 \
-         RETURNING pg_notify('steward_changes', id::text)",
+         RETURNING pg_notify($3, id::text)",
     )
     .bind(id)
     .bind(halted)
+    .bind(super::changes::CHANNEL)
     .execute(e)
     .await?;
     Ok(())
