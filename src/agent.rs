@@ -655,6 +655,7 @@ mod tests {
             entry: "handler.py".into(),
             files,
             digest: digest.clone(),
+            inmanta: None,
         };
         let b = serde_json::json!({"code": code, "contents": {"handler.py": hex::encode(sent)}});
         (b, digest)

@@ -16,6 +16,7 @@ pub mod embedded;
 pub mod events;
 pub mod executor;
 pub mod model;
+pub mod pycompat;
 pub mod scheduler;
 pub mod server;
 pub mod sources;

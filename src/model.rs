@@ -138,6 +138,22 @@ pub struct HandlerCode {
     pub entry: String,
     pub files: BTreeMap<String, CodeFile>,
     pub digest: String,
+    /// Set for an Inmanta module's Python (`@provider` handlers): the executor runs it with
+    /// the `inmanta` compatibility package (`python/`) in a Python environment holding
+    /// `requirements`. `files` are then paths under a `sys.path` root
+    /// (`inmanta_plugins/<module>/…`) and `entry` is unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inmanta: Option<InmantaCode>,
+}
+
+/// What an executor needs, beyond the files, to run an Inmanta module's handlers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct InmantaCode {
+    /// The modules' Python requirements (pip requirement strings), sorted, deduplicated.
+    pub requirements: Vec<String>,
+    /// Python packages to import so that their `@provider` classes register, e.g.
+    /// `inmanta_plugins.fs`.
+    pub imports: Vec<String>,
 }
 
 impl HandlerCode {

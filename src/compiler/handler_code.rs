@@ -74,6 +74,7 @@ pub fn collect(
             entry: entry.to_string(),
             files,
             digest,
+            inmanta: None,
         },
         code,
     ))

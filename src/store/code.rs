@@ -133,6 +133,7 @@ pub async fn handlers_of(
                     entry,
                     files: serde_json::from_value(files).unwrap_or_default(),
                     digest,
+                    inmanta: None,
                 },
             )
         })
@@ -166,5 +167,6 @@ pub async fn by_digest(e: impl PgExecutor<'_>, env: Uuid, digest: &str) -> Resul
         entry,
         files: serde_json::from_value(files).unwrap_or_default(),
         digest,
+        inmanta: None,
     })
 }
