@@ -44,6 +44,8 @@ pub struct AppState {
     pub notifier: Notifier,
     /// Environments changed, as PostgreSQL notifies them (for pages that follow them live).
     pub changes: crate::store::changes::Changes,
+    /// The resources table's counts, kept while an environment does not change.
+    pub facets: crate::store::state::FacetCache,
     /// The console's session cookie is marked `Secure` (the server speaks TLS).
     pub secure_cookies: bool,
     /// The deploy schedulers; None when the server runs without them (`--no-scheduler`).

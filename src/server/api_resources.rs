@@ -114,7 +114,7 @@ pub async fn list(
         },
     };
     let req = q.page_request(version)?;
-    let page = store::state::page(&state.pool, env.id, &req).await?;
+    let page = store::state::page(&state.pool, &state.facets, env.id, &req).await?;
     // serialized straight from the rows: 10,000 resources are a few MB
     Ok(Json(store::state::ResourceList {
         version: Some(version),

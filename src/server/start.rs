@@ -108,12 +108,14 @@ async fn shutdown_signal() {
 
 /// The shared state of a server on this pool.
 pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
+    let changes = crate::store::changes::Changes::new(pool.clone());
     AppState {
         pool: pool.clone(),
         no_auth,
         metrics: Arc::new(ops::Metrics::default()),
         notifier: Notifier::new(),
-        changes: crate::store::changes::Changes::new(pool.clone()),
+        facets: crate::store::state::FacetCache::new(changes.clone()),
+        changes,
         secure_cookies: false,
         schedulers: None,
         sources: None,

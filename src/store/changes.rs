@@ -28,13 +28,25 @@ pub async fn notify(e: impl sqlx::PgExecutor<'_>, env: Uuid) -> Result<()> {
     Ok(())
 }
 
+/// What a follower hears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Something in this environment changed.
+    Environment(Uuid),
+    /// The listener (re)connected: changes made while it was not listening were missed, so
+    /// re-read what you show.
+    Listening,
+    /// The listening connection was lost: until `Listening`, changes are not heard.
+    Lost,
+}
+
 /// Changed environments as they are notified; a subscriber that falls behind gets `Lagged`
 /// and should re-read what it shows. The listener (one connection) starts with the first
 /// subscriber, so a server nobody watches holds no connection for it.
 #[derive(Clone)]
 pub struct Changes {
     pool: PgPool,
-    sender: Arc<OnceLock<broadcast::Sender<Uuid>>>,
+    sender: Arc<OnceLock<broadcast::Sender<Change>>>,
 }
 
 impl Changes {
@@ -45,7 +57,7 @@ impl Changes {
         }
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Uuid> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.sender
             .get_or_init(|| {
                 let (tx, _) = broadcast::channel(1024);
@@ -57,7 +69,7 @@ impl Changes {
 }
 
 /// Listen for ever, reconnecting with backoff (from the start again once a connection held).
-async fn listen(pool: PgPool, tx: broadcast::Sender<Uuid>) {
+async fn listen(pool: PgPool, tx: broadcast::Sender<Change>) {
     let mut delay = Duration::from_millis(200);
     loop {
         let mut listening = false;
@@ -65,6 +77,7 @@ async fn listen(pool: PgPool, tx: broadcast::Sender<Uuid>) {
             tracing::warn!(error = %e, "listening for changes failed; trying again");
         }
         if listening {
+            let _ = tx.send(Change::Lost);
             delay = Duration::from_millis(200);
         }
         tokio::time::sleep(delay).await;
@@ -72,17 +85,19 @@ async fn listen(pool: PgPool, tx: broadcast::Sender<Uuid>) {
     }
 }
 
-async fn follow(pool: &PgPool, tx: &broadcast::Sender<Uuid>, listening: &mut bool) -> Result<()> {
+/// Listen on one connection until it is lost.
+async fn follow(pool: &PgPool, tx: &broadcast::Sender<Change>, listening: &mut bool) -> Result<()> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     *listening = true;
-    loop {
-        // `recv` reconnects by itself after a lost connection (notifications sent meanwhile
-        // are lost; followers re-read on their own slow tick)
-        let n = listener.recv().await?;
+    let _ = tx.send(Change::Listening);
+    // `try_recv` (unlike `recv`) says when the connection is lost instead of reconnecting
+    // silently: then start over, so followers hear `Lost` and later `Listening`
+    while let Some(n) = listener.try_recv().await? {
         if let Ok(env) = n.payload().parse::<Uuid>() {
             // nobody following is fine
-            let _ = tx.send(env);
+            let _ = tx.send(Change::Environment(env));
         }
     }
+    Ok(())
 }

@@ -69,6 +69,7 @@ pub async fn clear_leases(pool: &sqlx::PgPool, env: Uuid) -> Result<u64> {
         .bind(env)
         .execute(&mut *tx)
         .await?;
+    super::changes::notify(&mut *tx, env).await?;
     let note = serde_json::json!([{
         "level": "warning",
         "message": "the scheduler stopped while this action ran; the resource is deployed again",

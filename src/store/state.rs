@@ -7,8 +7,10 @@ use uuid::Uuid;
 
 use super::Result;
 
+mod facet_cache;
 mod page;
-pub use page::{Filter, PageRequest, ResourcePage, SortKey, one, page, required_by, rows};
+pub use facet_cache::FacetCache;
+pub use page::{Filter, PageRequest, ResourcePage, SortKey, one, page, required_by};
 
 #[derive(Clone, Debug, Serialize, serde::Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ResourceWithState {

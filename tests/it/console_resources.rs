@@ -53,7 +53,7 @@ fn row_ids(html: &str) -> Vec<String> {
 }
 
 /// 130 resources over 3 agents and 3 types, and state for some of them: the ids by index.
-async fn seeded(s: &TestServer, c: &Client) -> (String, Vec<String>) {
+pub(crate) async fn seeded(s: &TestServer, c: &Client) -> (String, Vec<String>) {
     let env = c
         .create_environment("console", "res", None)
         .await

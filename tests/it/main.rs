@@ -12,6 +12,7 @@ mod compiler_cases;
 mod compiler_cli;
 mod console;
 mod console_browser;
+mod console_counts;
 mod console_git;
 mod console_pages;
 mod console_resources;

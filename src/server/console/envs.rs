@@ -19,6 +19,7 @@ use crate::server::auth::{Perm, allowed};
 use crate::server::error::ApiError;
 use crate::server::extract::{OptionalJson, environment};
 use crate::server::{AppState, Event, api_envs};
+use crate::store::changes::Change;
 use crate::store::environments::Environment;
 use crate::store::{self, versions};
 
@@ -247,7 +248,9 @@ async fn events(
                     _ = &mut tick => break,
                     _ = tx.closed() => return,
                     c = changes.recv() => match c {
-                        Ok(id) if id == env.id => break,
+                        Ok(Change::Environment(id)) if id == env.id => break,
+                        // listening again after a lost connection: changes may have been missed
+                        Ok(Change::Listening) => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                         Err(_) => { tick.as_mut().await; break; }

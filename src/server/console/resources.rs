@@ -202,7 +202,7 @@ async fn list(
         offset: (page_no - 1) * PAGE_SIZE,
         limit: Some(PAGE_SIZE),
     };
-    let page = store::state::page(&state.pool, env.id, &req)
+    let page = store::state::page(&state.pool, &state.facets, env.id, &req)
         .await
         .map_err(ApiError::from)?;
     let pages = ((page.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);

@@ -13,14 +13,17 @@
 //!   failed rows rather than from the whole version.
 //! - The statements are not kept prepared: a generic plan of these optional filters is poor
 //!   (measured: a nested loop over the whole version), so each is planned for its values.
-//! - Both queries run at once, on two connections.
+//! - Both queries run at once, on two connections; the facets are kept between views while
+//!   the environment does not change ([`FacetCache`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::facet_cache::{Choices, Counts, FacetCache};
 use super::{ResourceWithState, STATUS_SQL};
 use crate::store::Result;
 
@@ -82,7 +85,7 @@ impl SortKey {
             SortKey::Id => format!("vr.resource_id{d}"),
             SortKey::Type => format!("vr.resource_type{d}, vr.resource_id{d}"),
             SortKey::Agent => format!("vr.agent{d}, vr.resource_id{d}"),
-            SortKey::Status => format!("status{d}, vr.resource_id{d}"),
+            SortKey::Status => format!("status COLLATE \"C\"{d}, vr.resource_id{d}"),
             SortKey::Deployed => format!("s.last_deployed{d} NULLS LAST, vr.resource_id{d}"),
         }
     }
@@ -184,8 +187,16 @@ fn nonempty(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
-/// The rows of one page.
-pub async fn rows(pool: &PgPool, env: Uuid, req: &PageRequest) -> Result<Vec<ResourceWithState>> {
+/// The rows of one page, as the planner sees fit, or (`walk`) by walking the version in the
+/// order of the sort and looking each resource's state up until the page is full: far
+/// cheaper when many resources match a status filter, which the planner can not know (it
+/// estimates such a filter to match almost nothing).
+async fn rows(
+    pool: &PgPool,
+    env: Uuid,
+    req: &PageRequest,
+    walk: bool,
+) -> Result<Vec<ResourceWithState>> {
     let PageRequest {
         version,
         ref filter,
@@ -228,6 +239,14 @@ pub async fn rows(pool: &PgPool, env: Uuid, req: &PageRequest) -> Result<Vec<Res
     };
     let text = nonempty(&filter.text).map(pattern);
     let mut tx = roomy(pool).await?;
+    if walk {
+        sqlx::raw_sql(
+            "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; \
+             SET LOCAL enable_sort = off",
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
     let rows = sqlx::query_as::<_, ResourceWithState>(sqlx::AssertSqlSafe(sql))
         .persistent(false)
         .bind(env)
@@ -242,27 +261,15 @@ pub async fn rows(pool: &PgPool, env: Uuid, req: &PageRequest) -> Result<Vec<Res
     Ok(rows)
 }
 
-/// One pass over the version: counts by status under the agent, type and text filters, and
-/// the version's agents and types.
-async fn facets(
-    pool: &PgPool,
-    env: Uuid,
-    version: i32,
-    filter: &Filter,
-) -> Result<(BTreeMap<String, i64>, Vec<String>, Vec<String>)> {
+/// Counts by status under the agent, type and text filters (one pass over the resources
+/// they leave).
+async fn counts(pool: &PgPool, env: Uuid, version: i32, filter: &Filter) -> Result<Counts> {
     let sql = format!(
-        "SELECT {STATUS_SQL} AS status, vr.agent, vr.resource_type, \
-           count(*) FILTER (WHERE ($3::text IS NULL OR vr.agent = $3) \
-             AND ($4::text IS NULL OR vr.resource_type = $4) \
-             AND ($5::text IS NULL OR vr.resource_id ILIKE $5 ESCAPE '\\')) \
-         FROM version_resources vr {JOIN_STATE} \
-         WHERE vr.environment_id = $1 AND vr.version = $2 \
-         GROUP BY GROUPING SETS ((1), (2), (3))"
+        "SELECT {STATUS_SQL} AS status, count(*) FROM version_resources vr {JOIN_STATE} \
+         WHERE {ROW_FILTER} GROUP BY 1"
     );
     let mut tx = roomy(pool).await?;
-    // (status, agent, type, count): one of the three is set, by grouping set
-    type Group = (Option<String>, Option<String>, Option<String>, i64);
-    let groups: Vec<Group> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .persistent(false)
         .bind(env)
         .bind(version)
@@ -272,40 +279,263 @@ async fn facets(
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
-    let (mut by_status, mut agents, mut types) = (BTreeMap::new(), Vec::new(), Vec::new());
-    for (status, agent, rtype, n) in groups {
-        match (status, agent, rtype) {
-            (Some(s), None, None) if n > 0 => {
-                by_status.insert(s, n);
-            }
-            (None, Some(a), None) => agents.push(a),
-            (None, None, Some(t)) => types.push(t),
-            _ => {}
+    Ok(counts.into_iter().filter(|(_, n)| *n > 0).collect())
+}
+
+/// The agents and the types of a version, sorted (from its indexes on both).
+async fn choices(pool: &PgPool, env: Uuid, version: i32) -> Result<Choices> {
+    let rows: Vec<(bool, String)> = sqlx::query_as(
+        "SELECT true, agent FROM (SELECT DISTINCT agent FROM version_resources \
+           WHERE environment_id = $1 AND version = $2) a \
+         UNION ALL SELECT false, resource_type FROM (SELECT DISTINCT resource_type \
+           FROM version_resources WHERE environment_id = $1 AND version = $2) t",
+    )
+    .bind(env)
+    .bind(version)
+    .fetch_all(pool)
+    .await?;
+    let (mut agents, mut types) = (Vec::new(), Vec::new());
+    for (is_agent, name) in rows {
+        if is_agent {
+            agents.push(name)
+        } else {
+            types.push(name)
         }
     }
     agents.sort();
     types.sort();
-    Ok((by_status, agents, types))
+    Ok((agents, types))
+}
+
+/// The counts under `filter` and the version's choices, from the cache or PostgreSQL (both
+/// queries at once).
+async fn facets(
+    pool: &PgPool,
+    cache: &FacetCache,
+    env: Uuid,
+    version: i32,
+    filter: &Filter,
+) -> Result<(Arc<Counts>, Arc<Choices>)> {
+    let kept_counts = cache.get(env, version, filter);
+    let counted = async {
+        match kept_counts {
+            Ok(c) => Ok(c),
+            Err(ticket) => {
+                let c = Arc::new(counts(pool, env, version, filter).await?);
+                cache.put(ticket, c.clone());
+                Ok(c)
+            }
+        }
+    };
+    tokio::try_join!(counted, kept_choices(pool, cache, env, version))
+}
+
+async fn kept_choices(
+    pool: &PgPool,
+    cache: &FacetCache,
+    env: Uuid,
+    version: i32,
+) -> Result<Arc<Choices>> {
+    if let Some(c) = cache.choices(env, version) {
+        return Ok(c);
+    }
+    let c = Arc::new(choices(pool, env, version).await?);
+    cache.put_choices(env, version, c.clone());
+    Ok(c)
+}
+
+/// A page sorted by deploy time and the counts by status, from one join of the version with
+/// its state (both need every resource's state: joining once halves the work).
+async fn by_deploy_time_with_counts(
+    pool: &PgPool,
+    env: Uuid,
+    req: &PageRequest,
+) -> Result<(Counts, Vec<ResourceWithState>)> {
+    let filter = &req.filter;
+    let d = if req.desc { " DESC" } else { "" };
+    let cut = format!(
+        "OFFSET {} {}",
+        req.offset.max(0),
+        req.limit
+            .map(|l| format!("LIMIT {}", l.max(0)))
+            .unwrap_or_default()
+    );
+    let sql = format!(
+        "WITH j AS MATERIALIZED (SELECT vr.resource_id, {STATUS_SQL} AS status, s.last_deployed \
+           FROM version_resources vr {JOIN_STATE} WHERE {ROW_FILTER}) \
+         SELECT status, count(*), NULL::integer FROM j GROUP BY status \
+         UNION ALL SELECT resource_id, 0, (row_number() OVER ())::integer FROM \
+           (SELECT resource_id FROM j WHERE $6::text IS NULL OR status = $6 \
+            ORDER BY last_deployed{d} NULLS LAST, resource_id{d} {cut}) p"
+    );
+    let mut tx = roomy(pool).await?;
+    // (status, count, None) or (resource id, 0, its place on the page)
+    let got: Vec<(String, i64, Option<i32>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .persistent(false)
+        .bind(env)
+        .bind(req.version)
+        .bind(nonempty(&filter.agent))
+        .bind(nonempty(&filter.resource_type))
+        .bind(nonempty(&filter.text).map(pattern))
+        .bind(nonempty(&filter.status))
+        .fetch_all(&mut *tx)
+        .await?;
+    let (mut counts, mut ids) = (Counts::new(), Vec::new());
+    for (key, n, place) in got {
+        match place {
+            Some(p) => ids.push((p, key)),
+            None if n > 0 => {
+                counts.insert(key, n);
+            }
+            None => {}
+        }
+    }
+    ids.sort();
+    let ids: Vec<String> = ids.into_iter().map(|(_, id)| id).collect();
+    let sql = format!(
+        "SELECT {ROW_COLUMNS}, {} FROM version_resources vr {JOIN_STATE} \
+         WHERE vr.environment_id = $1 AND vr.version = $2 AND vr.resource_id = ANY($3)",
+        state_columns()
+    );
+    let mut rows: Vec<ResourceWithState> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .bind(req.version)
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let place: std::collections::HashMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    rows.sort_by_key(|r| place.get(r.resource_id.as_str()).copied());
+    Ok((counts, rows))
 }
 
 /// A page of resources with the total matching its filter and the filter bar's counts and
-/// choices.
-pub async fn page(pool: &PgPool, env: Uuid, req: &PageRequest) -> Result<ResourcePage> {
-    let (rows, (by_status, agents, types)) = tokio::try_join!(
-        rows(pool, env, req),
-        facets(pool, env, req.version, &req.filter)
-    )?;
-    let total = match nonempty(&req.filter.status) {
-        Some(s) => by_status.get(s).copied().unwrap_or(0),
-        None => by_status.values().sum(),
+/// choices. The facets come from `cache` while the environment has not changed since they
+/// were counted ([`FacetCache`]); otherwise both queries run at once.
+pub async fn page(
+    pool: &PgPool,
+    cache: &FacetCache,
+    env: Uuid,
+    req: &PageRequest,
+) -> Result<ResourcePage> {
+    let filter = Filter {
+        status: nonempty(&req.filter.status).map(str::to_string),
+        agent: nonempty(&req.filter.agent).map(str::to_string),
+        resource_type: nonempty(&req.filter.resource_type).map(str::to_string),
+        text: nonempty(&req.filter.text).map(str::to_string),
     };
-    Ok(ResourcePage {
+    if req.sort == SortKey::Deployed
+        && let Err(ticket) = cache.get(env, req.version, &filter)
+    {
+        let ((counts, rows), choices) = tokio::try_join!(
+            by_deploy_time_with_counts(pool, env, req),
+            kept_choices(pool, cache, env, req.version)
+        )?;
+        let counts = Arc::new(counts);
+        cache.put(ticket, counts.clone());
+        return Ok(assemble(rows, &filter, (counts, choices)));
+    }
+    if filter.status.is_none() && req.sort != SortKey::Status {
+        // the rows need no counts: both at once
+        let (rows, facets) = tokio::try_join!(
+            rows(pool, env, req, false),
+            facets(pool, cache, env, req.version, &filter)
+        )?;
+        return Ok(assemble(rows, &filter, facets));
+    }
+    let facets = facets(pool, cache, env, req.version, &filter).await?;
+    let rows = counted_rows(pool, env, req, &facets.0).await?;
+    Ok(assemble(rows, &filter, facets))
+}
+
+/// Resources a walk may visit to fill a page (beyond, the planner's own plan is cheaper).
+const WALK_LIMIT: i64 = 20_000;
+
+/// The rows of a page, planned with the counts by status (under the other filters): a page
+/// sorted by status is cut into pages filtered by one status each, in the order of the
+/// statuses; a status filter that many resources match is walked.
+async fn counted_rows(
+    pool: &PgPool,
+    env: Uuid,
+    req: &PageRequest,
+    by_status: &BTreeMap<String, i64>,
+) -> Result<Vec<ResourceWithState>> {
+    let all: i64 = by_status.values().sum();
+    // visiting (offset + limit) * all / matching resources fills the page
+    let walkable = |matching: i64, req: &PageRequest| {
+        let wanted = req.offset.max(0) + req.limit.unwrap_or(i64::MAX / 4).max(0);
+        matching > 0
+            && matches!(req.sort, SortKey::Id | SortKey::Type | SortKey::Agent)
+            && (wanted as i128) * (all as i128) / (matching as i128) <= WALK_LIMIT as i128
+    };
+    if req.sort != SortKey::Status {
+        let walk = match nonempty(&req.filter.status) {
+            Some(s) => walkable(by_status.get(s).copied().unwrap_or(0), req),
+            None => false,
+        };
+        return rows(pool, env, req, walk).await;
+    }
+    // sorted by status (byte order, as the SQL sorts it), then id: each status is a run
+    let mut statuses: Vec<(&String, i64)> = match nonempty(&req.filter.status) {
+        Some(s) => by_status
+            .get_key_value(s)
+            .map(|(k, n)| vec![(k, *n)])
+            .unwrap_or_default(),
+        None => by_status.iter().map(|(k, n)| (k, *n)).collect(),
+    };
+    if req.desc {
+        statuses.reverse();
+    }
+    let (mut skip, mut room) = (req.offset.max(0), req.limit.unwrap_or(i64::MAX));
+    let mut out = Vec::new();
+    for (status, n) in statuses {
+        if room <= 0 {
+            break;
+        }
+        if skip >= n {
+            skip -= n;
+            continue;
+        }
+        let part = PageRequest {
+            version: req.version,
+            filter: Filter {
+                status: Some(status.clone()),
+                ..req.filter.clone()
+            },
+            sort: SortKey::Id,
+            desc: req.desc,
+            offset: skip,
+            limit: Some(room.min(n - skip)),
+        };
+        let walk = walkable(n, &part);
+        let got = rows(pool, env, &part, walk).await?;
+        room -= got.len() as i64;
+        out.extend(got);
+        skip = 0;
+    }
+    Ok(out)
+}
+
+fn assemble(
+    rows: Vec<ResourceWithState>,
+    filter: &Filter,
+    (counts, choices): (Arc<Counts>, Arc<Choices>),
+) -> ResourcePage {
+    let total = match &filter.status {
+        Some(s) => counts.get(s).copied().unwrap_or(0),
+        None => counts.values().sum(),
+    };
+    ResourcePage {
         rows,
         total,
-        by_status,
-        agents,
-        types,
-    })
+        by_status: counts.as_ref().clone(),
+        agents: choices.0.clone(),
+        types: choices.1.clone(),
+    }
 }
 
 /// One resource of `version` with its state (None: not in that version).
