@@ -6,6 +6,7 @@ mod control;
 mod deploy;
 mod env;
 mod progress;
+mod project;
 pub mod remote;
 pub mod render;
 mod resource;
@@ -61,6 +62,9 @@ pub enum Command {
     Deploy(deploy::DeployArgs),
     /// Run the server (REST API over PostgreSQL).
     Server(server::ServerArgs),
+    /// The project's Python environment: `project install` makes it from requirements.txt.
+    #[command(subcommand)]
+    Project(project::ProjectCmd),
     /// Environments: create, list, settings, delete.
     Env(Remote<env::EnvCmd>),
     /// Versions of an environment: list, show, diff, release, reject, rollback, delete.
@@ -149,6 +153,7 @@ pub fn main() -> ExitCode {
         Command::Compile(args) => compile::run_compile(args),
         Command::Export(args) => compile::run_export(args),
         Command::Deploy(args) => deploy::run(args),
+        Command::Project(cmd) => project::run(cmd),
         Command::Server(args) => server::run(args),
         Command::Env(r) => remote_command(r.remote, r.cmd, env::run),
         Command::Version(r) => remote_command(r.remote, r.cmd, version::run),

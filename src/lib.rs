@@ -17,6 +17,7 @@ pub mod events;
 pub mod executor;
 pub mod model;
 pub mod pycompat;
+pub mod pyenv;
 pub mod scheduler;
 pub mod server;
 pub mod sources;

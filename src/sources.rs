@@ -633,7 +633,15 @@ impl GitSources {
             tx.commit().await.map_err(StoreError::from)?;
         }
         let mirror = self.mirror_of(&src.url);
-        let r = compile::run(pool, &job, &src, &mirror, &self.0.steward_bin).await;
+        let r = compile::run(
+            pool,
+            &job,
+            &src,
+            &mirror,
+            &self.0.steward_bin,
+            &self.0.data_dir.join("python-envs"),
+        )
+        .await;
         let end = store::sources::CompileEnd {
             success: r.success,
             stages: &r.stages,

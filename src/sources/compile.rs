@@ -91,6 +91,7 @@ pub async fn run(
     source: &SourceRow,
     mirror: &Path,
     steward_bin: &Path,
+    python_envs: &Path,
 ) -> CompileResult {
     let mut report = Report {
         stages: job.stages.as_array().cloned().unwrap_or_default(),
@@ -148,11 +149,70 @@ pub async fn run(
         Err(e) => return report.failed("checkout", at, format!("checkout crashed: {e}")),
     }
 
+    // the project's Python environment (V2 modules, plugins' dependencies), shared by every
+    // commit with the same requirements
+    let mut virtual_env = None;
+    let requirements = project.join("requirements.txt");
+    if requirements.is_file() {
+        let at = begin();
+        let (envs, project2) = (python_envs.to_path_buf(), project.clone());
+        let made = tokio::task::spawn_blocking(move || {
+            let text = std::fs::read_to_string(project2.join("requirements.txt"))
+                .map_err(|e| format!("can not read requirements.txt: {e}"))?;
+            let opts = crate::pyenv::InstallOptions {
+                // wheels only: installing runs no code the commit chose
+                only_binary: true,
+                ..Default::default()
+            };
+            crate::pyenv::ensure_shared(&envs, &text, &project2, &opts).map_err(|e| e.to_string())
+        })
+        .await;
+        match made {
+            Ok(Ok(env)) => {
+                report.passed(
+                    "python environment",
+                    at,
+                    &if env.created {
+                        format!(
+                            "made {} from requirements.txt\n{}",
+                            env.dir.display(),
+                            env.output
+                        )
+                    } else {
+                        format!(
+                            "{} (made before for the same requirements)",
+                            env.dir.display()
+                        )
+                    },
+                );
+                virtual_env = Some(env.dir);
+            }
+            Ok(Err(e)) => {
+                return report.failed(
+                    "python environment",
+                    at,
+                    format!("installing requirements.txt failed: {e}"),
+                );
+            }
+            Err(e) => {
+                return report.failed("python environment", at, format!("crashed: {e}"));
+            }
+        }
+    }
+
     // compile, in a child process
     let at = begin();
     let export_file = workdir.path().join("export.json");
     let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
-    let out = match run_compiler(steward_bin, workdir.path(), &project, &export_file, timeout).await
+    let out = match run_compiler(
+        steward_bin,
+        workdir.path(),
+        &project,
+        &export_file,
+        timeout,
+        virtual_env.as_deref(),
+    )
+    .await
     {
         Ok(out) => out,
         Err(e) => return report.failed("compile", at, e),
@@ -445,6 +505,7 @@ async fn run_compiler(
     project: &Path,
     export: &PathBuf,
     timeout: Duration,
+    virtual_env: Option<&Path>,
 ) -> Result<Ran, String> {
     let tmp = workdir.join("tmp");
     std::fs::create_dir(&tmp).map_err(|e| format!("can not make {}: {e}", tmp.display()))?;
@@ -475,6 +536,10 @@ async fn run_compiler(
         .process_group(0);
     if user.is_some() {
         cmd.env("USER", COMPILE_USER).env("LOGNAME", COMPILE_USER);
+    }
+    if let Some(venv) = virtual_env {
+        // the compiler finds V2 modules and runs plugins in the project's environment
+        cmd.env("VIRTUAL_ENV", venv);
     }
     // SAFETY: only async-signal-safe calls (prctl, setrlimit, setgroups, setgid, setuid) on
     // values computed before the fork
@@ -608,6 +673,7 @@ mod tests {
             &project,
             &work.path().join("export.json"),
             Duration::from_secs(7),
+            None,
         )
         .await
         .unwrap();

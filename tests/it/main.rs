@@ -32,6 +32,7 @@ mod layout;
 mod openapi;
 mod pg_security;
 mod pipelined_agents;
+mod python_envs;
 mod retention;
 mod security;
 mod ssh;

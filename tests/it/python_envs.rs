@@ -1,0 +1,165 @@
+//! Projects' Python environments (`src/pyenv.rs`): `steward project install` makes
+//! `.steward/venv` from requirements.txt once, and the git-following server makes one per
+//! requirements (wheels only), shared by the commits that name the same ones, and fails a
+//! commit whose requirements can not be installed with pip's reason. The packages are local
+//! wheels built by the test (no index needed).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::gitops_support::{Repo, compiled, follow, git_ok};
+use crate::support::TestServer;
+
+/// A V2 module package `inmanta-module-demo` (an `inmanta_plugins.demo` package with a model),
+/// built as a wheel into `out`; its path.
+pub fn demo_wheel(out: &Path, version: &str) -> PathBuf {
+    let src = tempfile::tempdir().unwrap();
+    let pkg = src.path().join("inmanta_plugins/demo");
+    std::fs::create_dir_all(pkg.join("model")).unwrap();
+    std::fs::write(pkg.join("__init__.py"), "GREETING = 'hello from demo'\n").unwrap();
+    std::fs::write(
+        pkg.join("model/_init.cf"),
+        "entity Greeter:\n    string name\nend\nimplement Greeter using std::none\n",
+    )
+    .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/make_wheel.py");
+    let o = Command::new("python3")
+        .arg(script)
+        .arg(src.path())
+        .args(["inmanta-module-demo", version])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+}
+
+fn steward(dir: &Path, args: &[&str]) -> (bool, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_steward"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("VIRTUAL_ENV")
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr),
+    )
+}
+
+#[test]
+fn project_install_makes_the_environment_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    std::fs::write(p.join("project.yml"), "name: t\n").unwrap();
+    std::fs::write(p.join("main.cf"), "").unwrap();
+    // no requirements.txt: told what to do
+    let (ok, out) = steward(p, &["project", "install"]);
+    assert!(
+        !ok && out.contains("requirements.txt does not exist"),
+        "{out}"
+    );
+
+    demo_wheel(&p.join("wheels"), "1.0.0");
+    std::fs::write(
+        p.join("requirements.txt"),
+        "./wheels/inmanta_module_demo-1.0.0-py3-none-any.whl\n",
+    )
+    .unwrap();
+    let (ok, out) = steward(p, &["project", "install", "--only-binary"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("made ") && out.contains(".steward/venv"),
+        "{out}"
+    );
+    let python = p.join(".steward/venv/bin/python3");
+    let o = Command::new(&python)
+        .args(["-c", "import inmanta_plugins.demo as d; print(d.GREETING)"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "hello from demo");
+    // the same requirements: nothing to do
+    let (ok, out) = steward(p, &["project", "install"]);
+    assert!(
+        ok && out.contains("already holds these requirements"),
+        "{out}"
+    );
+    // a requirement pip can not satisfy: its reason, and no half-made environment used
+    std::fs::write(
+        p.join("requirements.txt"),
+        "./wheels/missing-1.0-py3-none-any.whl\n",
+    )
+    .unwrap();
+    let (ok, out) = steward(p, &["project", "install"]);
+    assert!(!ok && out.contains("missing-1.0-py3-none-any.whl"), "{out}");
+    assert!(!p.join(".steward/venv/.steward-requirements").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_installs_requirements_once_per_set_and_fails_commits_it_can_not_install() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    demo_wheel(&repo.work.join("wheels"), "1.0.0");
+    std::fs::write(
+        repo.work.join("requirements.txt"),
+        "./wheels/inmanta_module_demo-1.0.0-py3-none-any.whl\n",
+    )
+    .unwrap();
+    let first = repo.commit("std::print(\"one\")\n", "with requirements");
+    repo.push_ok();
+    let env = follow(&c, "py", &repo, json!({})).await;
+    let r = compiled(&c, &env, &first, 120).await;
+    assert_eq!(r["status"], "success", "{r:#}");
+    let stage = |r: &serde_json::Value| {
+        r["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "python environment")
+            .cloned()
+            .unwrap_or_else(|| panic!("no python environment stage: {r:#}"))
+    };
+    let made = stage(&r);
+    assert!(
+        made["ok"] == true && made["detail"].as_str().unwrap().starts_with("made "),
+        "{made:#}"
+    );
+
+    // another commit with the same requirements shares the environment
+    let second = repo.commit("std::print(\"two\")\n", "same requirements");
+    repo.push_ok();
+    c.trigger_compile(&env, Some(&second)).await.unwrap();
+    let r = compiled(&c, &env, &second, 120).await;
+    assert_eq!(r["status"], "success", "{r:#}");
+    let shared = stage(&r);
+    assert!(
+        shared["detail"]
+            .as_str()
+            .unwrap()
+            .contains("made before for the same requirements"),
+        "{shared:#}"
+    );
+
+    // requirements pip can not install: the commit fails with pip's reason, no version
+    let versions_before = c.versions(&env).await.unwrap().len();
+    std::fs::write(
+        repo.work.join("requirements.txt"),
+        "./wheels/nothing-here-1.0-py3-none-any.whl\n",
+    )
+    .unwrap();
+    let third = repo.commit("std::print(\"three\")\n", "broken requirements");
+    repo.push_ok();
+    c.trigger_compile(&env, Some(&third)).await.unwrap();
+    let r = compiled(&c, &env, &third, 120).await;
+    assert_eq!(r["status"], "failed", "{r:#}");
+    let error = r["error"].as_str().unwrap();
+    assert!(
+        error.contains("installing requirements.txt failed") && error.contains("nothing-here-1.0"),
+        "{error}"
+    );
+    assert_eq!(c.versions(&env).await.unwrap().len(), versions_before);
+    git_ok(&repo.work, &["status"]);
+}
