@@ -157,6 +157,8 @@ pub async fn run(
         let at = begin();
         let (envs, project2) = (python_envs.to_path_buf(), project.clone());
         let made = tokio::task::spawn_blocking(move || {
+            open_to_compiles(&envs)
+                .map_err(|e| format!("can not open {} to compiles: {e}", envs.display()))?;
             let text = std::fs::read_to_string(project2.join("requirements.txt"))
                 .map_err(|e| format!("can not read requirements.txt: {e}"))?;
             let opts = crate::pyenv::InstallOptions {
@@ -492,6 +494,41 @@ fn chown_tree(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> std::io::Result
         for e in std::fs::read_dir(dir)? {
             chown_tree(&e?.path(), uid, gid)?;
         }
+    }
+    Ok(())
+}
+
+/// Let the compile user reach the Python environments in `envs` (under the data directory)
+/// and nothing else there: when compiles run as another user, the data directory becomes
+/// traversable (not listable) by others, every other entry in it closed to them, and `envs`
+/// open for reading.
+fn open_to_compiles(envs: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(envs)?;
+    std::fs::set_permissions(envs, std::fs::Permissions::from_mode(0o755))?;
+    let Some(data_dir) = envs.parent() else {
+        return Ok(());
+    };
+    if compile_user().is_none() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(data_dir)? {
+        let entry = entry?;
+        if entry.path() == envs {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(entry.path())?;
+        let mode = meta.permissions().mode();
+        if !meta.file_type().is_symlink() && mode & 0o007 != 0 {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & !0o007))?;
+        }
+    }
+    let mode = std::fs::metadata(data_dir)?.permissions().mode();
+    if mode & 0o001 == 0 {
+        std::fs::set_permissions(
+            data_dir,
+            std::fs::Permissions::from_mode((mode & !0o006) | 0o001),
+        )?;
     }
     Ok(())
 }
