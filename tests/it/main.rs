@@ -30,6 +30,7 @@ pub mod integration;
 mod layout;
 mod openapi;
 mod pg_security;
+mod python_plugins;
 mod pipelined_agents;
 mod retention;
 mod security;
