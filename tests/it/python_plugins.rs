@@ -322,7 +322,10 @@ std::print(v2demo::banner(b))
     let x = r.result.unwrap().unwrap();
     let ids: Vec<&str> = x.resources.iter().map(|r| r.id.0.as_str()).collect();
     // c is not managed, ignored-d raised IgnoreResourceException in its mapper
-    assert_eq!(ids, ["v2demo::Site[web,name=a]", "v2demo::Site[web,name=b]"]);
+    assert_eq!(
+        ids,
+        ["v2demo::Site[web,name=a]", "v2demo::Site[web,name=b]"]
+    );
     let b = &x.resources[1];
     assert_eq!(b.attributes["text"], "hi, b");
     assert_eq!(b.attributes["managed"], true);
@@ -350,10 +353,7 @@ fn real_yaml_and_ip_modules_export_as_the_reference_does() {
     let started = std::time::Instant::now();
     let r = run(tmp.path(), python, true);
     let x = r.result.unwrap().unwrap();
-    eprintln!(
-        "real modules: compile + export in {:?}",
-        started.elapsed()
-    );
+    eprintln!("real modules: compile + export in {:?}", started.elapsed());
     let expected: Vec<serde_json::Value> = serde_json::from_str(
         &std::fs::read_to_string(data_dir().join("real_modules/expected.json")).unwrap(),
     )
@@ -363,7 +363,13 @@ fn real_yaml_and_ip_modules_export_as_the_reference_does() {
     for r in expected {
         let mut m = r.as_object().unwrap().clone();
         let id = m.remove("id").unwrap();
-        let id = id.as_str().unwrap().rsplit_once(",v=").unwrap().0.to_string();
+        let id = id
+            .as_str()
+            .unwrap()
+            .rsplit_once(",v=")
+            .unwrap()
+            .0
+            .to_string();
         m.remove("version");
         let requires = m.remove("requires").unwrap();
         want.insert(id, (serde_json::Value::Object(m), requires));
