@@ -27,7 +27,7 @@ def inc(n: "int") -> "int":
 
 
 @plugin
-def label(host: "__config__::Host") -> "string":
+def label(host: "std::Entity") -> "string":
     return f"{host.name}@{host.dc.name}"
 "#;
 
