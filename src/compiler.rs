@@ -10,7 +10,8 @@
 //! their Python text); the front end ([`lexer`], [`ast`], [`strings`], [`parser`]); [`ids`],
 //! [`types`] (the type system), [`ir`] (the code) and [`program`] (both); [`plugins`], which
 //! owns its interfaces to the evaluator ([`plugins::Caller`]) and to the world
-//! ([`plugins::Host`]); [`names`], [`lower`] and [`define`], which builds the program and drives
+//! ([`plugins::Host`]), and runs Inmanta modules' Python plugins in a plugin host
+//! ([`plugins::python`], [`plugins::pyhost`]); [`names`], [`lower`] and [`define`], which builds the program and drives
 //! lowering; [`project`] (loading); [`eval`]; [`handler_code`], [`export`].
 //! `scripts/module-edges` prints the edges and reports any cycle between these modules.
 
