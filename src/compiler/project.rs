@@ -2,8 +2,13 @@
 //! file reachable from `main.cf` through imports (LANGUAGE.md §2).
 //!
 //! Modules are V1 directories on the module path (`<dir>/<name>/module.yml` +
-//! `model/_init.cf` + `model/<sub>.cf`), or built into the binary (std, fs, exec, mitogen).
-//! A module on the module path wins over a built-in one of the same name, except std.
+//! `model/_init.cf` + `model/<sub>.cf`, Python in `plugins/`), V2 modules installed as Python
+//! packages in the project's Python environment (`<site-packages>/inmanta_plugins/<name>/`
+//! with `model/`, `templates/`, `files/`), or built into the binary (std, fs, exec, mitogen).
+//! Order: the module path (not for std), then the built-ins, then the Python environment; a
+//! project that pins the real package (`inmanta-module-<name>` in its `requirements.txt`)
+//! gets it from the Python environment even when a built-in has that name. The interpreter
+//! is asked for its `sys.path` only when a module is found nowhere else ([`PythonEnv`]).
 //! `module.yml` may declare the module's resource types (see [`ResourceDef`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -16,6 +21,10 @@ use super::diagnostics::Diagnostic;
 use super::lexer;
 use super::parser;
 use super::source::{SourceMap, Span};
+
+mod pyenv;
+pub use pyenv::PythonEnv;
+use pyenv::{dist_metadata, pinned_modules, requirement_lines};
 
 /// A built-in module file: (module, path inside the module, content).
 static BUILTIN: &[(&str, &str, &str)] = &[
@@ -78,6 +87,11 @@ pub struct Project {
     pub name: String,
     pub module_paths: Vec<PathBuf>,
     pub main_file: String,
+    /// The project's Python environment (V2 modules, Python plugins).
+    pub python: PythonEnv,
+    /// Module names the project pins as real packages (`inmanta-module-<name>` in
+    /// `requirements.txt`, `-` turned into `_`).
+    pub pinned: HashSet<String>,
 }
 
 /// The canonical form of `path` if it resolves (symlinks followed) inside `root` (canonical).
@@ -101,6 +115,15 @@ pub fn read_confined(root: &Path, path: &Path) -> std::io::Result<String> {
 }
 
 pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diagnostic> {
+    load_project_with(dir, main_file, None)
+}
+
+/// [`load_project`] with an explicit Python interpreter for the project's environment.
+pub fn load_project_with(
+    dir: &Path,
+    main_file: Option<&str>,
+    python: Option<&Path>,
+) -> Result<Project, Diagnostic> {
     let yml = dir.join("project.yml");
     let root = dir.canonicalize().map_err(|e| {
         Diagnostic::error(
@@ -162,6 +185,8 @@ pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diag
         name,
         module_paths,
         main_file: main_file.unwrap_or("main.cf").to_string(),
+        python: PythonEnv::choose(python, dir),
+        pinned: pinned_modules(dir),
     })
 }
 
@@ -193,6 +218,9 @@ pub struct ModuleYml {
     pub version: Option<serde_yaml_ng::Value>,
     #[serde(default)]
     pub resources: BTreeMap<String, ResourceDef>,
+    /// Python requirements of a V1 module's plugins (pip requirement strings).
+    #[serde(default)]
+    pub requirements: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -207,6 +235,14 @@ pub struct ModuleInfo {
     pub version: String,
     pub root: ModuleRoot,
     pub yml: ModuleYml,
+    /// The Python package of the module (`inmanta_plugins.<name>`): a V1 module's `plugins/`,
+    /// a V2 module's package directory; `None` without Python.
+    pub python: Option<PathBuf>,
+    /// The module's own Python requirements (V1 `module.yml` / `requirements.txt`, V2
+    /// `Requires-Dist`), as written.
+    pub requirements: Vec<String>,
+    /// A V2 module (installed as a Python package).
+    pub v2: bool,
 }
 
 impl ModuleInfo {
@@ -292,15 +328,32 @@ impl<'a> Loader<'a> {
                         .transpose()
                         .map_err(|e| format!("invalid module.yml of module {name}: {e}"))?
                         .unwrap_or_default();
+                    let python = root
+                        .join("plugins")
+                        .join("__init__.py")
+                        .is_file()
+                        .then(|| root.join("plugins"));
+                    let mut requirements = yml.requirements.clone();
+                    if let Ok(text) =
+                        read_confined(&self.project.root, &root.join("requirements.txt"))
+                    {
+                        requirements.extend(requirement_lines(&text));
+                    }
                     found = Some(ModuleInfo {
                         name: name.to_string(),
                         version: version_text(&yml.version),
                         root: ModuleRoot::Dir(root),
                         yml,
+                        python,
+                        requirements,
+                        v2: false,
                     });
                     break;
                 }
             }
+        }
+        if found.is_none() && self.project.pinned.contains(name) {
+            found = self.find_v2(name)?;
         }
         if found.is_none()
             && let Some((_, _, text)) = BUILTIN
@@ -314,7 +367,13 @@ impl<'a> Loader<'a> {
                 version: version_text(&yml.version),
                 root: ModuleRoot::Builtin,
                 yml,
+                python: None,
+                requirements: Vec::new(),
+                v2: false,
             });
+        }
+        if found.is_none() {
+            found = self.find_v2(name)?;
         }
         match found {
             Some(m) => {
@@ -329,11 +388,44 @@ impl<'a> Loader<'a> {
                     .map(|p| p.display().to_string())
                     .collect();
                 Err(format!(
-                    "could not find module {name} in the module path [{}] or among the built-in modules (std, fs, exec, mitogen)",
-                    paths.join(", ")
+                    "could not find module {name} in the module path [{}], among the built-in modules (std, fs, exec, mitogen) or in the Python environment of {} (a V2 module is the package inmanta-module-{})",
+                    paths.join(", "),
+                    self.project.python.interpreter.display(),
+                    name.replace('_', "-")
                 ))
             }
         }
+    }
+
+    /// A V2 module installed in the project's Python environment.
+    fn find_v2(&self, name: &str) -> Result<Option<ModuleInfo>, String> {
+        let dir = match self.project.python.find_v2(name) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(None),
+            Err(e) if self.project.pinned.contains(name) => {
+                return Err(format!(
+                    "module {name} is pinned in requirements.txt but the Python environment can not be read: {e}"
+                ));
+            }
+            // no Python at all: the module is simply not found
+            Err(_) => return Ok(None),
+        };
+        let (version, requirements) = dist_metadata(&dir, name);
+        let yml = ModuleYml {
+            name: Some(name.to_string()),
+            version: Some(serde_yaml_ng::Value::String(version.clone())),
+            ..Default::default()
+        };
+        let python = dir.join("__init__.py").is_file().then(|| dir.clone());
+        Ok(Some(ModuleInfo {
+            name: name.to_string(),
+            version,
+            root: ModuleRoot::Dir(dir),
+            yml,
+            python,
+            requirements,
+            v2: true,
+        }))
     }
 
     /// The file defining namespace `ns` (`m`, `m::a`, …).

@@ -33,6 +33,7 @@ mod openapi;
 mod pg_security;
 mod pipelined_agents;
 mod python_envs;
+mod python_plugins;
 mod retention;
 mod security;
 mod ssh;

@@ -28,12 +28,12 @@ pub fn demo_wheel(out: &Path, version: &str) -> PathBuf {
     let o = Command::new("python3")
         .arg(script)
         .arg(src.path())
-        .args(["inmanta-module-demo", version])
         .arg(out)
+        .args(["inmanta-module-demo", version])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+    out.join(format!("inmanta_module_demo-{version}-py3-none-any.whl"))
 }
 
 fn steward(dir: &Path, args: &[&str]) -> (bool, String) {

@@ -1,10 +1,7 @@
-"""Build a wheel from a directory tree, for tests (no build backend, standard library only).
+"""Build the wheel of a V2 module from its source tree, without a build backend (the test
+environments have pip only): python make_wheel.py SRC DIST NAME VERSION [REQUIREMENT...].
 
-    python3 make_wheel.py SRC_DIR DIST_NAME VERSION OUT_DIR [REQUIRES ...]
-
-Every file under SRC_DIR goes into the wheel at its relative path; the dist-info gets
-METADATA (with Requires-Dist lines), WHEEL and a RECORD with hashes. Prints the wheel's path.
-"""
+SRC holds `inmanta_plugins/<module>/`; the wheel is written into DIST."""
 
 import base64
 import hashlib
@@ -12,36 +9,30 @@ import os
 import sys
 import zipfile
 
-
-def main():
-    src, name, version, out = sys.argv[1:5]
-    requires = sys.argv[5:]
-    norm = name.replace("-", "_")
-    info = f"{norm}-{version}.dist-info"
-    files = {}
-    for root, _dirs, names in os.walk(src):
-        for n in names:
-            path = os.path.join(root, n)
-            rel = os.path.relpath(path, src).replace(os.sep, "/")
-            with open(path, "rb") as f:
-                files[rel] = f.read()
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    files[f"{info}/METADATA"] = meta.encode()
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: steward-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = []
-    for rel, data in sorted(files.items()):
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{rel},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    os.makedirs(out, exist_ok=True)
-    wheel = os.path.join(out, f"{norm}-{version}-py3-none-any.whl")
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for rel, data in sorted(files.items()):
-            z.writestr(rel, data)
-    print(wheel)
-
-
-if __name__ == "__main__":
-    main()
+src, dist, name, version, *requires = sys.argv[1:]
+dist_name = name.replace("-", "_")
+info = f"{dist_name}-{version}.dist-info"
+files = {}
+for root, dirs, names in os.walk(os.path.join(src, "inmanta_plugins")):
+    dirs[:] = [d for d in dirs if d != "__pycache__"]
+    for n in names:
+        full = os.path.join(root, n)
+        with open(full, "rb") as f:
+            files[os.path.relpath(full, src)] = f.read()
+meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+meta += [f"Requires-Dist: {r}" for r in requires]
+files[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
+files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: steward-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+files[f"{info}/top_level.txt"] = b"inmanta_plugins\n"
+record = []
+for path, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record.append(f"{path},sha256={digest},{len(data)}")
+record.append(f"{info}/RECORD,,")
+files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+os.makedirs(dist, exist_ok=True)
+out = os.path.join(dist, f"{dist_name}-{version}-py3-none-any.whl")
+with zipfile.ZipFile(out, "w") as z:
+    for path, data in files.items():
+        z.writestr(path, data)
+print(out)
