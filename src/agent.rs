@@ -592,7 +592,7 @@ fn verified_code(
     let code: HandlerCode = serde_json::from_value(bundle["code"].clone())
         .map_err(|e| format!("handler code {digest}: unreadable: {e}"))?;
     let files: &BTreeMap<String, CodeFile> = &code.files;
-    if code.digest != digest || HandlerCode::compute_digest(&code.entry, files) != digest {
+    if code.digest != digest || code.expected_digest() != digest {
         return Err(format!(
             "handler code {digest}: the server sent code with another digest"
         ));

@@ -155,6 +155,7 @@ impl EnvScheduler {
                     dir,
                     entry: c.entry.clone(),
                     digest: c.digest.clone(),
+                    inmanta: c.inmanta.clone(),
                 }),
                 Err(e) => {
                     let msg = format!(
