@@ -138,6 +138,11 @@ pub struct WorkResult {
 #[serde(rename_all = "snake_case")]
 pub enum Request {
     Work(Box<WorkItem>),
+    /// The deploy of this model version is done (no answer): handlers drop what they cached
+    /// for it (`@cache(for_version=True)` of Inmanta handlers).
+    VersionDone {
+        version: i32,
+    },
     Shutdown,
 }
 

@@ -506,6 +506,23 @@ impl Pool {
         Ok(())
     }
 
+    /// The deploy of `version` is done: every executor of this machine or an SSH target
+    /// hears of it (handlers drop what they cached for it). External agent processes do not:
+    /// their executors drop it when an action of a newer version starts.
+    pub async fn version_done(&mut self, version: i32) {
+        let mut line = serde_json::to_string(&Request::VersionDone { version }).expect("json");
+        line.push('\n');
+        let mut gone = vec![];
+        for (id, p) in &mut self.procs {
+            if p.stdin.write_all(line.as_bytes()).await.is_err() || p.stdin.flush().await.is_err()
+            {
+                gone.push(*id);
+            }
+        }
+        // a closed input: it exited, which its output reports
+        let _ = gone;
+    }
+
     /// The executor finished its action: it is idle again.
     pub fn release(&mut self, id: ProcId) {
         if self.remote.remove(&id).is_some() {
