@@ -31,6 +31,7 @@ mod layout;
 mod openapi;
 mod pg_security;
 mod pipelined_agents;
+mod python_handlers;
 mod retention;
 mod security;
 mod ssh;
