@@ -53,6 +53,10 @@ pub struct CompileOptions {
     /// sees `STEWARD_PROJECT_DIR`, the absolute project directory (unless given here), so a
     /// model can place things relative to its project.
     pub env: BTreeMap<String, String>,
+    /// The Python interpreter of the project's environment (V2 modules, Python plugins). When
+    /// `None`: `$VIRTUAL_ENV/bin/python3`, `<project>/.steward/venv/bin/python3` if it exists,
+    /// else `python3` on `PATH`. No Python runs for a project that needs none.
+    pub python: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -90,6 +94,8 @@ struct CompileHost<'a> {
     print: &'a mut (dyn FnMut(&str) + Send),
     /// File markers handed out by `fs::file` / `std::file`, with the file's content.
     files: std::collections::HashMap<String, String>,
+    /// The Python plugin host, started on first use.
+    python: plugins::pyhost::PySession,
 }
 
 impl plugins::Host for CompileHost<'_> {
@@ -106,6 +112,14 @@ impl plugins::Host for CompileHost<'_> {
             .get(name)
             .cloned()
             .or_else(|| std::env::var(name).ok())
+    }
+
+    fn take_python(&mut self) -> Result<plugins::pyhost::PyHost, String> {
+        self.python.take()
+    }
+
+    fn put_python(&mut self, host: plugins::pyhost::PyHost) {
+        self.python.put(host)
     }
 
     fn remember_file(&mut self, marker: &str, content: &str) {
@@ -164,6 +178,52 @@ impl plugins::Host for CompileHost<'_> {
     }
 }
 
+/// The Python of a compile's modules, read (not run): plugins, resource types, handlers.
+struct CompilePython {
+    plugins: Vec<plugins::python::PyPlugin>,
+    /// Module name -> what its Python defines.
+    modules: BTreeMap<String, plugins::python::ModulePython>,
+    session: plugins::pyhost::PySession,
+}
+
+fn python_of(
+    project: &project::Project,
+    modules: &BTreeMap<String, project::ModuleInfo>,
+    env: &BTreeMap<String, String>,
+) -> CompilePython {
+    let mut config = plugins::pyhost::PyConfig {
+        interpreter: project.python.interpreter.clone(),
+        project_dir: project.dir.clone(),
+        environment: env
+            .get("STEWARD_ENVIRONMENT")
+            .cloned()
+            .or_else(|| std::env::var("STEWARD_ENVIRONMENT").ok()),
+        ..Default::default()
+    };
+    let mut scanned = BTreeMap::new();
+    let mut all = Vec::new();
+    let mut imports = Vec::new();
+    for (name, m) in modules {
+        let Some(dir) = &m.python else { continue };
+        let found = plugins::python::scan_module(name, dir);
+        all.extend(found.plugins.iter().cloned());
+        config.modules.insert(
+            name.clone(),
+            dir.canonicalize().unwrap_or_else(|_| dir.clone()),
+        );
+        if m.v2 {
+            config.v2.insert(name.clone());
+        }
+        imports.push(format!("inmanta_plugins.{name}"));
+        scanned.insert(name.clone(), found);
+    }
+    CompilePython {
+        plugins: all,
+        modules: scanned,
+        session: plugins::pyhost::PySession::new(config, imports),
+    }
+}
+
 /// Stack of the compiler thread: deep (but bounded) models recurse deeply in the passes.
 const COMPILER_STACK: usize = 256 << 20;
 
@@ -184,7 +244,11 @@ pub fn compile(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> C
 fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> CompileOutcome {
     let mut sources = SourceMap::default();
     let mut stats = CompileStats::default();
-    let project = match project::load_project(&opts.project_dir, opts.main_file.as_deref()) {
+    let project = match project::load_project_with(
+        &opts.project_dir,
+        opts.main_file.as_deref(),
+        opts.python.as_deref(),
+    ) {
         Ok(p) => p,
         Err(d) => {
             return CompileOutcome {
@@ -209,7 +273,8 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
     stats.files = loaded.files.len();
     let warnings = loaded.warnings;
     let modules = loaded.modules;
-    let program = match define::define(loaded.files) {
+    let python = python_of(&project, &modules, &opts.env);
+    let program = match define::define_with(loaded.files, python.plugins.clone()) {
         Ok(p) => p,
         Err(errors) => {
             return CompileOutcome {
@@ -235,6 +300,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             modules: &modules,
             print,
             files: Default::default(),
+            python: python.session,
         };
         let mut rt = eval::Runtime::new(&program, &sources, &mut host);
         let run = rt
@@ -245,7 +311,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
         match run {
             Err(e) => Err(e),
             Ok(()) if opts.export => {
-                let r = export::export(&rt, &modules, &project.name).map(Some);
+                let r = export::export(&mut rt, &modules, &project.name, &python.modules).map(Some);
                 if let Ok(Some(e)) = &r {
                     stats.resources = e.resources.len();
                 }

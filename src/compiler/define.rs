@@ -42,6 +42,14 @@ struct Definer {
 }
 
 pub fn define(files: Vec<LoadedFile>) -> Result<Program, Vec<Diagnostic>> {
+    define_with(files, Vec::new())
+}
+
+/// [`define`] with the Python plugins of the modules.
+pub fn define_with(
+    files: Vec<LoadedFile>,
+    python_plugins: Vec<plugins::python::PyPlugin>,
+) -> Result<Program, Vec<Diagnostic>> {
     let mut d = Definer {
         p: Program {
             syms: Syms::default(),
@@ -55,6 +63,7 @@ pub fn define(files: Vec<LoadedFile>) -> Result<Program, Vec<Diagnostic>> {
             ir: Ir::default(),
             root_entity: EntityId(0),
             load_order: Vec::new(),
+            python_plugins,
         },
         errors: Vec::new(),
         files: Vec::new(),
@@ -204,6 +213,17 @@ impl Definer {
                 if ns.name == pd.namespace {
                     ns.types
                         .insert(pd.name.to_string(), TypeRef::Plugin(PluginId(i as u32)));
+                }
+            }
+        }
+        let builtin = plugins::all().len();
+        for (i, pd) in self.p.python_plugins.iter().enumerate() {
+            for ns in &mut self.p.namespaces {
+                if ns.name == pd.namespace {
+                    ns.types.insert(
+                        pd.name.clone(),
+                        TypeRef::Plugin(PluginId((builtin + i) as u32)),
+                    );
                 }
             }
         }

@@ -442,6 +442,24 @@ impl<'p> Runtime<'p> {
         self.wake(rv, false);
     }
 
+    /// The value of an attribute when it is final (frozen), without waiting.
+    pub fn frozen_attr(&self, inst: InstId, slot: u16) -> Option<Value> {
+        let rv = self.attr_rv(inst, slot);
+        let r = &self.rvs[rv.0 as usize];
+        let frozen = match r.kind {
+            RvKind::Var | RvKind::Single => true,
+            RvKind::Optional | RvKind::List => self.dl(rv).frozen,
+        };
+        if !frozen {
+            return None;
+        }
+        match &r.state {
+            RvState::Set(v) => Some(v.clone()),
+            RvState::FrozenNull => Some(Value::Null),
+            RvState::Unset => None,
+        }
+    }
+
     pub fn is_frozen(&self, rv: RvId) -> bool {
         self.dl(rv).frozen
     }

@@ -14,6 +14,7 @@
 
 mod fs;
 mod mitogen;
+mod python;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -160,6 +161,10 @@ fn mark_remote_agents(resources: &mut [Resource]) {
     }
 }
 
+fn used_types(resources: &[Resource]) -> std::collections::BTreeSet<&str> {
+    resources.iter().map(|r| r.type_name.as_str()).collect()
+}
+
 /// The entity `ns::name`, when the program has it.
 fn entity_named(rt: &Runtime, ns: &str, name: &str) -> Option<EntityId> {
     match rt
@@ -183,10 +188,13 @@ fn value_text(rt: &Runtime, v: &Value) -> String {
 }
 
 pub fn export(
-    rt: &Runtime,
+    rt: &mut Runtime,
     modules: &BTreeMap<String, ModuleInfo>,
     project: &str,
+    python: &BTreeMap<String, super::plugins::python::ModulePython>,
 ) -> Result<ExportFile, Vec<Diagnostic>> {
+    let py = python::build(rt, python)?;
+    let rt = &*rt;
     let p = rt.p;
     // resource type of every entity: its own declaration or the nearest ancestor's
     let mut declared: HashMap<EntityId, (String, ResourceDef)> = HashMap::new();
@@ -214,6 +222,9 @@ pub fn export(
     let mut order: Vec<(InstId, String, ResourceDef, String)> = Vec::new();
     for i in 0..rt.instances.len() {
         let inst = InstId(i as u32);
+        if py.handled.contains(&inst) {
+            continue;
+        }
         let Some((type_name, def)) = resource_of(rt.inst_entity(inst)) else {
             continue;
         };
@@ -283,7 +294,22 @@ pub fn export(
         ids.insert(inst, id.clone());
         order.push((inst, type_name.clone(), def.clone(), agent));
     }
-    let mut resources = Vec::with_capacity(order.len());
+    for r in &py.resources {
+        let id = ResourceId::new(&r.type_name, &r.agent, &r.attribute, &r.value);
+        if !seen_ids.insert(id.clone()) {
+            let span = p.ir.expr(rt.instances[r.inst.0 as usize].site).span;
+            errors.push(
+                Diagnostic::error(
+                    "duplicate-resource",
+                    format!("Resource {id} exists more than once in the configuration model"),
+                )
+                .at(span),
+            );
+            continue;
+        }
+        ids.insert(r.inst, id);
+    }
+    let mut resources = Vec::with_capacity(order.len() + py.resources.len());
     let mut undefined = Vec::new();
     for (inst, type_name, def, agent) in &order {
         let id = ids[inst].clone();
@@ -354,6 +380,33 @@ pub fn export(
             requires,
         });
     }
+    for r in &py.resources {
+        let Some(id) = ids.get(&r.inst).cloned() else {
+            continue;
+        };
+        let mut requires: Vec<ResourceId> = match read_path(rt, r.inst, "requires") {
+            Read::Value(Value::List(items)) => items
+                .iter()
+                .filter_map(|v| v.as_instance().and_then(|i| ids.get(&i).cloned()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if let Some(extra) = &r.requires {
+            requires.extend(extra.iter().map(|s| ResourceId(s.clone())));
+        }
+        requires.sort();
+        requires.dedup();
+        if r.undefined {
+            undefined.push(id.clone());
+        }
+        resources.push(Resource {
+            id,
+            type_name: r.type_name.clone(),
+            agent: r.agent.clone(),
+            attributes: r.fields.clone(),
+            requires,
+        });
+    }
     let instances: Vec<InstId> = order.iter().map(|o| o.0).collect();
     if let Err(message) = fs::dir_before_file(rt, &mut resources, &instances) {
         errors.push(Diagnostic::error("export", message));
@@ -402,6 +455,18 @@ pub fn export(
                 ),
             )),
         }
+    }
+    match python::handlers(&used_types(&resources), modules, python) {
+        Ok((h, files)) => {
+            for (t, code_of) in h {
+                handlers.entry(t).or_insert(code_of);
+            }
+            code.extend(files);
+        }
+        Err(message) => errors.push(Diagnostic::error(
+            "handler",
+            format!("the Python handlers can not be exported: {message}"),
+        )),
     }
     if !errors.is_empty() {
         return Err(errors);

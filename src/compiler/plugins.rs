@@ -16,11 +16,14 @@ mod exec;
 mod files;
 mod json;
 mod net;
+pub mod pyhost;
+pub mod python;
 mod std_lib;
 mod template;
 
 use std::rc::Rc;
 
+pub(crate) use bind::check_dsl_type;
 pub use bind::{bind, invoke};
 
 use super::diagnostics::Diagnostic;
@@ -68,6 +71,15 @@ pub trait Host {
         let _ = (namespace, name);
         Ok(None)
     }
+    /// The Python plugin host of this compile, started on first use, taken out while a
+    /// request runs (give it back with [`Host::put_python`]).
+    fn take_python(&mut self) -> Result<pyhost::PyHost, String> {
+        Err("this compile runs no Python".into())
+    }
+    /// Give back the host taken with [`Host::take_python`].
+    fn put_python(&mut self, host: pyhost::PyHost) {
+        drop(host);
+    }
     /// Write (replace) a file of the project's data directory.
     fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
         let _ = (namespace, name, text);
@@ -108,6 +120,15 @@ pub trait Caller {
     /// The attributes of an instance that have a value so far, by name, without waiting: a
     /// relation still growing gives the instances it has; attributes without one are left out.
     fn attributes_so_far(&self, inst: InstId) -> Vec<(String, Value)>;
+    /// The attributes of an instance whose value is final (frozen), by name, without waiting.
+    fn frozen_attributes(&self, inst: InstId) -> Vec<(String, Value)> {
+        let _ = inst;
+        Vec::new()
+    }
+    /// How many instances the model has (bounds the handles a plugin may return).
+    fn instance_count(&self) -> usize {
+        usize::MAX
+    }
 }
 
 impl dyn Caller + '_ {

@@ -5,6 +5,7 @@
 
 use super::ids::{AttrId, EntityId, NsId, TypedefId};
 use super::ir::Ir;
+use super::plugins::python::PyPlugin;
 use super::types::{
     Attribute, BaseType, Entity, ImplementRule, Implementation, IndexDef, Namespace, Syms, Typedef,
     ValueType,
@@ -25,6 +26,9 @@ pub struct Program {
     pub root_entity: EntityId,
     /// Namespaces in load order: their top-level blocks run in this order.
     pub load_order: Vec<NsId>,
+    /// The Python plugins of the modules: `PluginId(n + i)` is the `i`th, where `n` is the
+    /// number of built-in plugins.
+    pub python_plugins: Vec<PyPlugin>,
 }
 
 impl Program {

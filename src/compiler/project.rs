@@ -2,8 +2,13 @@
 //! file reachable from `main.cf` through imports (LANGUAGE.md §2).
 //!
 //! Modules are V1 directories on the module path (`<dir>/<name>/module.yml` +
-//! `model/_init.cf` + `model/<sub>.cf`), or built into the binary (std, fs, exec, mitogen).
-//! A module on the module path wins over a built-in one of the same name, except std.
+//! `model/_init.cf` + `model/<sub>.cf`, Python in `plugins/`), V2 modules installed as Python
+//! packages in the project's Python environment (`<site-packages>/inmanta_plugins/<name>/`
+//! with `model/`, `templates/`, `files/`), or built into the binary (std, fs, exec, mitogen).
+//! Order: the module path (not for std), then the built-ins, then the Python environment; a
+//! project that pins the real package (`inmanta-module-<name>` in its `requirements.txt`)
+//! gets it from the Python environment even when a built-in has that name. The interpreter
+//! is asked for its `sys.path` only when a module is found nowhere else ([`PythonEnv`]).
 //! `module.yml` may declare the module's resource types (see [`ResourceDef`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -78,6 +83,105 @@ pub struct Project {
     pub name: String,
     pub module_paths: Vec<PathBuf>,
     pub main_file: String,
+    /// The project's Python environment (V2 modules, Python plugins).
+    pub python: PythonEnv,
+    /// Module names the project pins as real packages (`inmanta-module-<name>` in
+    /// `requirements.txt`, `-` turned into `_`).
+    pub pinned: HashSet<String>,
+}
+
+/// The Python interpreter of a project and, once asked, its `sys.path`.
+#[derive(Clone, Debug)]
+pub struct PythonEnv {
+    pub interpreter: PathBuf,
+    sys_path: std::sync::Arc<std::sync::OnceLock<Result<Vec<PathBuf>, String>>>,
+}
+
+impl PythonEnv {
+    /// The interpreter: `explicit` > `$VIRTUAL_ENV/bin/python3` >
+    /// `<project>/.steward/venv/bin/python3` when it exists > `python3` on `PATH`.
+    pub fn choose(explicit: Option<&Path>, project_dir: &Path) -> PythonEnv {
+        let interpreter = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| {
+                std::env::var_os("VIRTUAL_ENV")
+                    .filter(|v| !v.is_empty())
+                    .map(|v| PathBuf::from(v).join("bin").join("python3"))
+            })
+            .or_else(|| {
+                let p = project_dir.join(".steward/venv/bin/python3");
+                p.exists().then_some(p)
+            })
+            .unwrap_or_else(|| PathBuf::from("python3"));
+        PythonEnv {
+            interpreter,
+            sys_path: Default::default(),
+        }
+    }
+
+    /// The interpreter's `sys.path` (asked once).
+    pub fn sys_path(&self) -> Result<&[PathBuf], String> {
+        self.sys_path
+            .get_or_init(|| {
+                let out = std::process::Command::new(&self.interpreter)
+                    .args(["-I", "-c", "import sys, json; print(json.dumps(sys.path))"])
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .map_err(|e| format!("can not run {}: {e}", self.interpreter.display()))?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "{} failed: {}",
+                        self.interpreter.display(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ));
+                }
+                let paths: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| {
+                    format!("{}: unexpected sys.path: {e}", self.interpreter.display())
+                })?;
+                Ok(paths
+                    .into_iter()
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from)
+                    .collect())
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// The directory of an installed V2 module: `<entry>/inmanta_plugins/<name>` holding a
+    /// model.
+    pub fn find_v2(&self, name: &str) -> Result<Option<PathBuf>, String> {
+        for entry in self.sys_path()? {
+            let dir = entry.join("inmanta_plugins").join(name);
+            if dir.join("model").join("_init.cf").is_file() || dir.join("setup.cfg").is_file() {
+                return Ok(Some(dir));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Module names pinned by `requirements.txt`: `inmanta-module-<name>` lines.
+fn pinned_modules(dir: &Path) -> HashSet<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join("requirements.txt")) else {
+        return HashSet::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let l = l
+                .split('#')
+                .next()?
+                .trim()
+                .to_ascii_lowercase()
+                .replace('_', "-");
+            let rest = l.strip_prefix("inmanta-module-")?;
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(rest.len());
+            Some(rest[..end].replace('-', "_"))
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
 }
 
 /// The canonical form of `path` if it resolves (symlinks followed) inside `root` (canonical).
@@ -101,6 +205,15 @@ pub fn read_confined(root: &Path, path: &Path) -> std::io::Result<String> {
 }
 
 pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diagnostic> {
+    load_project_with(dir, main_file, None)
+}
+
+/// [`load_project`] with an explicit Python interpreter for the project's environment.
+pub fn load_project_with(
+    dir: &Path,
+    main_file: Option<&str>,
+    python: Option<&Path>,
+) -> Result<Project, Diagnostic> {
     let yml = dir.join("project.yml");
     let root = dir.canonicalize().map_err(|e| {
         Diagnostic::error(
@@ -162,6 +275,8 @@ pub fn load_project(dir: &Path, main_file: Option<&str>) -> Result<Project, Diag
         name,
         module_paths,
         main_file: main_file.unwrap_or("main.cf").to_string(),
+        python: PythonEnv::choose(python, dir),
+        pinned: pinned_modules(dir),
     })
 }
 
@@ -193,6 +308,9 @@ pub struct ModuleYml {
     pub version: Option<serde_yaml_ng::Value>,
     #[serde(default)]
     pub resources: BTreeMap<String, ResourceDef>,
+    /// Python requirements of a V1 module's plugins (pip requirement strings).
+    #[serde(default)]
+    pub requirements: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -207,6 +325,14 @@ pub struct ModuleInfo {
     pub version: String,
     pub root: ModuleRoot,
     pub yml: ModuleYml,
+    /// The Python package of the module (`inmanta_plugins.<name>`): a V1 module's `plugins/`,
+    /// a V2 module's package directory; `None` without Python.
+    pub python: Option<PathBuf>,
+    /// The module's own Python requirements (V1 `module.yml` / `requirements.txt`, V2
+    /// `Requires-Dist`), as written.
+    pub requirements: Vec<String>,
+    /// A V2 module (installed as a Python package).
+    pub v2: bool,
 }
 
 impl ModuleInfo {
@@ -292,15 +418,32 @@ impl<'a> Loader<'a> {
                         .transpose()
                         .map_err(|e| format!("invalid module.yml of module {name}: {e}"))?
                         .unwrap_or_default();
+                    let python = root
+                        .join("plugins")
+                        .join("__init__.py")
+                        .is_file()
+                        .then(|| root.join("plugins"));
+                    let mut requirements = yml.requirements.clone();
+                    if let Ok(text) =
+                        read_confined(&self.project.root, &root.join("requirements.txt"))
+                    {
+                        requirements.extend(requirement_lines(&text));
+                    }
                     found = Some(ModuleInfo {
                         name: name.to_string(),
                         version: version_text(&yml.version),
                         root: ModuleRoot::Dir(root),
                         yml,
+                        python,
+                        requirements,
+                        v2: false,
                     });
                     break;
                 }
             }
+        }
+        if found.is_none() && self.project.pinned.contains(name) {
+            found = self.find_v2(name)?;
         }
         if found.is_none()
             && let Some((_, _, text)) = BUILTIN
@@ -314,7 +457,13 @@ impl<'a> Loader<'a> {
                 version: version_text(&yml.version),
                 root: ModuleRoot::Builtin,
                 yml,
+                python: None,
+                requirements: Vec::new(),
+                v2: false,
             });
+        }
+        if found.is_none() {
+            found = self.find_v2(name)?;
         }
         match found {
             Some(m) => {
@@ -329,11 +478,44 @@ impl<'a> Loader<'a> {
                     .map(|p| p.display().to_string())
                     .collect();
                 Err(format!(
-                    "could not find module {name} in the module path [{}] or among the built-in modules (std, fs, exec, mitogen)",
-                    paths.join(", ")
+                    "could not find module {name} in the module path [{}], among the built-in modules (std, fs, exec, mitogen) or in the Python environment of {} (a V2 module is the package inmanta-module-{})",
+                    paths.join(", "),
+                    self.project.python.interpreter.display(),
+                    name.replace('_', "-")
                 ))
             }
         }
+    }
+
+    /// A V2 module installed in the project's Python environment.
+    fn find_v2(&self, name: &str) -> Result<Option<ModuleInfo>, String> {
+        let dir = match self.project.python.find_v2(name) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(None),
+            Err(e) if self.project.pinned.contains(name) => {
+                return Err(format!(
+                    "module {name} is pinned in requirements.txt but the Python environment can not be read: {e}"
+                ));
+            }
+            // no Python at all: the module is simply not found
+            Err(_) => return Ok(None),
+        };
+        let (version, requirements) = dist_metadata(&dir, name);
+        let yml = ModuleYml {
+            name: Some(name.to_string()),
+            version: Some(serde_yaml_ng::Value::String(version.clone())),
+            ..Default::default()
+        };
+        let python = dir.join("__init__.py").is_file().then(|| dir.clone());
+        Ok(Some(ModuleInfo {
+            name: name.to_string(),
+            version,
+            root: ModuleRoot::Dir(dir),
+            yml,
+            python,
+            requirements,
+            v2: true,
+        }))
     }
 
     /// The file defining namespace `ns` (`m`, `m::a`, …).
@@ -511,6 +693,51 @@ impl<'a> Loader<'a> {
             warnings,
         })
     }
+}
+
+/// Requirement lines of a `requirements.txt` (comments, options and blanks left out).
+fn requirement_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('-'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Version and `Requires-Dist` of the installed distribution `inmanta-module-<name>`, from
+/// its `.dist-info/METADATA` next to `inmanta_plugins/` (`0.0.0` and none when not found).
+fn dist_metadata(pkg_dir: &Path, name: &str) -> (String, Vec<String>) {
+    let Some(site) = pkg_dir.parent().and_then(Path::parent) else {
+        return ("0.0.0".into(), Vec::new());
+    };
+    let prefix = format!("inmanta_module_{name}-");
+    let found = std::fs::read_dir(site).ok().and_then(|entries| {
+        entries.flatten().find(|e| {
+            let n = e.file_name().to_string_lossy().to_ascii_lowercase();
+            n.starts_with(&prefix) && n.ends_with(".dist-info")
+        })
+    });
+    let Some(meta) = found.and_then(|e| std::fs::read_to_string(e.path().join("METADATA")).ok())
+    else {
+        return ("0.0.0".into(), Vec::new());
+    };
+    let mut version = "0.0.0".to_string();
+    let mut requires = Vec::new();
+    for line in meta.lines() {
+        if line.is_empty() {
+            break; // the body follows the headers
+        }
+        if let Some(v) = line.strip_prefix("Version:") {
+            version = v.trim().to_string();
+        } else if let Some(r) = line.strip_prefix("Requires-Dist:") {
+            let r = r.trim();
+            // extras-only requirements are not needed to run
+            if !r.contains("extra ==") {
+                requires.push(r.to_string());
+            }
+        }
+    }
+    (version, requires)
 }
 
 fn relative_display(base: &Path, path: &str) -> String {

@@ -19,7 +19,10 @@ use crate::compiler::value::{InstId, Value};
 impl Runtime<'_> {
     /// Evaluate the arguments, bind them to the signature, call.
     pub fn call_plugin(&mut self, cx: &mut Cx, call: &Call, site: ExprId) -> Eval<Value> {
-        let def = &plugins::all()[call.plugin.0 as usize];
+        let builtin = plugins::all();
+        let python = (call.plugin.0 as usize)
+            .checked_sub(builtin.len())
+            .map(|i| &self.p.python_plugins[i]);
         let span = self.p.ir.expr(site).span;
         let mut positional = Vec::with_capacity(call.args.len());
         for a in &call.args {
@@ -45,6 +48,21 @@ impl Runtime<'_> {
                 }
             }
         }
+        if let Some(def) = python {
+            if let Some(v) = self.memo_get(cx) {
+                return Ok(v);
+            }
+            let result = plugins::python::call(
+                def,
+                &mut PluginCall { rt: self, cx, span },
+                positional,
+                kwargs,
+                span,
+            )?;
+            self.memo_put(cx, result.clone());
+            return Ok(result);
+        }
+        let def = &builtin[call.plugin.0 as usize];
         let bound = plugins::bind(
             def,
             &mut PluginCall { rt: self, cx, span },
@@ -164,6 +182,22 @@ impl Caller for PluginCall<'_, '_> {
             out.push((rt.p.attr(*aid).name.clone(), value));
         }
         out
+    }
+
+    fn frozen_attributes(&self, inst: InstId) -> Vec<(String, Value)> {
+        let rt = &*self.rt;
+        let ent = rt.p.entity(rt.inst_entity(inst));
+        let mut out = Vec::with_capacity(ent.slots.len());
+        for (slot, aid) in ent.slots.iter().enumerate() {
+            if let Some(v) = rt.frozen_attr(inst, slot as u16) {
+                out.push((rt.p.attr(*aid).name.clone(), v));
+            }
+        }
+        out
+    }
+
+    fn instance_count(&self) -> usize {
+        self.rt.instances.len()
     }
 }
 

@@ -135,7 +135,7 @@ pub fn invoke(def: &PluginDef, caller: &mut dyn Caller, args: &mut Args) -> Outc
 }
 
 /// Validate a value against a DSL type named in a plugin signature.
-fn check_dsl_type(caller: &mut dyn Caller, v: &Value, ty: &str) -> Result<(), String> {
+pub(crate) fn check_dsl_type(caller: &mut dyn Caller, v: &Value, ty: &str) -> Result<(), String> {
     if matches!(ty, "any" | "null" | "expression") || v.is_unknown() {
         return Ok(());
     }

@@ -1,0 +1,316 @@
+"""Steward's plugin host: one CPython per compile that runs the Python of Inmanta modules.
+
+The compiler (Rust) starts it on first need and talks JSON lines over stdin/stdout:
+
+  -> {"op": "init", "modules": {name: package dir}, "project_dir": ..., "environment": ...}
+  -> {"op": "call", "plugin": "ns::name", "module": "inmanta_plugins.ns", "kwargs": {...}, "varargs": [...]}
+  -> {"op": "export", "items": [entity, ...]}
+  <- {"ok": value} | {"unset": [handle, attribute]} | {"unknown": true} | {"error": {...}}
+
+While a call runs the host may ask the compiler ({"q": "attr", "h": handle, "a": name},
+{"q": "file", "dir": ..., "path": ...}) and reads its answer ({"v": value}, {"unset": true},
+{"missing": message}, {"err": message}) before going on.
+
+Values: JSON, with {"$e": handle, "t": type, "p": [parents], "a": {attributes}} for an entity
+instance (type, parents and attributes when known), {"$u": 1} for an unknown and
+{"$d": {...}} for a dict whose keys could be mistaken for these.
+"""
+
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from typing import Any, Optional
+
+HOST: Optional["Host"] = None
+
+
+class Finder(importlib.abc.MetaPathFinder):
+    """`inmanta_plugins.<name>` from the directory the compiler resolved for module <name>."""
+
+    def __init__(self, modules: dict[str, str]) -> None:
+        self.modules = modules
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        parts = fullname.split(".")
+        if len(parts) == 2 and parts[0] == "inmanta_plugins" and parts[1] in self.modules:
+            d = self.modules[parts[1]]
+            return importlib.util.spec_from_file_location(
+                fullname, os.path.join(d, "__init__.py"), submodule_search_locations=[d]
+            )
+        return None
+
+
+class Unset(Exception):
+    """Internal: the compiler has no frozen value for this attribute yet."""
+
+
+class Host:
+    def __init__(self, inp: Any, out: Any) -> None:
+        self.inp = inp
+        self.out = out
+        self.instances: dict[int, Any] = {}
+        self.types: dict[str, Any] = {}
+        self.project_dir = os.getcwd()
+        self.environment: Optional[str] = None
+        self.modules: dict[str, str] = {}
+
+    # --- protocol
+
+    def send(self, msg: Any) -> None:
+        self.out.write(json.dumps(msg, separators=(",", ":")))
+        self.out.write("\n")
+        self.out.flush()
+
+    def ask(self, msg: Any) -> Any:
+        self.send(msg)
+        line = self.inp.readline()
+        if not line:
+            sys.exit(0)
+        return json.loads(line)
+
+    # --- values
+
+    def decode(self, v: Any) -> Any:
+        from inmanta.execute.util import NoneValue, Unknown
+
+        if v is None:
+            return NoneValue()
+        if isinstance(v, list):
+            return [self.decode(x) for x in v]
+        if isinstance(v, dict):
+            if "$e" in v:
+                return self.instance(v)
+            if "$u" in v:
+                return Unknown(None)
+            if "$d" in v:
+                v = v["$d"]
+            return {k: self.decode(x) for k, x in v.items()}
+        return v
+
+    def instance(self, v: dict) -> Any:
+        from inmanta.execute.proxy import EntityType, Instance
+
+        h = v["$e"]
+        inst = self.instances.get(h)
+        if inst is None:
+            tname = v.get("t", "std::Entity")
+            t = self.types.get(tname)
+            if t is None:
+                t = EntityType(tname, v.get("p", ()))
+                self.types[tname] = t
+            inst = Instance(h, t)
+            self.instances[h] = inst
+        attrs = v.get("a")
+        if attrs:
+            for k, x in attrs.items():
+                inst.attributes[k] = self.decode(x)
+        return inst
+
+    def encode(self, v: Any) -> Any:
+        from inmanta.execute.proxy import DynamicProxy, Instance
+        from inmanta.execute.util import NoneValue, Unknown
+
+        if isinstance(v, DynamicProxy):
+            v = v._get_instance()
+        if v is None or isinstance(v, NoneValue):
+            return None
+        if isinstance(v, bool) or isinstance(v, (int, float, str)):
+            return v
+        if isinstance(v, Instance):
+            return {"$e": v.handle}
+        if isinstance(v, Unknown):
+            return {"$u": 1}
+        if isinstance(v, (list, tuple)):
+            return [self.encode(x) for x in v]
+        if isinstance(v, dict):
+            out = {}
+            escape = False
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"dict keys should be strings, got {k!r} of type {type(k).__name__}")
+                escape = escape or k.startswith("$")
+                out[k] = self.encode(x)
+            return {"$d": out} if escape else out
+        step = getattr(v, "json_serialization_step", None)
+        if step is not None:
+            return self.encode(step())
+        raise TypeError(f"a plugin can not return {v!r} of type {type(v).__name__} to the model")
+
+    # --- callbacks
+
+    def fetch(self, handle: int, attribute: str) -> Any:
+        from inmanta.execute.proxy import AttributeNotFound, UnsetException
+
+        answer = self.ask({"q": "attr", "h": handle, "a": attribute})
+        if "v" in answer:
+            return self.decode(answer["v"])
+        inst = self.instances.get(handle)
+        if "unset" in answer:
+            raise UnsetException(f"{attribute} of {inst} is not set yet", inst, attribute)
+        if "missing" in answer:
+            raise AttributeNotFound(None, attribute, answer["missing"])
+        raise Exception(answer.get("err", "the compiler could not answer"))
+
+    def module_file(self, module_dir: str, path: str) -> str:
+        answer = self.ask({"q": "file", "dir": module_dir, "path": path})
+        if "v" in answer:
+            return answer["v"]
+        raise Exception(answer.get("err", f"{path} isn't a valid file"))
+
+    def module_file_path(self, module_dir: str, path: str) -> Optional[str]:
+        answer = self.ask({"q": "path", "dir": module_dir, "path": path})
+        return answer.get("v")
+
+    # --- operations
+
+    def op_init(self, msg: dict) -> Any:
+        from inmanta import module as inmanta_module
+        from inmanta.execute import proxy
+
+        self.modules = msg.get("modules", {})
+        self.project_dir = msg.get("project_dir", self.project_dir)
+        self.environment = msg.get("environment")
+        sys.meta_path.insert(0, Finder(self.modules))
+        proxy._fetch = self.fetch
+        mods = {}
+        for name, path in self.modules.items():
+            cls = inmanta_module.ModuleV2 if msg.get("v2", {}).get(name) else inmanta_module.ModuleV1
+            mods[name] = cls(name, os.path.dirname(path) if not msg.get("v2", {}).get(name) else path)
+        inmanta_module.Project.set(inmanta_module.Project(self.project_dir, mods))
+        for name in msg.get("imports", []):
+            importlib.import_module(name)
+        return None
+
+    def op_call(self, msg: dict) -> Any:
+        from inmanta.execute.proxy import DynamicProxy
+        from inmanta.execute.util import NoneValue, Unknown
+        from inmanta.plugins import Context, PluginMeta
+
+        plugin = PluginMeta.get_functions().get(msg["plugin"])
+        if plugin is None:
+            importlib.import_module(msg["module"])
+            plugin = PluginMeta.get_functions().get(msg["plugin"])
+            if plugin is None:
+                raise LookupError(f"{msg['module']} registers no plugin {msg['plugin']}")
+        accept_unknown = plugin.is_accept_unknowns()
+
+        def arg(v: Any) -> Any:
+            v = self.decode(v)
+            if isinstance(v, Unknown) and accept_unknown:
+                return v
+            return DynamicProxy.return_value(v)
+
+        kwargs = {k: arg(v) for k, v in msg.get("kwargs", {}).items()}
+        ctx_name = msg.get("context")
+        if ctx_name:
+            kwargs[ctx_name] = Context(self, plugin, msg.get("site"))
+        positional = []
+        if "varargs" in msg:
+            for name in msg.get("positional", []):
+                positional.append(kwargs.pop(name))
+            positional.extend(arg(v) for v in msg["varargs"])
+        value = plugin.__function__(*positional, **kwargs)
+        value = DynamicProxy.unwrap(value)
+        if isinstance(value, NoneValue):
+            return None
+        return self.encode(value)
+
+    def op_export(self, msg: dict) -> Any:
+        from inmanta.execute.proxy import DynamicProxy, UnknownException
+        from inmanta.export import DependencyManager
+        from inmanta.resources import IgnoreResourceException, Resource, resource
+
+        items = [self.decode(x) for x in msg.get("items", [])]
+        results = []
+        built: dict[Any, Any] = {}
+        for inst in items:
+            names = [inst.type.name] + list(inst.type.parents)
+            cls_name = next((n for n in names if resource.get_class(n)[0] is not None), None)
+            if cls_name is None:
+                results.append({"h": inst.handle, "none": True})
+                continue
+            try:
+                res = Resource.create_from_model(None, cls_name, DynamicProxy(inst))
+            except IgnoreResourceException:
+                results.append({"h": inst.handle, "ignored": True})
+                continue
+            except UnknownException:
+                results.append({"h": inst.handle, "unknown": True})
+                continue
+            built[inst] = res
+            fields = {f: self.encode(getattr(res, f)) for f in res.__class__.fields}
+            results.append(
+                {"h": inst.handle, "type": cls_name, "agent": res.id.agent_name, "attr": res.id.attribute,
+                 "value": res.id.attribute_value, "fields": fields}
+            )
+        managers = DependencyManager.get_dependency_managers()
+        if managers and built:
+            by_inst = built
+            for inst, res in by_inst.items():
+                reqs = inst.get_attribute_value("requires") if "requires" in inst.attributes else []
+                res.requires = {by_inst[r].id for r in (reqs or []) if r in by_inst}
+                res.resource_requires = {by_inst[r] for r in (reqs or []) if r in by_inst}
+            model: dict[str, list] = {}
+            for inst in items:
+                model.setdefault(inst.type.name, []).append(DynamicProxy(inst))
+            resources = {res.id: res for res in by_inst.values()}
+            for manager in managers:
+                manager(model, resources)
+            index = {r["h"]: r for r in results}
+            for inst, res in by_inst.items():
+                index[inst.handle]["requires"] = sorted(str(x) for x in res.requires)
+        return results
+
+
+def describe(e: BaseException) -> dict:
+    """An exception as the compiler reports it: kind, message, the traceback of module code."""
+    from inmanta.plugins import PluginException
+
+    tb = e.__traceback__
+    # leave out the host's own frames
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(e), e, tb))
+    if isinstance(e, PluginException):
+        kind = "PluginException"
+        message = e.message
+    else:
+        kind = type(e).__name__
+        message = str(e)
+    return {"kind": kind, "message": message, "traceback": text}
+
+
+def main() -> None:
+    global HOST
+    out = sys.stdout
+    # what module code prints must not mix with the protocol
+    sys.stdout = sys.stderr
+    HOST = Host(sys.stdin, out)
+    from inmanta.execute.proxy import UnknownException, UnsetException
+
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            break
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        op = getattr(HOST, "op_" + msg.get("op", ""), None)
+        try:
+            if op is None:
+                raise ValueError(f"unknown operation {msg.get('op')!r}")
+            HOST.send({"ok": op(msg)})
+        except UnsetException as e:
+            inst = e.instance
+            HOST.send({"unset": [getattr(inst, "handle", None), e.attribute]})
+        except UnknownException:
+            HOST.send({"unknown": True})
+        except Exception as e:  # noqa: BLE001 - every error goes back to the compiler
+            HOST.send({"error": describe(e)})
+
+
+if __name__ == "__main__":
+    main()

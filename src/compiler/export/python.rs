@@ -1,0 +1,322 @@
+//! Resources defined in Python (`@resource` classes of Inmanta modules), and the handler code
+//! of types with an `@provider` handler.
+//!
+//! All instances of the types the modules' Python defines resources for go to the plugin host
+//! in one request, with their attributes; the host builds each resource with
+//! `Resource.create_from_model` (running the `get_<field>` mappers, `ManagedResource`,
+//! `IgnoreResourceException`) and runs the registered dependency managers. Nothing starts
+//! when the model has no instance of such a type.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use serde_json::{Value as Json, json};
+use sha2::{Digest, Sha256};
+
+use crate::compiler::diagnostics::Diagnostic;
+use crate::compiler::eval::Runtime;
+use crate::compiler::ids::EntityId;
+use crate::compiler::plugins::pyhost::{Answer, PyModel, Reply};
+use crate::compiler::plugins::python::ModulePython;
+use crate::compiler::program::Program;
+use crate::compiler::project::ModuleInfo;
+use crate::compiler::value::{InstId, Value};
+use crate::model::{CodeFile, HandlerCode, InmantaCode};
+
+/// A resource built by a Python class.
+pub struct PyResource {
+    pub inst: InstId,
+    pub type_name: String,
+    pub agent: String,
+    pub attribute: String,
+    pub value: String,
+    pub fields: serde_json::Map<String, Json>,
+    /// A field is unknown.
+    pub undefined: bool,
+    /// Requires the dependency managers set (resource ids without version).
+    pub requires: Option<Vec<String>>,
+}
+
+/// What the Python resource classes made of the model.
+#[derive(Default)]
+pub struct PyExport {
+    pub resources: Vec<PyResource>,
+    /// Instances a Python class handles (built, ignored or unknown): not exported otherwise.
+    pub handled: HashSet<InstId>,
+}
+
+struct ExportModel<'a, 'p> {
+    rt: &'a Runtime<'p>,
+}
+
+impl PyModel for ExportModel<'_, '_> {
+    fn program(&self) -> &Program {
+        self.rt.p
+    }
+
+    fn entity_of(&self, inst: InstId) -> EntityId {
+        self.rt.inst_entity(inst)
+    }
+
+    fn frozen(&self, inst: InstId) -> Vec<(String, Value)> {
+        let ent = self.rt.p.entity(self.rt.inst_entity(inst));
+        let mut out = Vec::with_capacity(ent.slots.len());
+        for (slot, aid) in ent.slots.iter().enumerate() {
+            if let Some(v) = self.rt.frozen_attr(inst, slot as u16) {
+                out.push((self.rt.p.attr(*aid).name.clone(), v));
+            }
+        }
+        out
+    }
+
+    fn read(&mut self, inst: InstId, attr: &str) -> Answer {
+        let p = self.rt.p;
+        let e = self.rt.inst_entity(inst);
+        let Some(slot) = p.syms.get(attr).and_then(|s| p.entity(e).slot(s)) else {
+            return Answer::Missing(format!(
+                "'{}' has no attribute '{attr}'",
+                p.entity(e).full_name
+            ));
+        };
+        match self.rt.frozen_attr(inst, slot) {
+            Some(v) => Answer::Value(v),
+            None => Answer::Unset,
+        }
+    }
+
+    fn file(&mut self, dir: &str, path: &str) -> Result<(String, String), String> {
+        let path = path.trim_start_matches('/');
+        let (module, rest) = path.split_once('/').unwrap_or(("", path));
+        self.rt.host.module_file(module, dir, rest)
+    }
+}
+
+/// Build the resources of the Python resource classes.
+pub fn build(
+    rt: &mut Runtime,
+    python: &BTreeMap<String, ModulePython>,
+) -> Result<PyExport, Vec<Diagnostic>> {
+    let p = rt.p;
+    let mut types: HashSet<EntityId> = HashSet::new();
+    for m in python.values() {
+        for t in &m.resources {
+            let (ns, name) = t.rsplit_once("::").unwrap_or(("", t));
+            if let Some(nsd) = p.namespaces.iter().find(|n| n.name == ns)
+                && let Some(crate::compiler::types::TypeRef::Entity(e)) = nsd.types.get(name)
+            {
+                types.insert(*e);
+            }
+        }
+    }
+    if types.is_empty() {
+        return Ok(PyExport::default());
+    }
+    let is_resource =
+        |e: EntityId| types.contains(&e) || p.entity(e).ancestors.iter().any(|a| types.contains(a));
+    let insts: Vec<InstId> = (0..rt.instances.len())
+        .map(|i| InstId(i as u32))
+        .filter(|i| is_resource(rt.inst_entity(*i)))
+        .collect();
+    if insts.is_empty() {
+        return Ok(PyExport::default());
+    }
+    let mut host = rt.host.take_python().map_err(|e| {
+        vec![Diagnostic::error(
+            "export",
+            format!("the Python resource definitions can not run: {e}"),
+        )]
+    })?;
+    let reply = {
+        let mut model = ExportModel { rt: &*rt };
+        let items: Vec<Json> = insts
+            .iter()
+            .map(|i| host.encode(&Value::Instance(*i), &model, true))
+            .collect();
+        host.request(&json!({"op": "export", "items": items}), &mut model)
+    };
+    rt.host.put_python(host);
+    let fail = |m: String| vec![Diagnostic::error("export", m)];
+    let results = match reply.map_err(fail)? {
+        Reply::Ok(Json::Array(r)) => r,
+        Reply::Ok(_) | Reply::Unset | Reply::Unknown => {
+            return Err(fail(
+                "unexpected reply from the Python resource export".into(),
+            ));
+        }
+        Reply::Error {
+            kind,
+            message,
+            traceback,
+        } => {
+            return Err(fail(format!(
+                "exporting the resources defined in Python failed: {kind}: {message}\n{}",
+                traceback.trim_end()
+            )));
+        }
+    };
+    let mut out = PyExport::default();
+    for r in results {
+        let h = r.get("h").and_then(Json::as_u64).unwrap_or(u64::MAX);
+        if h >= rt.instances.len() as u64 {
+            continue;
+        }
+        let inst = InstId(h as u32);
+        if r.get("none").is_some() {
+            continue;
+        }
+        out.handled.insert(inst);
+        if r.get("ignored").is_some() || r.get("unknown").is_some() {
+            continue;
+        }
+        let text = |k: &str| r.get(k).and_then(Json::as_str).unwrap_or("").to_string();
+        let mut undefined = false;
+        let mut fields = serde_json::Map::new();
+        if let Some(Json::Object(f)) = r.get("fields") {
+            for (k, v) in f {
+                fields.insert(k.clone(), plain(v, &mut undefined));
+            }
+        }
+        let requires = r.get("requires").and_then(Json::as_array).map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        });
+        out.resources.push(PyResource {
+            inst,
+            type_name: text("type"),
+            agent: text("agent"),
+            attribute: text("attr"),
+            value: text("value"),
+            fields,
+            undefined,
+            requires,
+        });
+    }
+    Ok(out)
+}
+
+/// A field value from the host as exported JSON: unknowns become null and mark the resource
+/// undefined, instances their handle's text, escaped dicts plain.
+fn plain(v: &Json, undefined: &mut bool) -> Json {
+    match v {
+        Json::Array(items) => Json::Array(items.iter().map(|x| plain(x, undefined)).collect()),
+        Json::Object(m) => {
+            if m.contains_key("$u") {
+                *undefined = true;
+                return Json::Null;
+            }
+            if let Some(h) = m.get("$e") {
+                return Json::String(format!("instance {h}"));
+            }
+            let m = match m.get("$d") {
+                Some(Json::Object(inner)) => inner,
+                _ => m,
+            };
+            Json::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), plain(x, undefined)))
+                    .collect(),
+            )
+        }
+        other => other.clone(),
+    }
+}
+
+/// A requirement that names a package Steward provides itself (the core, Inmanta modules).
+fn provided(req: &str) -> bool {
+    let name: String = req
+        .trim()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .collect::<String>()
+        .to_ascii_lowercase()
+        .replace('_', "-");
+    name == "inmanta-core" || name == "inmanta" || name.starts_with("inmanta-module-")
+}
+
+/// The handler code of the modules' Python, for the resource types in `used` that have an
+/// `@provider` handler: every module's Python files (handlers import each other's modules),
+/// their requirements, and the packages to import. One `HandlerCode` shared by those types.
+pub fn handlers(
+    used: &BTreeSet<&str>,
+    modules: &BTreeMap<String, ModuleInfo>,
+    python: &BTreeMap<String, ModulePython>,
+) -> Result<(BTreeMap<String, HandlerCode>, BTreeMap<String, String>), String> {
+    let typed: Vec<(&str, &str)> = python
+        .iter()
+        .flat_map(|(m, mp)| mp.providers.iter().map(move |t| (m.as_str(), t.as_str())))
+        .filter(|(_, t)| used.contains(t))
+        .collect();
+    if typed.is_empty() {
+        return Ok(Default::default());
+    }
+    let mut files = BTreeMap::new();
+    let mut code = BTreeMap::new();
+    let mut requirements = BTreeSet::new();
+    let mut imports = Vec::new();
+    for (name, mp) in python {
+        for (rel, abs) in &mp.files {
+            let content = std::fs::read(abs).map_err(|e| format!("{}: {e}", abs.display()))?;
+            let hash = hex::encode(Sha256::digest(&content));
+            files.insert(
+                format!("inmanta_plugins/{name}/{rel}"),
+                CodeFile {
+                    hash: hash.clone(),
+                    executable: false,
+                },
+            );
+            code.insert(hash, hex::encode(&content));
+        }
+        imports.push(format!("inmanta_plugins.{name}"));
+        if let Some(m) = modules.get(name) {
+            requirements.extend(
+                m.requirements
+                    .iter()
+                    .filter(|r| !provided(r))
+                    .map(|r| r.trim().to_string()),
+            );
+        }
+    }
+    let entry = files.keys().next().cloned().unwrap_or_default();
+    let inmanta = InmantaCode {
+        requirements: requirements.into_iter().collect(),
+        imports,
+    };
+    let digest = inmanta_digest(&entry, &files, &inmanta);
+    let mut out = BTreeMap::new();
+    for (module, t) in typed {
+        out.insert(
+            t.to_string(),
+            HandlerCode {
+                module: module.to_string(),
+                entry: entry.clone(),
+                files: files.clone(),
+                digest: digest.clone(),
+                inmanta: Some(inmanta.clone()),
+            },
+        );
+    }
+    Ok((out, code))
+}
+
+/// The digest of Inmanta handler code: that of its entry and files, then its requirements and
+/// imports (as `HandlerCode::expected_digest` checks it).
+pub fn inmanta_digest(
+    entry: &str,
+    files: &BTreeMap<String, CodeFile>,
+    inmanta: &InmantaCode,
+) -> String {
+    let base = HandlerCode::compute_digest(entry, files);
+    let mut h = Sha256::new();
+    h.update(base.as_bytes());
+    h.update(b"\0inmanta\0");
+    for r in &inmanta.requirements {
+        h.update(r.as_bytes());
+        h.update(b"\n");
+    }
+    h.update([0]);
+    for m in &inmanta.imports {
+        h.update(m.as_bytes());
+        h.update(b"\n");
+    }
+    hex::encode(h.finalize())
+}

@@ -1,0 +1,409 @@
+//! The plugin host process: one CPython per compile running `python/steward_plugin_host.py`
+//! with the `inmanta` compatibility package, started on first need.
+//!
+//! JSON lines over stdin/stdout (the protocol is described in the Python file). While a request
+//! runs, the host may ask questions (an attribute of an instance, a module file); a
+//! [`PyModel`] answers them. Values travel as JSON with `{"$e": handle, ...}` for instances,
+//! `{"$u": 1}` for unknowns and `{"$d": {...}}` for dicts with `$` keys.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::rc::Rc;
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::compiler::ids::EntityId;
+use crate::compiler::program::Program;
+use crate::compiler::value::{Dict, InstId, Value};
+
+/// How to start the host for a compile.
+#[derive(Clone, Debug, Default)]
+pub struct PyConfig {
+    pub interpreter: PathBuf,
+    /// Module name -> the directory of its package `inmanta_plugins.<name>`.
+    pub modules: BTreeMap<String, PathBuf>,
+    /// The modules among `modules` that are V2 (installed packages).
+    pub v2: BTreeSet<String>,
+    pub project_dir: PathBuf,
+    /// `Context.get_environment_id()`.
+    pub environment: Option<String>,
+}
+
+/// What the compiler answers when the host asks.
+pub enum Answer {
+    Value(Value),
+    /// Not frozen yet: the request will be made again later.
+    Unset,
+    /// No such attribute (Python gets an `AttributeError`).
+    Missing(String),
+    Err(String),
+}
+
+/// The model side of a request: answers the host's questions.
+pub trait PyModel {
+    fn program(&self) -> &Program;
+    fn entity_of(&self, inst: InstId) -> EntityId;
+    /// The attributes of an instance that are final already (sent along with it).
+    fn frozen(&self, inst: InstId) -> Vec<(String, Value)>;
+    /// `inst.attr` for Python.
+    fn read(&mut self, inst: InstId, attr: &str) -> Answer;
+    /// A module file (`dir` is `files` or `templates`, `path` is `<module>/<name>`):
+    /// (content, absolute path).
+    fn file(&mut self, dir: &str, path: &str) -> Result<(String, String), String>;
+}
+
+/// The final reply to a request.
+pub enum Reply {
+    Ok(Json),
+    /// The request read an attribute that is not frozen yet.
+    Unset,
+    /// The result is unknown (module code read an unknown value).
+    Unknown,
+    /// Module code raised: (kind, message, traceback).
+    Error {
+        kind: String,
+        message: String,
+        traceback: String,
+    },
+}
+
+pub struct PyHost {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    types_sent: HashSet<EntityId>,
+    /// Requests made (calls and exports), for statistics.
+    pub requests: u64,
+}
+
+impl Drop for PyHost {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where the embedded Python tree is written: a per-user cache directory.
+fn python_base() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("steward");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join(".cache").join("steward");
+    }
+    std::env::temp_dir().join(format!("steward-{}", unsafe { libc::getuid() }))
+}
+
+impl PyHost {
+    /// Start the host and initialise it (import the modules' packages in `imports`).
+    pub fn start(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
+        let base = python_base();
+        let compat = crate::pycompat::materialize(&base).map_err(|e| {
+            format!(
+                "can not write Steward's Python into {}: {e}",
+                base.display()
+            )
+        })?;
+        let script = compat.join("steward_plugin_host.py");
+        let mut child = Command::new(&config.interpreter)
+            .arg("-u")
+            .arg("-X")
+            .arg(format!("pycache_prefix={}", base.join("pycache").display()))
+            .arg(&script)
+            .env("PYTHONPATH", &compat)
+            .current_dir(&config.project_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "can not start the Python plugin host with {}: {e}",
+                    config.interpreter.display()
+                )
+            })?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut host = PyHost {
+            child,
+            stdin,
+            stdout,
+            types_sent: HashSet::new(),
+            requests: 0,
+        };
+        let modules: Map<String, Json> = config
+            .modules
+            .iter()
+            .map(|(k, v)| (k.clone(), Json::String(v.display().to_string())))
+            .collect();
+        let v2: Map<String, Json> = config
+            .v2
+            .iter()
+            .map(|k| (k.clone(), Json::Bool(true)))
+            .collect();
+        let init = json!({
+            "op": "init",
+            "modules": modules,
+            "v2": v2,
+            "imports": imports,
+            "project_dir": config.project_dir.display().to_string(),
+            "environment": config.environment,
+        });
+        match host.request_plain(&init)? {
+            Reply::Ok(_) => Ok(host),
+            Reply::Error {
+                message, traceback, ..
+            } => Err(format!(
+                "loading the modules' Python failed: {message}\n{traceback}"
+            )),
+            _ => Err("loading the modules' Python failed".into()),
+        }
+    }
+
+    fn send(&mut self, msg: &Json) -> Result<(), String> {
+        let mut line = serde_json::to_string(msg).map_err(|e| e.to_string())?;
+        line.push('\n');
+        self.stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| format!("the Python plugin host is gone: {e}"))
+    }
+
+    fn receive(&mut self) -> Result<Json, String> {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("the Python plugin host is gone: {e}"))?;
+        if n == 0 {
+            let status = self.child.wait().ok();
+            return Err(format!(
+                "the Python plugin host exited ({})",
+                status.map(|s| s.to_string()).unwrap_or_default()
+            ));
+        }
+        serde_json::from_str(&line)
+            .map_err(|e| format!("bad reply from the Python plugin host: {e}"))
+    }
+
+    /// A request that asks nothing back.
+    fn request_plain(&mut self, msg: &Json) -> Result<Reply, String> {
+        self.send(msg)?;
+        let reply = self.receive()?;
+        Ok(final_reply(reply))
+    }
+
+    /// Send a request and answer the host's questions until its final reply.
+    pub fn request(&mut self, msg: &Json, model: &mut dyn PyModel) -> Result<Reply, String> {
+        self.requests += 1;
+        self.send(msg)?;
+        loop {
+            let reply = self.receive()?;
+            let Some(q) = reply.get("q").and_then(Json::as_str) else {
+                return Ok(final_reply(reply));
+            };
+            let answer = match q {
+                "attr" => {
+                    let h = reply.get("h").and_then(Json::as_u64).unwrap_or(u64::MAX);
+                    let a = reply.get("a").and_then(Json::as_str).unwrap_or("");
+                    if h >= u32::MAX as u64 {
+                        json!({"err": "no such instance"})
+                    } else {
+                        match model.read(InstId(h as u32), a) {
+                            Answer::Value(v) => json!({"v": self.encode(&v, model, false)}),
+                            Answer::Unset => json!({"unset": true}),
+                            Answer::Missing(m) => json!({"missing": m}),
+                            Answer::Err(m) => json!({"err": m}),
+                        }
+                    }
+                }
+                "file" | "path" => {
+                    let dir = reply.get("dir").and_then(Json::as_str).unwrap_or("files");
+                    let path = reply.get("path").and_then(Json::as_str).unwrap_or("");
+                    match model.file(dir, path) {
+                        Ok((content, abs)) if q == "file" => {
+                            let _ = abs;
+                            json!({"v": content})
+                        }
+                        Ok((_, abs)) => json!({"v": abs}),
+                        Err(e) => json!({"err": e}),
+                    }
+                }
+                other => json!({"err": format!("unknown question {other}")}),
+            };
+            self.send(&answer)?;
+        }
+    }
+
+    /// A model value as the host reads it; `attrs`: send an instance's frozen attributes.
+    pub fn encode(&mut self, v: &Value, model: &dyn PyModel, attrs: bool) -> Json {
+        match v {
+            Value::Null => Json::Null,
+            Value::Bool(b) => Json::Bool(*b),
+            Value::Int(i) => Json::from(*i),
+            Value::BigInt(b) => {
+                use num_traits::ToPrimitive;
+                Json::from(b.to_f64().unwrap_or(f64::NAN))
+            }
+            Value::Float(f) => serde_json::Number::from_f64(*f)
+                .map(Json::Number)
+                .unwrap_or(Json::Null),
+            Value::Str(s) => Json::String(s.to_string()),
+            Value::List(l) => Json::Array(l.iter().map(|x| self.encode(x, model, false)).collect()),
+            Value::Dict(d) => {
+                let mut escape = false;
+                let mut m = Map::new();
+                for (k, x) in d.iter() {
+                    escape |= k.starts_with('$');
+                    m.insert(k.to_string(), self.encode(x, model, false));
+                }
+                if escape {
+                    json!({ "$d": m })
+                } else {
+                    Json::Object(m)
+                }
+            }
+            Value::Unknown => json!({"$u": 1}),
+            Value::Instance(i) => {
+                let e = model.entity_of(*i);
+                let p = model.program();
+                let ent = p.entity(e);
+                let mut m = Map::new();
+                m.insert("$e".into(), Json::from(i.0));
+                m.insert("t".into(), Json::String(ent.full_name.clone()));
+                if self.types_sent.insert(e) {
+                    let parents: Vec<Json> = ent
+                        .ancestors
+                        .iter()
+                        .map(|a| Json::String(p.entity(*a).full_name.clone()))
+                        .collect();
+                    m.insert("p".into(), Json::Array(parents));
+                }
+                if attrs {
+                    let mut a = Map::new();
+                    for (name, val) in model.frozen(*i) {
+                        let j = self.encode(&val, model, false);
+                        a.insert(name, j);
+                    }
+                    m.insert("a".into(), Json::Object(a));
+                }
+                Json::Object(m)
+            }
+        }
+    }
+}
+
+fn final_reply(reply: Json) -> Reply {
+    if let Some(v) = reply.get("ok") {
+        return Reply::Ok(v.clone());
+    }
+    if reply.get("unset").is_some() {
+        return Reply::Unset;
+    }
+    if reply.get("unknown").is_some() {
+        return Reply::Unknown;
+    }
+    let e = reply.get("error").cloned().unwrap_or(Json::Null);
+    let text = |k: &str| e.get(k).and_then(Json::as_str).unwrap_or("").to_string();
+    Reply::Error {
+        kind: text("kind"),
+        message: text("message"),
+        traceback: text("traceback"),
+    }
+}
+
+/// A value from the host into the model; `instances` bounds the handles.
+pub fn decode(j: &Json, instances: usize) -> Result<Value, String> {
+    Ok(match j {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from_bigint(u.into())
+            } else {
+                Value::Float(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        Json::String(s) => Value::str(s),
+        Json::Array(items) => Value::list(
+            items
+                .iter()
+                .map(|x| decode(x, instances))
+                .collect::<Result<_, _>>()?,
+        ),
+        Json::Object(m) => {
+            if let Some(h) = m.get("$e") {
+                let h = h.as_u64().unwrap_or(u64::MAX);
+                if h >= instances as u64 {
+                    return Err("a plugin returned an instance the model does not have".into());
+                }
+                return Ok(Value::Instance(InstId(h as u32)));
+            }
+            if m.contains_key("$u") {
+                return Ok(Value::Unknown);
+            }
+            let m = match m.get("$d") {
+                Some(Json::Object(inner)) => inner,
+                _ => m,
+            };
+            let mut d = Dict::new();
+            for (k, x) in m {
+                d.insert(Rc::from(k.as_str()), decode(x, instances)?);
+            }
+            Value::Dict(Rc::new(d))
+        }
+    })
+}
+
+/// The plugin host of one compile: started on first use, kept for the compile.
+#[derive(Default)]
+pub struct PySession {
+    pub config: PyConfig,
+    /// Packages imported when the host starts (every module with Python).
+    pub imports: Vec<String>,
+    host: Option<PyHost>,
+    failed: Option<String>,
+    /// Requests made by hosts already dropped.
+    pub started: bool,
+}
+
+impl PySession {
+    pub fn new(config: PyConfig, imports: Vec<String>) -> PySession {
+        PySession {
+            config,
+            imports,
+            ..Default::default()
+        }
+    }
+
+    /// The host, started if needed; a start that failed fails every later request alike.
+    pub fn take(&mut self) -> Result<PyHost, String> {
+        if let Some(h) = self.host.take() {
+            return Ok(h);
+        }
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.started = true;
+        match PyHost::start(&self.config, &self.imports) {
+            Ok(h) => Ok(h),
+            Err(e) => {
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    pub fn put(&mut self, host: PyHost) {
+        self.host = Some(host);
+    }
+
+    /// Requests made so far by the running host.
+    pub fn requests(&self) -> u64 {
+        self.host.as_ref().map_or(0, |h| h.requests)
+    }
+}
