@@ -34,7 +34,12 @@ class _Agent:
         self._files_dirs = [d for d in os.environ.get("STEWARD_INMANTA_FILES", "").split(os.pathsep) if d]
 
     def get_file(self, hash_id: str):
-        for d in self._files_dirs:
+        """A file the export uploaded, by its sha1: shipped with the handler code under
+        `_files/<sha1>` (the code directory is the host's working directory), or found in a
+        directory of `$STEWARD_INMANTA_FILES`."""
+        if not all(c in "0123456789abcdef" for c in hash_id):
+            return None
+        for d in [os.path.join(os.getcwd(), "_files")] + self._files_dirs:
             path = os.path.join(d, hash_id)
             if os.path.isfile(path):
                 with open(path, "rb") as f:
