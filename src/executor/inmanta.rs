@@ -198,7 +198,10 @@ fn make_venv(python: &str, dir: &Path, reqs: &[String]) -> Result<(), String> {
     };
     run(
         Command::new(python).arg("-m").arg("venv").arg(dir),
-        &format!("creating a virtualenv with {python} -m venv {}", dir.display()),
+        &format!(
+            "creating a virtualenv with {python} -m venv {}",
+            dir.display()
+        ),
     )?;
     run(
         Command::new(dir.join("bin").join("python"))

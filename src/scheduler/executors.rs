@@ -512,15 +512,12 @@ impl Pool {
     pub async fn version_done(&mut self, version: i32) {
         let mut line = serde_json::to_string(&Request::VersionDone { version }).expect("json");
         line.push('\n');
-        let mut gone = vec![];
-        for (id, p) in &mut self.procs {
-            if p.stdin.write_all(line.as_bytes()).await.is_err() || p.stdin.flush().await.is_err()
-            {
-                gone.push(*id);
+        for p in self.procs.values_mut() {
+            // a closed input means it exited, which its output reports
+            if p.stdin.write_all(line.as_bytes()).await.is_ok() {
+                let _ = p.stdin.flush().await;
             }
         }
-        // a closed input: it exited, which its output reports
-        let _ = gone;
     }
 
     /// The executor finished its action: it is idle again.

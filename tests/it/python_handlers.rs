@@ -263,15 +263,8 @@ async fn inmanta_crud_handler_deploys_logs_caches_reloads_and_dry_runs() {
         )
     };
     let a_id = format!("demo::File[localhost,path={}]", path("a.conf"));
-    let service = |reqs: &[&str]| {
-        resource(
-            "demo::Service",
-            "name",
-            "web",
-            json!({"journal": j}),
-            reqs,
-        )
-    };
+    let service =
+        |reqs: &[&str]| resource("demo::Service", "name", "web", json!({"journal": j}), reqs);
     let stamp = resource(
         "demo::Stamp",
         "path",
@@ -299,7 +292,10 @@ async fn inmanta_crud_handler_deploys_logs_caches_reloads_and_dry_runs() {
 
     // created, with the handler's log records and their kwargs as fields
     let a = &deploy_actions(&c, &env, &a_id).await[0];
-    assert_eq!((a.status.as_str(), a.change.as_str()), ("deployed", "created"));
+    assert_eq!(
+        (a.status.as_str(), a.change.as_str()),
+        ("deployed", "created")
+    );
     let wrote = message(a, "wrote ");
     assert_eq!(wrote["level"], "info");
     assert_eq!(wrote["message"], format!("wrote {}", path("a.conf")));
@@ -307,25 +303,52 @@ async fn inmanta_crud_handler_deploys_logs_caches_reloads_and_dry_runs() {
     assert_eq!(wrote["fields"]["mode"], json!([4, 2, 0]));
     assert_eq!(wrote["fields"]["path"], path("a.conf"));
     assert_eq!(message(a, "Calling read_resource")["level"], "debug");
-    assert_eq!(a.changes["purged"], json!({"current": true, "desired": false}));
+    assert_eq!(
+        a.changes["purged"],
+        json!({"current": true, "desired": false})
+    );
     // the handler overriding execute: its own status, change and pre/post
-    let s = &deploy_actions(&c, &env, &format!("demo::Stamp[localhost,path={}]", path("stamp"))).await[0];
-    assert_eq!((s.status.as_str(), s.change.as_str()), ("deployed", "created"));
-    let steps: Vec<i64> = s.messages.as_array().unwrap().iter().filter_map(|m| m["fields"]["step"].as_i64()).collect();
+    let s = &deploy_actions(
+        &c,
+        &env,
+        &format!("demo::Stamp[localhost,path={}]", path("stamp")),
+    )
+    .await[0];
+    assert_eq!(
+        (s.status.as_str(), s.change.as_str()),
+        ("deployed", "created")
+    );
+    let steps: Vec<i64> = s
+        .messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["fields"]["step"].as_i64())
+        .collect();
     assert_eq!(steps, vec![1, 2, 3]);
 
     // the version-bound cache: computed once for both files, dropped once v1's deploy is done
     eventually(20, "the v1 cache entry to be dropped", || async {
-        journal(&jpath).contains(&"dropped v1".to_string()).then_some(())
+        journal(&jpath)
+            .contains(&"dropped v1".to_string())
+            .then_some(())
     })
     .await;
     assert_eq!(
-        journal(&jpath).iter().filter(|l| l.starts_with("computed")).count(),
+        journal(&jpath)
+            .iter()
+            .filter(|l| l.starts_with("computed"))
+            .count(),
         1,
         "{:?}",
         journal(&jpath)
     );
-    let reloads = || journal(&jpath).iter().filter(|l| *l == "reloaded web").count();
+    let reloads = || {
+        journal(&jpath)
+            .iter()
+            .filter(|l| *l == "reloaded web")
+            .count()
+    };
     let reloaded_v1 = reloads();
 
     // a dry-run calls the read side only
@@ -383,7 +406,9 @@ async fn inmanta_crud_handler_deploys_logs_caches_reloads_and_dry_runs() {
     let svc = &deploy_actions(&c, &env, "demo::Service[localhost,name=web]").await[0];
     assert_eq!(message(svc, "reloaded web")["fields"]["name"], "web");
     eventually(20, "the v2 cache entry to be dropped", || async {
-        journal(&jpath).contains(&"dropped v2".to_string()).then_some(())
+        journal(&jpath)
+            .contains(&"dropped v2".to_string())
+            .then_some(())
     })
     .await;
     assert_eq!(state_of(&c, &env, &a_id).await.status, "deployed");
@@ -417,7 +442,9 @@ async fn inmanta_handler_errors_are_failed_or_unavailable_actions_with_traceback
     );
     let tb = m["fields"]["traceback"].as_str().unwrap();
     assert!(
-        tb.contains("Traceback") && tb.contains("in helper_that_fails") && tb.contains("inmanta_plugins/demo/__init__.py"),
+        tb.contains("Traceback")
+            && tb.contains("in helper_that_fails")
+            && tb.contains("inmanta_plugins/demo/__init__.py"),
         "{tb}"
     );
 

@@ -85,7 +85,7 @@ impl EnvScheduler {
             .open_versions
             .iter()
             .copied()
-            .filter(|v| !busy.contains(v) && !(waiting && Some(*v) == current))
+            .filter(|v| !(busy.contains(v) || waiting && Some(*v) == current))
             .collect();
         for v in done {
             self.open_versions.remove(&v);
