@@ -189,6 +189,25 @@ class AgentCache:
     ) -> Any:
         """The cached value of `key` and the arguments (a `resource` argument by its id), or
         `function(**kwargs)`, cached."""
+        return self._get_or_else(
+            key, function, for_version, timeout, evict_after_last_access, evict_after_creation,
+            ignore, cache_none, call_on_delete, kwargs,
+        )
+
+    def _get_or_else(
+        self,
+        key: str,
+        function: Callable[..., Any],
+        for_version: Optional[bool],
+        timeout: Optional[int],
+        evict_after_last_access: float,
+        evict_after_creation: float,
+        ignore: set[str],
+        cache_none: bool,
+        call_on_delete: Optional[Callable[[Any], None]],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        # the arguments as a dict: a cached method may have one named `key` or `function`
         acceptable = {"resource"}
         args: dict[str, Any] = {k: v for k, v in kwargs.items() if k in acceptable and k not in ignore}
         if for_version:

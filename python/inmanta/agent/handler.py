@@ -92,17 +92,17 @@ def cache(
             def bound(**kwds: object) -> object:
                 return f(self, **kwds)
 
-            return self.cache.get_or_else(
-                key=f.__name__,
-                function=bound,
-                for_version=for_version,
-                timeout=timeout,
-                evict_after_last_access=evict_after_last_access,
-                evict_after_creation=evict_after_creation,
-                ignore=myignore,
-                cache_none=cacheNone if cacheNone is not None else cache_none,
-                call_on_delete=call_on_delete,
-                **kwds,
+            return self.cache._get_or_else(
+                f.__name__,
+                bound,
+                for_version,
+                timeout,
+                evict_after_last_access,
+                evict_after_creation,
+                myignore,
+                cacheNone if cacheNone is not None else cache_none,
+                call_on_delete,
+                kwds,
             )
 
         wrapper.__name__ = f.__name__
