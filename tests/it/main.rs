@@ -34,6 +34,7 @@ mod pipelined_agents;
 mod python_handlers;
 mod python_handlers_host;
 mod python_handlers_real;
+mod python_handlers_ssh;
 mod retention;
 mod security;
 mod ssh;
