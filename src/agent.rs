@@ -662,6 +662,28 @@ mod tests {
     }
 
     #[test]
+    fn fetched_inmanta_code_is_checked_with_its_requirements_and_imports() {
+        let (mut b, _) = bundle(b"import os", b"import os");
+        let mut code: HandlerCode = serde_json::from_value(b["code"].clone()).unwrap();
+        code.inmanta = Some(crate::model::InmantaCode {
+            requirements: vec!["mitogen".into()],
+            imports: vec!["inmanta_plugins.m".into()],
+        });
+        code.digest = code.expected_digest();
+        let digest = code.digest.clone();
+        b["code"] = serde_json::to_value(&code).unwrap();
+        let (got, _) = verified_code(&b, &digest).unwrap();
+        assert_eq!(got.inmanta, code.inmanta);
+        // requirements changed on the way: another digest
+        b["code"]["inmanta"]["requirements"] = serde_json::json!(["evil"]);
+        assert!(
+            verified_code(&b, &digest)
+                .unwrap_err()
+                .contains("another digest")
+        );
+    }
+
+    #[test]
     fn fetched_code_is_checked_against_its_digest_and_hashes() {
         let (b, digest) = bundle(b"print(1)", b"print(1)");
         let (code, blobs) = verified_code(&b, &digest).unwrap();

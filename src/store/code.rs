@@ -205,3 +205,58 @@ fn handler_code(
         inmanta: inmanta.and_then(|v| serde_json::from_value(v).ok()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CodeFile, InmantaCode};
+
+    fn export_with(imports: &[&str], digest: Option<&str>) -> ExportFile {
+        let content = b"import os\n";
+        let hash = hex::encode(Sha256::digest(content));
+        let mut files = BTreeMap::new();
+        files.insert(
+            "inmanta_plugins/m/__init__.py".to_string(),
+            CodeFile {
+                hash: hash.clone(),
+                executable: false,
+            },
+        );
+        let mut h = HandlerCode {
+            module: "m".into(),
+            entry: "inmanta_plugins/m/__init__.py".into(),
+            files,
+            digest: String::new(),
+            inmanta: Some(InmantaCode {
+                requirements: vec!["mitogen".into()],
+                imports: imports.iter().map(|s| s.to_string()).collect(),
+            }),
+        };
+        h.digest = digest
+            .map(str::to_string)
+            .unwrap_or_else(|| h.expected_digest());
+        let mut x = ExportFile::default();
+        x.handlers.insert("m::T".into(), h);
+        x.code.insert(hash, hex::encode(content));
+        x
+    }
+
+    #[test]
+    fn inmanta_code_is_validated_with_its_requirements_and_imports() {
+        validate(&export_with(&["inmanta_plugins.m"], None)).unwrap();
+        // a digest over the files only: not enough
+        let files_only = {
+            let x = export_with(&["inmanta_plugins.m"], None);
+            let h = &x.handlers["m::T"];
+            HandlerCode::compute_digest(&h.entry, &h.files)
+        };
+        let err = validate(&export_with(&["inmanta_plugins.m"], Some(&files_only)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("requirements and imports"), "{err}");
+        let err = validate(&export_with(&["inmanta_plugins.m; rm -rf /"], None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not a Python module name"), "{err}");
+    }
+}
