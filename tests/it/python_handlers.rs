@@ -303,6 +303,20 @@ async fn inmanta_crud_handler_deploys_logs_caches_reloads_and_dry_runs() {
     assert_eq!(wrote["fields"]["mode"], json!([4, 2, 0]));
     assert_eq!(wrote["fields"]["path"], path("a.conf"));
     assert_eq!(message(a, "Calling read_resource")["level"], "debug");
+    // and through the CLI: the last action's records with their fields
+    let shown = crate::deploy_cli::ok(&crate::deploy_cli::cli(
+        &srv,
+        &env,
+        &["resource", "show", &a_id],
+    ));
+    assert!(
+        shown.contains(&format!(
+            "info wrote {} {{\"mode\":[4,2,0],\"path\":\"{}\",\"size\":4}}",
+            path("a.conf"),
+            path("a.conf")
+        )),
+        "{shown}"
+    );
     assert_eq!(
         a.changes["purged"],
         json!({"current": true, "desired": false})
