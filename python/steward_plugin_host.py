@@ -285,6 +285,8 @@ def describe(e: BaseException) -> dict:
 
 def main() -> None:
     global HOST
+    # module code reaches the host as `steward_plugin_host.HOST`, not a second copy of this file
+    sys.modules.setdefault("steward_plugin_host", sys.modules[__name__])
     out = sys.stdout
     # what module code prints must not mix with the protocol
     sys.stdout = sys.stderr

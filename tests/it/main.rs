@@ -35,6 +35,7 @@ mod python_handlers;
 mod python_handlers_host;
 mod python_handlers_real;
 mod python_handlers_ssh;
+mod python_plugins;
 mod retention;
 mod security;
 mod ssh;

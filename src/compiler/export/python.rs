@@ -233,6 +233,11 @@ fn provided(req: &str) -> bool {
     name == "inmanta-core" || name == "inmanta" || name.starts_with("inmanta-module-")
 }
 
+/// Resource type -> its handler code.
+type Handlers = BTreeMap<String, HandlerCode>;
+/// Content hash -> file content (hex).
+type Code = BTreeMap<String, String>;
+
 /// The handler code of the modules' Python, for the resource types in `used` that have an
 /// `@provider` handler: every module's Python files (handlers import each other's modules),
 /// their requirements, and the packages to import. One `HandlerCode` shared by those types.
@@ -240,7 +245,7 @@ pub fn handlers(
     used: &BTreeSet<&str>,
     modules: &BTreeMap<String, ModuleInfo>,
     python: &BTreeMap<String, ModulePython>,
-) -> Result<(BTreeMap<String, HandlerCode>, BTreeMap<String, String>), String> {
+) -> Result<(Handlers, Code), String> {
     let typed: Vec<(&str, &str)> = python
         .iter()
         .flat_map(|(m, mp)| mp.providers.iter().map(move |t| (m.as_str(), t.as_str())))

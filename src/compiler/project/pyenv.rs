@@ -1,0 +1,144 @@
+//! The project's Python environment: its interpreter, the V2 modules installed in it, and
+//! what `requirements.txt` and installed distributions say about modules.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// The Python interpreter of a project and, once asked, its `sys.path`.
+#[derive(Clone, Debug)]
+pub struct PythonEnv {
+    pub interpreter: PathBuf,
+    sys_path: std::sync::Arc<std::sync::OnceLock<Result<Vec<PathBuf>, String>>>,
+}
+
+impl PythonEnv {
+    /// The interpreter: `explicit` > `$VIRTUAL_ENV/bin/python3` >
+    /// `<project>/.steward/venv/bin/python3` when it exists > `python3` on `PATH`.
+    pub fn choose(explicit: Option<&Path>, project_dir: &Path) -> PythonEnv {
+        let interpreter = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| {
+                std::env::var_os("VIRTUAL_ENV")
+                    .filter(|v| !v.is_empty())
+                    .map(|v| PathBuf::from(v).join("bin").join("python3"))
+            })
+            .or_else(|| {
+                let p = project_dir.join(".steward/venv/bin/python3");
+                p.exists().then_some(p)
+            })
+            .unwrap_or_else(|| PathBuf::from("python3"));
+        PythonEnv {
+            interpreter,
+            sys_path: Default::default(),
+        }
+    }
+
+    /// The interpreter's `sys.path` (asked once).
+    pub fn sys_path(&self) -> Result<&[PathBuf], String> {
+        self.sys_path
+            .get_or_init(|| {
+                let out = std::process::Command::new(&self.interpreter)
+                    .args(["-I", "-c", "import sys, json; print(json.dumps(sys.path))"])
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .map_err(|e| format!("can not run {}: {e}", self.interpreter.display()))?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "{} failed: {}",
+                        self.interpreter.display(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ));
+                }
+                let paths: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| {
+                    format!("{}: unexpected sys.path: {e}", self.interpreter.display())
+                })?;
+                Ok(paths
+                    .into_iter()
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from)
+                    .collect())
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// The directory of an installed V2 module: `<entry>/inmanta_plugins/<name>` holding a
+    /// model.
+    pub fn find_v2(&self, name: &str) -> Result<Option<PathBuf>, String> {
+        for entry in self.sys_path()? {
+            let dir = entry.join("inmanta_plugins").join(name);
+            if dir.join("model").join("_init.cf").is_file() || dir.join("setup.cfg").is_file() {
+                return Ok(Some(dir));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Module names pinned by `requirements.txt`: `inmanta-module-<name>` lines.
+pub(super) fn pinned_modules(dir: &Path) -> HashSet<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join("requirements.txt")) else {
+        return HashSet::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let l = l
+                .split('#')
+                .next()?
+                .trim()
+                .to_ascii_lowercase()
+                .replace('_', "-");
+            let rest = l.strip_prefix("inmanta-module-")?;
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(rest.len());
+            Some(rest[..end].replace('-', "_"))
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Requirement lines of a `requirements.txt` (comments, options and blanks left out).
+pub(super) fn requirement_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('-'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Version and `Requires-Dist` of the installed distribution `inmanta-module-<name>`, from
+/// its `.dist-info/METADATA` next to `inmanta_plugins/` (`0.0.0` and none when not found).
+pub(super) fn dist_metadata(pkg_dir: &Path, name: &str) -> (String, Vec<String>) {
+    let Some(site) = pkg_dir.parent().and_then(Path::parent) else {
+        return ("0.0.0".into(), Vec::new());
+    };
+    let prefix = format!("inmanta_module_{name}-");
+    let found = std::fs::read_dir(site).ok().and_then(|entries| {
+        entries.flatten().find(|e| {
+            let n = e.file_name().to_string_lossy().to_ascii_lowercase();
+            n.starts_with(&prefix) && n.ends_with(".dist-info")
+        })
+    });
+    let Some(meta) = found.and_then(|e| std::fs::read_to_string(e.path().join("METADATA")).ok())
+    else {
+        return ("0.0.0".into(), Vec::new());
+    };
+    let mut version = "0.0.0".to_string();
+    let mut requires = Vec::new();
+    for line in meta.lines() {
+        if line.is_empty() {
+            break; // the body follows the headers
+        }
+        if let Some(v) = line.strip_prefix("Version:") {
+            version = v.trim().to_string();
+        } else if let Some(r) = line.strip_prefix("Requires-Dist:") {
+            let r = r.trim();
+            // extras-only requirements are not needed to run
+            if !r.contains("extra ==") {
+                requires.push(r.to_string());
+            }
+        }
+    }
+    (version, requires)
+}

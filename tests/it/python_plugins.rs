@@ -1,0 +1,405 @@
+//! Inmanta modules' Python in the compiler: V1 `plugins/`, V2 modules installed with pip into
+//! a virtualenv, Python plugins (entities, `Context`, waiting on attributes not frozen yet,
+//! errors with tracebacks, typedef constraints), `@resource` classes with mappers and exporter
+//! hooks at export, handler code for `@provider` types, and the real public modules
+//! `inmanta-module-yaml` and `inmanta-module-ip` exported as the reference exports them
+//! (`tests/python/real_modules/expected.json`, from inmanta-core 14.0.0).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use steward::compiler::{CompileOptions, compile};
+use steward::model::ExportFile;
+
+fn data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python")
+}
+
+/// A project directory: `project.yml` with module path `libs`, `main.cf`, extra files.
+fn project(main: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("project.yml"),
+        "name: pyproj\nmodulepath: libs\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("main.cf"), main).unwrap();
+    for (rel, text) in files {
+        let p = dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    dir
+}
+
+struct Run {
+    printed: Vec<String>,
+    result: Result<Option<ExportFile>, String>,
+}
+
+fn run(dir: &Path, python: &Path, export: bool) -> Run {
+    let opts = CompileOptions {
+        project_dir: dir.to_path_buf(),
+        export,
+        python: Some(python.to_path_buf()),
+        ..Default::default()
+    };
+    let mut printed = Vec::new();
+    let outcome = compile(&opts, &mut |l| printed.push(l.to_string()));
+    let result = match outcome.result {
+        Ok(x) => Ok(x),
+        Err(e) => Err(e
+            .iter()
+            .map(|d| {
+                let r = d.resolve(&outcome.sources);
+                format!("{}\n{r:?}", d.message)
+            })
+            .collect::<Vec<_>>()
+            .join("\n")),
+    };
+    Run { printed, result }
+}
+
+fn system_python() -> PathBuf {
+    PathBuf::from("python3")
+}
+
+/// One virtualenv per test process, with the real yaml/ip modules (and net, which ip
+/// imports) and their Python dependencies from the package index, and the test's own V2
+/// module `v2demo` built into a wheel. The real `std` (and with it inmanta-core) is left
+/// out: std is Steward's built-in module.
+fn venv() -> &'static Path {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("steward-pyplugins-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let ok = |c: &mut Command| {
+            let out = c.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{c:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let env = dir.join("venv");
+        ok(Command::new("python3").arg("-m").arg("venv").arg(&env));
+        let wheel = ok(Command::new("python3")
+            .arg(data_dir().join("make_wheel.py"))
+            .arg(data_dir().join("v2demo"))
+            .arg(dir.join("dist"))
+            .args([
+                "inmanta-module-v2demo",
+                "1.4.0",
+                "inmanta-module-std",
+                "inmanta-core>=14",
+                "PyYAML>=5",
+            ]));
+        ok(Command::new(env.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "inmanta-module-yaml==1.0.0",
+            "inmanta-module-ip==2.0.3",
+            "inmanta-module-net==1.1.3",
+            "PyYAML",
+            "netaddr",
+            &wheel,
+        ]));
+        env.join("bin/python3")
+    })
+}
+
+const MYMOD_CF: &str = r#"
+entity Thing:
+    string name
+end
+Thing.peers [0:] -- Thing
+implement Thing using std::none
+
+typedef even as int matching mymod::is_even(self)
+
+entity Numbered:
+    even n
+end
+implement Numbered using std::none
+"#;
+
+const MYMOD_PY: &str = r#"
+from inmanta.plugins import plugin, Context, PluginException
+
+
+@plugin
+def greet(ctx: Context, thing: "mymod::Thing", greeting: "string" = "hello") -> "string":
+    data = ctx.get_data_dir()
+    return f"{greeting} {thing.name}: {sorted(p.name for p in thing.peers)} data={data.endswith('data/mymod')}"
+
+
+@plugin
+def is_even(n: "int") -> "bool":
+    return n % 2 == 0
+
+
+@plugin("fail")
+def failing(x: "string") -> "string":
+    raise PluginException(f"bad {x}")
+
+
+@plugin
+def crash(x: "string") -> "string":
+    return helper(x)
+
+
+def helper(x):
+    return {}[x]
+
+
+@plugin
+def collect(items: "list", *args: "int", **kw: "any") -> "list":
+    return [i * 2 for i in items] + list(args) + sorted(kw)
+
+
+@plugin
+def maybe(x: "string?" = None) -> "string?":
+    return x
+
+
+@plugin
+def bad_return() -> "int":
+    return "text"
+"#;
+
+fn mymod(main: &str) -> tempfile::TempDir {
+    project(
+        main,
+        &[
+            ("libs/mymod/module.yml", "name: mymod\nversion: 1.0.0\n"),
+            ("libs/mymod/model/_init.cf", MYMOD_CF),
+            ("libs/mymod/plugins/__init__.py", MYMOD_PY),
+        ],
+    )
+}
+
+#[test]
+fn python_plugins_take_entities_and_a_context_and_wait_for_frozen_relations() {
+    // `greet(a)` runs before `a.peers` is complete: the plugin's read of `peers` makes the
+    // call wait, and it runs again once the relation is frozen, seeing every peer
+    let dir = mymod(
+        r#"
+import mymod
+a = mymod::Thing(name="a")
+b = mymod::Thing(name="b")
+std::print(mymod::greet(a))
+std::print(mymod::greet(thing=b, greeting="hi"))
+a.peers += b
+b.peers += mymod::Thing(name="late")
+a.peers += mymod::Thing(name="later")
+std::print(mymod::collect([1, 2], 3, 4, z=1, y=2))
+std::print(mymod::maybe())
+std::print(mymod::maybe("x"))
+mymod::Numbered(n=4)
+"#,
+    );
+    let r = run(dir.path(), &system_python(), false);
+    r.result.unwrap();
+    let mut printed = r.printed.clone();
+    printed.sort();
+    assert_eq!(
+        printed,
+        vec![
+            "@[2, 4, 3, 4, 'y', 'z']",
+            "None",
+            "hello a: ['b', 'later'] data=True",
+            "hi b: ['late'] data=True",
+            "x",
+        ],
+        "{:?}",
+        r.printed
+    );
+    assert!(dir.path().join("data/mymod").is_dir());
+}
+
+#[test]
+fn python_plugin_errors_are_diagnostics_at_the_call_with_the_traceback() {
+    let dir = mymod("import mymod\nx = mymod::fail(\"x\")\n");
+    let e = run(dir.path(), &system_python(), false).result.unwrap_err();
+    assert!(
+        e.contains("PluginException in plugin mymod::fail\ncaused by: bad x"),
+        "{e}"
+    );
+    assert!(e.contains("main.cf"), "{e}");
+    assert!(e.contains("line: 2") || e.contains(":2:"), "{e}");
+
+    let dir = mymod("import mymod\n\nx = mymod::crash(\"k\")\n");
+    let e = run(dir.path(), &system_python(), false).result.unwrap_err();
+    assert!(e.contains("Exception in plugin mymod::crash"), "{e}");
+    assert!(e.contains("KeyError: 'k'"), "{e}");
+    // the traceback names the plugin's file and lines, down to the helper that raised
+    assert!(
+        e.contains("plugins/__init__.py\", line 23, in crash"),
+        "{e}"
+    );
+    assert!(
+        e.contains("plugins/__init__.py\", line 27, in helper"),
+        "{e}"
+    );
+    assert!(e.contains("file: \"main.cf\", line: 3, column: 5"), "{e}");
+
+    for (main, expect) in [
+        (
+            "import mymod\nx = mymod::greet(1)\n",
+            "Invalid value '1', expected mymod::Thing (argument 'thing' of mymod::greet)",
+        ),
+        (
+            "import mymod\nx = mymod::is_even()\n",
+            "mymod::is_even() missing 1 required positional argument: 'n'",
+        ),
+        (
+            "import mymod\nx = mymod::is_even(1, 2)\n",
+            "mymod::is_even() takes 1 positional arguments but 2 were given",
+        ),
+        (
+            "import mymod\nx = mymod::is_even(m=2)\n",
+            "mymod::is_even() got an unexpected keyword argument 'm'",
+        ),
+        (
+            "import mymod\nx = mymod::bad_return()\n",
+            "return value: Invalid value 'text', expected int",
+        ),
+        (
+            // a typedef constraint calling a Python plugin
+            "import mymod\nmymod::Numbered(n=3)\n",
+            "Invalid value '3', does not match constraint `mymod::is_even(self)`",
+        ),
+    ] {
+        let dir = mymod(main);
+        let e = run(dir.path(), &system_python(), false).result.unwrap_err();
+        assert!(e.contains(expect), "{main}: {e}");
+    }
+}
+
+#[test]
+fn no_python_runs_unless_a_python_plugin_is_called() {
+    // a module with Python plugins, none called: the interpreter is never started (it does
+    // not even exist here)
+    let dir = mymod("import mymod\nmymod::Thing(name=\"a\")\nstd::print(\"ok\")\n");
+    let r = run(dir.path(), Path::new("/nonexistent/python3"), true);
+    assert_eq!(r.printed, vec!["ok"]);
+    r.result.unwrap();
+    // called: the error says which interpreter could not start
+    let dir = mymod("import mymod\nx = mymod::is_even(2)\n");
+    let e = run(dir.path(), Path::new("/nonexistent/python3"), false)
+        .result
+        .unwrap_err();
+    assert!(
+        e.contains("can not start the Python plugin host with /nonexistent/python3"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_v2_module_from_the_virtualenv_exports_python_resources_hooks_and_handler_code() {
+    let python = venv();
+    let dir = project(
+        r#"
+import v2demo
+a = v2demo::Site(name="a")
+b = v2demo::Site(name="b", site_requires=[a], greeting="hi")
+v2demo::Site(name="c", managed=false)
+v2demo::Site(name="ignored-d")
+std::print(v2demo::banner(b))
+"#,
+        &[],
+    );
+    let r = run(dir.path(), python, true);
+    assert_eq!(r.printed, vec!["welcome to b"]);
+    let x = r.result.unwrap().unwrap();
+    let ids: Vec<&str> = x.resources.iter().map(|r| r.id.0.as_str()).collect();
+    // c is not managed, ignored-d raised IgnoreResourceException in its mapper
+    assert_eq!(
+        ids,
+        ["v2demo::Site[web,name=a]", "v2demo::Site[web,name=b]"]
+    );
+    let b = &x.resources[1];
+    assert_eq!(b.attributes["text"], "hi, b");
+    assert_eq!(b.attributes["managed"], true);
+    assert_eq!(b.attributes["purged"], false);
+    // the dependency manager's edge
+    assert_eq!(b.requires[0].0, "v2demo::Site[web,name=a]");
+    assert_eq!(x.metadata.modules["v2demo"], "1.4.0");
+    // the @provider type ships the module's Python with its requirements
+    let h = &x.handlers["v2demo::Site"];
+    let inm = h.inmanta.as_ref().unwrap();
+    assert_eq!(inm.imports, ["inmanta_plugins.v2demo"]);
+    assert_eq!(inm.requirements, ["PyYAML>=5"]);
+    assert!(h.files.contains_key("inmanta_plugins/v2demo/__init__.py"));
+    for f in h.files.values() {
+        assert!(x.code.contains_key(&f.hash));
+    }
+}
+
+#[test]
+fn real_yaml_and_ip_modules_export_as_the_reference_does() {
+    let python = venv();
+    let src = data_dir().join("real_modules/project");
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&src, tmp.path());
+    let started = std::time::Instant::now();
+    let r = run(tmp.path(), python, true);
+    let x = r.result.unwrap().unwrap();
+    eprintln!("real modules: compile + export in {:?}", started.elapsed());
+    let expected: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(data_dir().join("real_modules/expected.json")).unwrap(),
+    )
+    .unwrap();
+    // the reference's export: each resource's fields plus id, version, requires
+    let mut want = BTreeMap::new();
+    for r in expected {
+        let mut m = r.as_object().unwrap().clone();
+        let id = m.remove("id").unwrap();
+        let id = id
+            .as_str()
+            .unwrap()
+            .rsplit_once(",v=")
+            .unwrap()
+            .0
+            .to_string();
+        m.remove("version");
+        let requires = m.remove("requires").unwrap();
+        want.insert(id, (serde_json::Value::Object(m), requires));
+    }
+    let got: BTreeMap<String, (serde_json::Value, serde_json::Value)> = x
+        .resources
+        .iter()
+        .map(|r| {
+            (
+                r.id.0.clone(),
+                (
+                    serde_json::Value::Object(r.attributes.clone()),
+                    serde_json::json!(r.requires),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(x.metadata.modules["yaml"], "1.0.0");
+    assert_eq!(x.metadata.modules["ip"], "2.0.3");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
