@@ -1,0 +1,218 @@
+//! Python plugin benchmark: `cargo run --release --example bench_python_plugins -- [N] [CALLS]`
+//!
+//! 1. The cost of one Python plugin call: a model with CALLS calls of a trivial Python
+//!    plugin against the same model calling a built-in (Rust) plugin; the difference per call,
+//!    and the host's start (first call).
+//! 2. The generated benchmark model (`../shared/bench/gen_model.py N`, or
+//!    `$STEWARD_BENCH_GEN`: the generator `bench_compile` ports), extended so that every
+//!    host calls a Python plugin taking the host (it reads `name` and the `dc` relation
+//!    through the proxy): Steward's time, and the reference compiler's on the same project
+//!    when `~/inmanta-ref/bin/inmanta` (or `$INMANTA_BIN`) exists.
+//!
+//! The plugin host runs on `python3` from `PATH` (or `$STEWARD_BENCH_PYTHON`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use steward::compiler::{self, CompileOptions};
+
+const PLUGINS: &str = r#"
+from inmanta.plugins import plugin
+
+
+@plugin
+def inc(n: "int") -> "int":
+    return n + 1
+
+
+@plugin
+def label(host: "std::Entity") -> "string":
+    return f"{host.name}@{host.dc.name}"
+"#;
+
+fn python() -> PathBuf {
+    std::env::var_os("STEWARD_BENCH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("python3"))
+}
+
+fn write_project(dir: &Path, main: &str) {
+    std::fs::write(dir.join("project.yml"), "name: bench\nmodulepath: libs\n").unwrap();
+    std::fs::write(dir.join("main.cf"), main).unwrap();
+    let m = dir.join("libs/pybench");
+    std::fs::create_dir_all(m.join("model")).unwrap();
+    std::fs::create_dir_all(m.join("plugins")).unwrap();
+    std::fs::write(
+        m.join("module.yml"),
+        "name: pybench\nversion: 1.0.0\nlicense: Apache 2.0\n",
+    )
+    .unwrap();
+    std::fs::write(m.join("model/_init.cf"), "").unwrap();
+    std::fs::write(m.join("plugins/__init__.py"), PLUGINS).unwrap();
+}
+
+/// Compile, fail loudly, return (seconds, printed lines).
+fn compile(dir: &Path) -> (f64, Vec<String>) {
+    let mut lines = Vec::new();
+    let start = Instant::now();
+    let outcome = compiler::compile(
+        &CompileOptions {
+            project_dir: dir.to_path_buf(),
+            python: Some(python()),
+            ..Default::default()
+        },
+        &mut |l| lines.push(l.to_string()),
+    );
+    let t = start.elapsed().as_secs_f64();
+    if let Err(errors) = &outcome.result {
+        for e in errors {
+            eprintln!("{}", e.resolve(&outcome.sources));
+        }
+        std::process::exit(2);
+    }
+    (t, lines)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn per_call(calls: usize) {
+    let model = |f: &str| {
+        let mut m = String::from("import pybench\n");
+        for i in 0..calls {
+            m.push_str(&format!("x{i} = {f}({i})\n"));
+        }
+        m
+    };
+    let py = tempfile::tempdir().unwrap();
+    write_project(py.path(), &model("pybench::inc"));
+    let rust = tempfile::tempdir().unwrap();
+    // a built-in plugin of the same shape (an int in, a value out)
+    write_project(rust.path(), &model("std::is_unknown"));
+    let one = tempfile::tempdir().unwrap();
+    write_project(
+        one.path(),
+        &model("pybench::inc")
+            .lines()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    let empty = tempfile::tempdir().unwrap();
+    write_project(empty.path(), "import pybench\n");
+    let runs = 5;
+    let t_py = median((0..runs).map(|_| compile(py.path()).0).collect());
+    let t_rust = median((0..runs).map(|_| compile(rust.path()).0).collect());
+    let t_one = median((0..runs).map(|_| compile(one.path()).0).collect());
+    let t_empty = median((0..runs).map(|_| compile(empty.path()).0).collect());
+    println!(
+        "plugin calls: {calls} Python calls {:.3} s, {calls} built-in calls {:.3} s => {:.1} us per Python call",
+        t_py,
+        t_rust,
+        (t_py - t_rust) / calls as f64 * 1e6
+    );
+    println!(
+        "plugin host start (interpreter + inmanta compat + module import, first call): {:.1} ms",
+        (t_one - t_empty) * 1e3
+    );
+}
+
+fn model_with_labels(n: usize) -> (String, Vec<String>) {
+    let gen_script = std::env::var_os("STEWARD_BENCH_GEN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_model.py")
+        });
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new("python3")
+        .arg(&gen_script)
+        .arg(n.to_string())
+        .arg(out.path())
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", gen_script.display()));
+    assert!(status.success(), "{} failed", gen_script.display());
+    let model = std::fs::read_to_string(out.path().join("main.cf")).unwrap();
+    let mut expected: Vec<String> = std::fs::read_to_string(out.path().join("expected_output.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let mut model = format!("import pybench\n{model}");
+    model.push_str(
+        "\nentity Label:\n    string text\nend\nLabel.host [1] -- Host.pylabel [1]\n\
+         implement Label using std::none\n\
+         implementation py_label for Host:\n    Label(host=self, text=pybench::label(self))\nend\n\
+         implement Host using py_label\n\
+         nlabels = std::count([h.pylabel.text for h in reg.hosts])\n\
+         std::print(\"labels={{nlabels}}\")\n",
+    );
+    expected.push(format!("labels={n}"));
+    expected.sort();
+    (model, expected)
+}
+
+fn reference(dir: &Path) -> Option<f64> {
+    let bin = std::env::var_os("INMANTA_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join("inmanta-ref/bin/inmanta"))
+        })?;
+    if !bin.exists() {
+        return None;
+    }
+    let start = Instant::now();
+    let out = Command::new(&bin)
+        .arg("compile")
+        .current_dir(dir)
+        .output()
+        .ok()?;
+    let t = start.elapsed().as_secs_f64();
+    if !out.status.success() {
+        eprintln!(
+            "reference compile failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    Some(t)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let calls: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    per_call(calls);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (model, expected) = model_with_labels(n);
+    write_project(dir.path(), &model);
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let (t, mut lines) = compile(dir.path());
+        lines.sort();
+        if lines != expected {
+            eprintln!("MISMATCH: output differs from the generator's expectation");
+            std::process::exit(1);
+        }
+        times.push(t);
+    }
+    let ours = median(times);
+    println!("benchmark model N={n} with a Python plugin call per host: Steward {ours:.3} s");
+    // the reference: one warm-up (it fills its cache), then the median of three
+    if reference(dir.path()).is_some() {
+        let refs: Vec<f64> = (0..3).filter_map(|_| reference(dir.path())).collect();
+        if !refs.is_empty() {
+            let r = median(refs);
+            println!(
+                "reference (inmanta compile) {r:.3} s => Steward is {:.1}x faster",
+                r / ours
+            );
+        }
+    } else {
+        println!("reference compiler not found or failed: no comparison");
+    }
+}
