@@ -32,6 +32,7 @@ mod openapi;
 mod pg_security;
 mod pipelined_agents;
 mod python_handlers;
+mod python_handlers_agent;
 mod python_handlers_host;
 mod python_handlers_real;
 mod python_handlers_ssh;

@@ -210,7 +210,7 @@ pub async fn upload(c: &Client, env: &str, x: &ExportFile) -> i32 {
         .unwrap() as i32
 }
 
-fn journal(path: &Path) -> Vec<String> {
+pub fn journal(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -218,7 +218,7 @@ fn journal(path: &Path) -> Vec<String> {
         .collect()
 }
 
-fn demo_code() -> (HandlerCode, BTreeMap<String, String>) {
+pub fn demo_code() -> (HandlerCode, BTreeMap<String, String>) {
     inmanta_code(
         "demo",
         &[("inmanta_plugins/demo/__init__.py", DEMO)],
