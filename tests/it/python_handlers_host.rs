@@ -332,3 +332,103 @@ fn one_action_of_an_inmanta_crud_handler_costs_well_under_a_millisecond() {
     // generous: a debug build on a shared machine
     assert!(per < 0.02, "{per}");
 }
+
+const MISBEHAVING: &str = r#"
+import os, sys, time
+from inmanta.agent.handler import CRUDHandler, ResourcePurged, provider
+from inmanta.resources import PurgeableResource, resource
+
+@resource("bad::Thing", agent="host", id_attribute="name")
+class Thing(PurgeableResource):
+    fields = ("name", "journal")
+
+@provider("bad::Thing", name="bad")
+class BadHandler(CRUDHandler):
+    def read_resource(self, ctx, resource):
+        print("a print goes to stderr, never into the protocol")
+        if resource.name == "hang":
+            time.sleep(30)
+        if resource.name == "crash":
+            sys.stderr.write("about to die\n")
+            sys.stderr.flush()
+            os._exit(7)
+        raise ResourcePurged()
+
+    def create_resource(self, ctx, resource):
+        ctx.set_created()
+"#;
+
+#[test]
+fn a_hung_or_crashing_inmanta_handler_fails_its_action_and_the_next_starts_fresh() {
+    let tmp = tempfile::tempdir().unwrap();
+    let code = tmp.path().join("code");
+    let dir = write_code(
+        &code,
+        "baddigest",
+        &[("inmanta_plugins/bad/__init__.py", MISBEHAVING)],
+    );
+    let h = ExternalHandler {
+        dir,
+        entry: "inmanta_plugins/bad/__init__.py".into(),
+        digest: "baddigest".into(),
+        inmanta: Some(InmantaCode {
+            requirements: vec![],
+            imports: vec!["inmanta_plugins.bad".into()],
+        }),
+    };
+    let j = tmp.path().join("journal");
+    let thing = |name: &str| {
+        let mut r = thing(name, &j);
+        r.type_name = "bad::Thing".into();
+        r.id = ResourceId::new("bad::Thing", "localhost", "name", name);
+        r
+    };
+    let mut cache = Cache::default();
+    let mut pool = ExternalPool::default();
+    let r = run(
+        &mut cache,
+        &mut pool,
+        &work(thing("fine"), 1, &h, ActionKind::Deploy),
+    );
+    assert_eq!(r.outcome, Outcome::Deployed, "{:?}", r.messages);
+    assert_eq!(r.change.as_str(), "created");
+
+    let mut hang = work(thing("hang"), 1, &h, ActionKind::Deploy);
+    hang.timeout = Some(1);
+    let started = Instant::now();
+    let r = run(&mut cache, &mut pool, &hang);
+    assert!(started.elapsed().as_secs() < 5);
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(
+        r.messages
+            .iter()
+            .any(|m| m.message.contains("did not answer within")),
+        "{:?}",
+        r.messages
+    );
+
+    let r = run(
+        &mut cache,
+        &mut pool,
+        &work(thing("crash"), 1, &h, ActionKind::Deploy),
+    );
+    assert_eq!(r.outcome, Outcome::Failed);
+    let m = r
+        .messages
+        .iter()
+        .find(|m| m.message.contains("exited"))
+        .unwrap_or_else(|| panic!("{:?}", r.messages));
+    assert!(
+        m.message.contains("exit status 7") && m.message.contains("about to die"),
+        "{}",
+        m.message
+    );
+
+    let r = run(
+        &mut cache,
+        &mut pool,
+        &work(thing("again"), 1, &h, ActionKind::Deploy),
+    );
+    assert_eq!(r.outcome, Outcome::Deployed, "{:?}", r.messages);
+    pool.shutdown();
+}
