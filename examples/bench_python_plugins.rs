@@ -9,7 +9,8 @@
 //!    through the proxy): Steward's time, and the reference compiler's on the same project
 //!    when `~/inmanta-ref/bin/inmanta` (or `$INMANTA_BIN`) exists.
 //!
-//! The plugin host runs on `python3` from `PATH` (or `$STEWARD_BENCH_PYTHON`).
+//! The plugin host runs in a fresh virtualenv made from `python3` on `PATH` (as Inmanta
+//! projects run in one), or on `$STEWARD_BENCH_PYTHON`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,9 +33,22 @@ def label(host: "std::Entity") -> "string":
 "#;
 
 fn python() -> PathBuf {
-    std::env::var_os("STEWARD_BENCH_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"))
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("STEWARD_BENCH_PYTHON") {
+                return PathBuf::from(p);
+            }
+            let dir = tempfile::tempdir().unwrap().keep();
+            let ok = Command::new("python3")
+                .args(["-m", "venv", "--without-pip"])
+                .arg(dir.join("venv"))
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "python3 -m venv failed");
+            dir.join("venv/bin/python3")
+        })
+        .clone()
 }
 
 fn write_project(dir: &Path, main: &str) {

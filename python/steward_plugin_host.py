@@ -16,18 +16,17 @@ instance (type, parents and attributes when known), {"$u": 1} for an unknown and
 {"$d": {...}} for a dict whose keys could be mistaken for these.
 """
 
-import importlib.abc
+import importlib
 import importlib.util
 import json
 import os
 import sys
-import traceback
 from typing import Any, Optional
 
 HOST: Optional["Host"] = None
 
 
-class Finder(importlib.abc.MetaPathFinder):
+class Finder:
     """`inmanta_plugins.<name>` from the directory the compiler resolved for module <name>."""
 
     def __init__(self, modules: dict[str, str]) -> None:
@@ -146,6 +145,8 @@ class Host:
 
         answer = self.ask({"q": "attr", "h": handle, "a": attribute})
         if "v" in answer:
+            if "i" in answer:
+                self.decode(answer["i"])
             return self.decode(answer["v"])
         inst = self.instances.get(handle)
         if "unset" in answer:
@@ -267,6 +268,8 @@ class Host:
 
 def describe(e: BaseException) -> dict:
     """An exception as the compiler reports it: kind, message, the traceback of module code."""
+    import traceback
+
     from inmanta.plugins import PluginException
 
     tb = e.__traceback__

@@ -10,7 +10,8 @@
 //! their Python text); the front end ([`lexer`], [`ast`], [`strings`], [`parser`]); [`ids`],
 //! [`types`] (the type system), [`ir`] (the code) and [`program`] (both); [`plugins`], which
 //! owns its interfaces to the evaluator ([`plugins::Caller`]) and to the world
-//! ([`plugins::Host`]); [`names`], [`lower`] and [`define`], which builds the program and drives
+//! ([`plugins::Host`]), and runs Inmanta modules' Python plugins in a plugin host
+//! ([`plugins::python`], [`plugins::pyhost`]); [`names`], [`lower`] and [`define`], which builds the program and drives
 //! lowering; [`project`] (loading); [`eval`]; [`handler_code`], [`export`].
 //! `scripts/module-edges` prints the edges and reports any cycle between these modules.
 
@@ -178,6 +179,17 @@ impl plugins::Host for CompileHost<'_> {
     }
 }
 
+/// The model has a call to a Python plugin somewhere (it will most likely run).
+fn calls_python(program: &program::Program) -> bool {
+    let builtin = plugins::all().len() as u32;
+    !program.python_plugins.is_empty()
+        && program
+            .ir
+            .exprs
+            .iter()
+            .any(|e| matches!(&e.kind, ir::ExprKind::Call(c) if c.plugin.0 >= builtin))
+}
+
 /// The Python of a compile's modules, read (not run): plugins, resource types, handlers.
 struct CompilePython {
     plugins: Vec<plugins::python::PyPlugin>,
@@ -302,6 +314,9 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             files: Default::default(),
             python: python.session,
         };
+        if calls_python(&program) {
+            host.python.prestart();
+        }
         let mut rt = eval::Runtime::new(&program, &sources, &mut host);
         let run = rt
             .check_defaults()

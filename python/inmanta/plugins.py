@@ -11,7 +11,6 @@ signature it reads in the module's source; Steward's plugin host (`steward_plugi
 calls the function with entity instances as read-only proxies (`inmanta.execute.proxy`).
 """
 
-import inspect
 import os
 from collections.abc import Callable
 from typing import Any, Optional, TypeVar
@@ -159,6 +158,8 @@ class Plugin(metaclass=PluginMeta):
     @classmethod
     def context_position(cls) -> Optional[int]:
         """The position of the `Context` parameter, if the function has one."""
+        import inspect
+
         sig = inspect.signature(cls.__function__)
         for i, p in enumerate(sig.parameters.values()):
             ann = p.annotation

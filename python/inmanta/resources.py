@@ -15,7 +15,6 @@ proxy of the entity; in an executor `Resource.deserialize` rebuilds it from its 
 """
 
 import json
-import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
@@ -23,7 +22,17 @@ from typing import Any, Callable, Optional, TypeVar, Union
 from inmanta.ast import CompilerException, ExplicitPluginException, ExternalException
 from inmanta.execute import proxy, util
 
-LOGGER = logging.getLogger(__name__)
+
+class _Logger:
+    """`logging` costs an import at every compile; resources log almost never."""
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        import logging
+
+        return getattr(logging.getLogger(__name__), name)
+
+
+LOGGER = _Logger()
 
 RESOURCE_ATTRIBUTE_SEND_EVENTS = "send_event"
 RESOURCE_ATTRIBUTE_RECEIVE_EVENTS = "receive_events"

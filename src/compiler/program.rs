@@ -5,7 +5,6 @@
 
 use super::ids::{AttrId, EntityId, NsId, TypedefId};
 use super::ir::Ir;
-use super::plugins::python::PyPlugin;
 use super::types::{
     Attribute, BaseType, Entity, ImplementRule, Implementation, IndexDef, Namespace, Syms, Typedef,
     ValueType,
@@ -75,5 +74,42 @@ impl Program {
             s.push('?');
         }
         s
+    }
+}
+
+/// A parameter of a Python plugin, as its source declares it.
+#[derive(Clone, Debug)]
+pub struct PyParam {
+    pub name: String,
+    /// DSL type (`string`, `std::Entity`, `int[]`, `any`, …).
+    pub ty: String,
+    pub nullable: bool,
+    pub has_default: bool,
+    /// Keyword-only (after `*` or `*args`).
+    pub kw_only: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct PyPlugin {
+    pub namespace: String,
+    pub name: String,
+    /// The Python module registering it (`inmanta_plugins.mymod`).
+    pub module: String,
+    /// Parameters, the `Context` one left out.
+    pub params: Vec<PyParam>,
+    /// Names of all parameters before `*args`, `Context` included, in order.
+    pub positional_names: Vec<String>,
+    pub var_args: bool,
+    pub var_kwargs: bool,
+    /// The parameter that receives the `Context`.
+    pub context: Option<String>,
+    pub allow_unknown: bool,
+    pub returns: String,
+    pub returns_nullable: bool,
+}
+
+impl PyPlugin {
+    pub fn full_name(&self) -> String {
+        format!("{}::{}", self.namespace, self.name)
     }
 }

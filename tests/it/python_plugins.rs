@@ -286,8 +286,9 @@ fn python_plugin_errors_are_diagnostics_at_the_call_with_the_traceback() {
 
 #[test]
 fn no_python_runs_unless_a_python_plugin_is_called() {
-    // a module with Python plugins, none called: the interpreter is never started (it does
-    // not even exist here)
+    // a module with Python plugins, none called: nothing waits for an interpreter (it does not
+    // even exist here; the model has a call site, in a typedef constraint, so the compile
+    // tried to start it ahead, and that failure stays silent until a call needs it)
     let dir = mymod("import mymod\nmymod::Thing(name=\"a\")\nstd::print(\"ok\")\n");
     let r = run(dir.path(), Path::new("/nonexistent/python3"), true);
     assert_eq!(r.printed, vec!["ok"]);

@@ -6,7 +6,7 @@
 //! [`PyModel`] answers them. Values travel as JSON with `{"$e": handle, ...}` for instances,
 //! `{"$u": 1}` for unknowns and `{"$d": {...}}` for dicts with `$` keys.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -73,7 +73,12 @@ pub struct PyHost {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The init request was answered.
+    initialised: bool,
     types_sent: HashSet<EntityId>,
+    /// How many frozen attributes of an instance the host has already: sent again only when
+    /// more are frozen (the host keeps what it got for the whole compile).
+    attrs_sent: HashMap<InstId, usize>,
     /// Requests made (calls and exports), for statistics.
     pub requests: u64,
 }
@@ -99,6 +104,14 @@ fn python_base() -> PathBuf {
 impl PyHost {
     /// Start the host and initialise it (import the modules' packages in `imports`).
     pub fn start(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
+        let mut host = PyHost::spawn(config, imports)?;
+        host.ready()?;
+        Ok(host)
+    }
+
+    /// Start the host and send it the init request without waiting for it: the interpreter
+    /// starts and imports the modules while the compiler goes on. [`PyHost::ready`] waits.
+    pub fn spawn(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
         let base = python_base();
         let compat = crate::pycompat::materialize(&base).map_err(|e| {
             format!(
@@ -130,7 +143,9 @@ impl PyHost {
             child,
             stdin,
             stdout,
+            initialised: false,
             types_sent: HashSet::new(),
+            attrs_sent: HashMap::new(),
             requests: 0,
         };
         let modules: Map<String, Json> = config
@@ -151,8 +166,21 @@ impl PyHost {
             "project_dir": config.project_dir.display().to_string(),
             "environment": config.environment,
         });
-        match host.request_plain(&init)? {
-            Reply::Ok(_) => Ok(host),
+        host.send(&init)?;
+        Ok(host)
+    }
+
+    /// Wait for the reply to the init request.
+    pub fn ready(&mut self) -> Result<(), String> {
+        if self.initialised {
+            return Ok(());
+        }
+        let reply = self.receive()?;
+        match final_reply(reply) {
+            Reply::Ok(_) => {
+                self.initialised = true;
+                Ok(())
+            }
             Reply::Error {
                 message, traceback, ..
             } => Err(format!(
@@ -188,13 +216,6 @@ impl PyHost {
             .map_err(|e| format!("bad reply from the Python plugin host: {e}"))
     }
 
-    /// A request that asks nothing back.
-    fn request_plain(&mut self, msg: &Json) -> Result<Reply, String> {
-        self.send(msg)?;
-        let reply = self.receive()?;
-        Ok(final_reply(reply))
-    }
-
     /// Send a request and answer the host's questions until its final reply.
     pub fn request(&mut self, msg: &Json, model: &mut dyn PyModel) -> Result<Reply, String> {
         self.requests += 1;
@@ -211,8 +232,15 @@ impl PyHost {
                     if h >= u32::MAX as u64 {
                         json!({"err": "no such instance"})
                     } else {
-                        match model.read(InstId(h as u32), a) {
-                            Answer::Value(v) => json!({"v": self.encode(&v, model, false)}),
+                        let inst = InstId(h as u32);
+                        match model.read(inst, a) {
+                            Answer::Value(v) => {
+                                // with the instance's other frozen attributes: the next reads
+                                // of this instance cost no round trip
+                                let v = self.encode(&v, model, false);
+                                let all = self.encode(&Value::Instance(inst), model, true);
+                                json!({"v": v, "i": all})
+                            }
                             Answer::Unset => json!({"unset": true}),
                             Answer::Missing(m) => json!({"missing": m}),
                             Answer::Err(m) => json!({"err": m}),
@@ -282,8 +310,14 @@ impl PyHost {
                     m.insert("p".into(), Json::Array(parents));
                 }
                 if attrs {
+                    let frozen = model.frozen(*i);
+                    let known = self.attrs_sent.entry(*i).or_insert(0);
+                    if *known == frozen.len() {
+                        return Json::Object(m);
+                    }
+                    *known = frozen.len();
                     let mut a = Map::new();
-                    for (name, val) in model.frozen(*i) {
+                    for (name, val) in frozen {
                         let j = self.encode(&val, model, false);
                         a.insert(name, j);
                     }
@@ -380,9 +414,26 @@ impl PySession {
         }
     }
 
+    /// Start the host now without waiting for it (the compile will call Python plugins):
+    /// the interpreter starts while the compiler works.
+    pub fn prestart(&mut self) {
+        if self.host.is_some() || self.failed.is_some() {
+            return;
+        }
+        self.started = true;
+        match PyHost::spawn(&self.config, &self.imports) {
+            Ok(h) => self.host = Some(h),
+            Err(e) => self.failed = Some(e),
+        }
+    }
+
     /// The host, started if needed; a start that failed fails every later request alike.
     pub fn take(&mut self) -> Result<PyHost, String> {
-        if let Some(h) = self.host.take() {
+        if let Some(mut h) = self.host.take() {
+            if let Err(e) = h.ready() {
+                self.failed = Some(e.clone());
+                return Err(e);
+            }
             return Ok(h);
         }
         if let Some(e) = &self.failed {

@@ -22,41 +22,7 @@ use crate::compiler::program::Program;
 use crate::compiler::source::Span;
 use crate::compiler::value::{InstId, Value};
 
-#[derive(Clone, Debug)]
-pub struct PyParam {
-    pub name: String,
-    /// DSL type (`string`, `std::Entity`, `int[]`, `any`, …).
-    pub ty: String,
-    pub nullable: bool,
-    pub has_default: bool,
-    /// Keyword-only (after `*` or `*args`).
-    pub kw_only: bool,
-}
-
-#[derive(Clone, Debug)]
-pub struct PyPlugin {
-    pub namespace: String,
-    pub name: String,
-    /// The Python module registering it (`inmanta_plugins.mymod`).
-    pub module: String,
-    /// Parameters, the `Context` one left out.
-    pub params: Vec<PyParam>,
-    /// Names of all parameters before `*args`, `Context` included, in order.
-    pub positional_names: Vec<String>,
-    pub var_args: bool,
-    pub var_kwargs: bool,
-    /// The parameter that receives the `Context`.
-    pub context: Option<String>,
-    pub allow_unknown: bool,
-    pub returns: String,
-    pub returns_nullable: bool,
-}
-
-impl PyPlugin {
-    pub fn full_name(&self) -> String {
-        format!("{}::{}", self.namespace, self.name)
-    }
-}
+pub use crate::compiler::program::{PyParam, PyPlugin};
 
 /// What a module's Python defines.
 #[derive(Clone, Debug, Default)]
