@@ -61,6 +61,7 @@ fn main() {
         dir,
         entry: "handler.py".into(),
         digest: "bench-digest".into(),
+        inmanta: None,
     };
     let mut cache = Cache::default();
     let mut pool = ExternalPool::default();

@@ -592,7 +592,7 @@ fn verified_code(
     let code: HandlerCode = serde_json::from_value(bundle["code"].clone())
         .map_err(|e| format!("handler code {digest}: unreadable: {e}"))?;
     let files: &BTreeMap<String, CodeFile> = &code.files;
-    if code.digest != digest || HandlerCode::compute_digest(&code.entry, files) != digest {
+    if code.digest != digest || code.expected_digest() != digest {
         return Err(format!(
             "handler code {digest}: the server sent code with another digest"
         ));
@@ -659,6 +659,28 @@ mod tests {
         };
         let b = serde_json::json!({"code": code, "contents": {"handler.py": hex::encode(sent)}});
         (b, digest)
+    }
+
+    #[test]
+    fn fetched_inmanta_code_is_checked_with_its_requirements_and_imports() {
+        let (mut b, _) = bundle(b"import os", b"import os");
+        let mut code: HandlerCode = serde_json::from_value(b["code"].clone()).unwrap();
+        code.inmanta = Some(crate::model::InmantaCode {
+            requirements: vec!["mitogen".into()],
+            imports: vec!["inmanta_plugins.m".into()],
+        });
+        code.digest = code.expected_digest();
+        let digest = code.digest.clone();
+        b["code"] = serde_json::to_value(&code).unwrap();
+        let (got, _) = verified_code(&b, &digest).unwrap();
+        assert_eq!(got.inmanta, code.inmanta);
+        // requirements changed on the way: another digest
+        b["code"]["inmanta"]["requirements"] = serde_json::json!(["evil"]);
+        assert!(
+            verified_code(&b, &digest)
+                .unwrap_err()
+                .contains("another digest")
+        );
     }
 
     #[test]

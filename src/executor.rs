@@ -11,6 +11,7 @@ pub mod context;
 pub mod external;
 pub mod handler;
 pub mod handlers;
+pub mod inmanta;
 pub mod protocol;
 
 use std::io::{BufRead, Write};
@@ -36,6 +37,14 @@ pub const PASSED_ENVIRONMENT: &[&str] = &[
     "LOGNAME",
     "TMPDIR",
     "STEWARD_PYTHON",
+    // pip, for the Python requirements of Inmanta modules' handlers
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+    "PIP_CACHE_DIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
 ];
 
 /// The minimal environment of [`PASSED_ENVIRONMENT`], as this process has it.
@@ -80,6 +89,9 @@ pub fn execute(
         item.version,
         cache,
     );
+    // an action of a newer version: older ones are done here (what the scheduler says
+    // explicitly to its own executors, an agent process's executors learn this way)
+    external.newer_version(item.version);
     let builtin = handlers::builtin(&item.resource.type_name);
     let remote = remote_target(item).filter(|_| !item.at_target);
     let outcome = match (&item.handler, builtin) {
@@ -162,6 +174,9 @@ pub fn main_loop() -> std::io::Result<()> {
         };
         match req {
             Request::Shutdown => break,
+            Request::VersionDone { version } => {
+                external.version_done(version);
+            }
             Request::Work(item) => {
                 let result = execute(&mut cache, &mut external, &item);
                 writeln!(

@@ -170,6 +170,29 @@ impl HandlerCode {
         }
         hex::encode(h.finalize())
     }
+
+    /// The digest this code must carry: [`HandlerCode::compute_digest`] of its entry and
+    /// files, and for Inmanta code also over its requirements and imports (an executor's
+    /// Python environment and the packages it imports are part of what runs).
+    pub fn expected_digest(&self) -> String {
+        let base = Self::compute_digest(&self.entry, &self.files);
+        let Some(i) = &self.inmanta else {
+            return base;
+        };
+        let mut h = Sha256::new();
+        h.update(base.as_bytes());
+        h.update(b"\0inmanta\0");
+        for r in &i.requirements {
+            h.update(r.as_bytes());
+            h.update(b"\n");
+        }
+        h.update([0]);
+        for m in &i.imports {
+            h.update(m.as_bytes());
+            h.update(b"\n");
+        }
+        hex::encode(h.finalize())
+    }
 }
 
 /// What `steward compile --export FILE` writes and the server stores as a version.

@@ -98,6 +98,11 @@ pub async fn run(remote: Remote, cmd: ResourceCmd) -> anyhow::Result<ExitCode> {
             }
             println!("requires: {}", r["resource"]["requires"]);
             println!("in versions: {}", r["versions"]);
+            // what the handler said last time, with the structured fields of its log records
+            if let Some(a) = c.actions(&env, Some(&id), 1).await?.into_iter().next() {
+                println!("last action:");
+                print_action(&a);
+            }
         }
         ResourceCmd::Logs { id, limit } => {
             let actions = c.actions(&env, Some(&id), limit).await?;
@@ -106,34 +111,39 @@ pub async fn run(remote: Remote, cmd: ResourceCmd) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             for a in actions {
-                println!(
-                    "{} {} v{} {} {}",
-                    when(Some(a.started_at)),
-                    a.action,
-                    a.version,
-                    a.status,
-                    if a.change == "nochange" {
-                        String::new()
-                    } else {
-                        a.change.clone()
-                    }
-                );
-                if let Some(lines) = a.messages.as_array() {
-                    for l in lines {
-                        let fields = l["fields"]
-                            .as_object()
-                            .filter(|f| !f.is_empty())
-                            .map(|f| format!(" {}", serde_json::Value::Object(f.clone())))
-                            .unwrap_or_default();
-                        println!(
-                            "    {} {}{fields}",
-                            l["level"].as_str().unwrap_or(""),
-                            l["message"].as_str().unwrap_or("")
-                        );
-                    }
-                }
+                print_action(&a);
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One action of the log: when, what, how it ended, and its log records with their fields.
+fn print_action(a: &crate::store::actions::ActionRecord) {
+    println!(
+        "{} {} v{} {} {}",
+        when(Some(a.started_at)),
+        a.action,
+        a.version,
+        a.status,
+        if a.change == "nochange" {
+            String::new()
+        } else {
+            a.change.clone()
+        }
+    );
+    if let Some(lines) = a.messages.as_array() {
+        for l in lines {
+            let fields = l["fields"]
+                .as_object()
+                .filter(|f| !f.is_empty())
+                .map(|f| format!(" {}", serde_json::Value::Object(f.clone())))
+                .unwrap_or_default();
+            println!(
+                "    {} {}{fields}",
+                l["level"].as_str().unwrap_or(""),
+                l["message"].as_str().unwrap_or("")
+            );
+        }
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex};
@@ -64,6 +65,21 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// Why a handler process did not start (an import error carries the Python traceback).
+struct StartError {
+    message: String,
+    traceback: Option<Value>,
+}
+
+impl StartError {
+    fn plain(message: String) -> StartError {
+        StartError {
+            message,
+            traceback: None,
+        }
+    }
+}
+
 struct HandlerProc {
     child: Child,
     stdin: ChildStdin,
@@ -73,27 +89,45 @@ struct HandlerProc {
     stderr_reader: Option<std::thread::JoinHandle<()>>,
     next_id: u64,
     can_reload: bool,
+    /// Steward's handler host for an Inmanta module (speaks `execute` and `version_done`).
+    inmanta: bool,
     last_use: Instant,
 }
 
 impl HandlerProc {
-    fn spawn(h: &ExternalHandler) -> Result<HandlerProc, String> {
-        let entry = h.dir.join(&h.entry);
-        if !entry.is_file() {
-            return Err(format!("the handler entry {} is missing", entry.display()));
-        }
-        let mut cmd = if h.entry.ends_with(".py") {
-            let python = std::env::var("STEWARD_PYTHON").unwrap_or_else(|_| "python3".into());
-            let mut c = Command::new(python);
-            c.arg("-u").arg(&entry);
-            c
-        } else {
-            Command::new(&entry)
+    fn spawn(h: &ExternalHandler) -> Result<HandlerProc, StartError> {
+        let launch = match &h.inmanta {
+            Some(code) => super::inmanta::launch(h, code).map_err(StartError::plain)?,
+            None => {
+                let entry = h.dir.join(&h.entry);
+                if !entry.is_file() {
+                    return Err(StartError::plain(format!(
+                        "the handler entry {} is missing",
+                        entry.display()
+                    )));
+                }
+                // the helper library lives beside the code directories
+                let lib = h.dir.parent().map(|p| p.join("_lib")).unwrap_or_default();
+                let (program, args) = if h.entry.ends_with(".py") {
+                    let python =
+                        std::env::var("STEWARD_PYTHON").unwrap_or_else(|_| "python3".into());
+                    (python.into(), vec!["-u".into(), entry.into_os_string()])
+                } else {
+                    (entry.into_os_string(), vec![])
+                };
+                super::inmanta::Launch {
+                    program,
+                    args,
+                    pythonpath: lib.into_os_string(),
+                    hello: json!({}),
+                }
+            }
         };
-        // the helper library lives beside the code directories
-        let lib = h.dir.parent().map(|p| p.join("_lib")).unwrap_or_default();
+        let shown = Path::new(&launch.program).display().to_string();
+        let mut cmd = Command::new(&launch.program);
+        cmd.args(&launch.args);
         cmd.current_dir(&h.dir)
-            .env("PYTHONPATH", &lib)
+            .env("PYTHONPATH", &launch.pythonpath)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("STEWARD_HANDLER_DIGEST", &h.digest)
             .stdin(Stdio::piped())
@@ -112,9 +146,12 @@ impl HandlerProc {
                 });
             }
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("can not start the handler {}: {e}", entry.display()))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            StartError::plain(format!(
+                "can not start the handler {shown} {:?}: {e}",
+                launch.args
+            ))
+        })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
@@ -139,7 +176,7 @@ impl HandlerProc {
                     }
                 }
             })
-            .map_err(|e| format!("can not start a reader thread: {e}"))?;
+            .map_err(|e| StartError::plain(format!("can not start a reader thread: {e}")))?;
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
         let sink = tail.clone();
         let stderr_reader = std::thread::Builder::new()
@@ -167,16 +204,18 @@ impl HandlerProc {
             stderr_reader: stderr_reader.ok(),
             next_id: 1,
             can_reload: false,
+            inmanta: h.inmanta.is_some(),
             last_use: Instant::now(),
         };
-        let hello = match p.call(
-            json!({"op": "hello", "protocol": PROTOCOL}),
-            Instant::now() + START_TIMEOUT,
-        ) {
+        let mut hello = json!({"op": "hello", "protocol": PROTOCOL});
+        if let (Value::Object(m), Value::Object(x)) = (&mut hello, launch.hello) {
+            m.extend(x);
+        }
+        let hello = match p.call(hello, Instant::now() + START_TIMEOUT) {
             Ok(h) => h,
             Err(e) => {
                 p.stop();
-                return Err(format!("the handler did not start: {e}"));
+                return Err(StartError::plain(format!("the handler did not start: {e}")));
             }
         };
         if hello.get("ok") != Some(&Value::Bool(true)) {
@@ -186,7 +225,10 @@ impl HandlerProc {
                 .unwrap_or("it refused the hello")
                 .to_string();
             p.stop();
-            return Err(format!("the handler did not start: {why}"));
+            return Err(StartError {
+                message: format!("the handler did not start: {why}"),
+                traceback: hello.get("traceback").cloned(),
+            });
         }
         p.can_reload = hello
             .get("can_reload")
@@ -323,10 +365,12 @@ impl HandlerProc {
 #[derive(Default)]
 pub struct ExternalPool {
     procs: HashMap<String, HandlerProc>,
+    /// The newest model version an action was run for.
+    newest: Option<i32>,
 }
 
 impl ExternalPool {
-    fn take(&mut self, h: &ExternalHandler) -> Result<HandlerProc, String> {
+    fn take(&mut self, h: &ExternalHandler) -> Result<HandlerProc, StartError> {
         if let Some(p) = self.procs.remove(&h.digest) {
             return Ok(p);
         }
@@ -361,13 +405,20 @@ impl ExternalPool {
         let mut proc = match self.take(h) {
             Ok(p) => p,
             Err(e) => {
-                ctx.error(e, &[("handler", json!(h.entry))]);
+                let mut fields = vec![("handler", json!(h.entry))];
+                if let Some(tb) = e.traceback {
+                    fields.push(("traceback", tb));
+                }
+                ctx.error(e.message, &fields);
                 return Outcome::Unavailable;
             }
         };
         // leave the scheduler's own timeout a moment to spare: we stop the handler first
         let budget = Duration::from_secs(item.timeout.unwrap_or(300))
             .saturating_sub(Duration::from_millis(500));
+        if h.inmanta.is_some() {
+            return self.execute_inmanta(ctx, item, h, proc, budget);
+        }
         let crud = ExternalCrud {
             proc: Mutex::new(&mut proc),
             item,
@@ -386,6 +437,110 @@ impl ExternalPool {
             }
         }
         outcome
+    }
+}
+
+impl ExternalPool {
+    /// One action of an Inmanta handler: the host runs the handler's own logic, in one call.
+    fn execute_inmanta(
+        &mut self,
+        ctx: &mut Context,
+        item: &WorkItem,
+        h: &ExternalHandler,
+        mut proc: HandlerProc,
+        budget: Duration,
+    ) -> Outcome {
+        let r = &item.resource;
+        let req = json!({
+            "op": "execute",
+            "resource": {"id": r.id.0, "type": r.type_name, "agent": r.agent,
+                         "attributes": r.attributes, "requires": r.requires},
+            "dry_run": ctx.dry_run,
+            "reload": ctx.reload,
+            "version": item.version,
+            "action_id": item.action_id,
+        });
+        match proc.call(req, Instant::now() + budget.max(Duration::from_millis(500))) {
+            Ok(answer) => {
+                self.put_back(&h.digest, proc);
+                super::inmanta::apply_answer(ctx, &answer)
+            }
+            Err(e) => {
+                // it is unusable now: the next action starts a fresh one
+                proc.stop();
+                ctx.error(e.to_string(), &[("handler", json!(h.entry))]);
+                Outcome::Failed
+            }
+        }
+    }
+
+    /// An action of `version` starts: when it is newer than any before, the versions before
+    /// are done.
+    pub fn newer_version(&mut self, version: i32) {
+        match self.newest {
+            Some(n) if n >= version => {}
+            Some(n) => {
+                self.newest = Some(version);
+                self.version_done(n);
+            }
+            None => self.newest = Some(version),
+        }
+    }
+
+    /// The deploy of `version` is done: Inmanta handler hosts drop the cache entries bound to
+    /// it (`@cache(for_version=True)`). Returns how many entries went.
+    pub fn version_done(&mut self, version: i32) -> u64 {
+        let mut dropped = 0;
+        let mut broken = vec![];
+        for (digest, p) in &mut self.procs {
+            if !p.inmanta {
+                continue;
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            match p.call(json!({"op": "version_done", "version": version}), deadline) {
+                Ok(a) => dropped += a.get("dropped").and_then(Value::as_u64).unwrap_or(0),
+                Err(_) => broken.push(digest.clone()),
+            }
+        }
+        for d in broken {
+            if let Some(mut p) = self.procs.remove(&d) {
+                p.stop();
+            }
+        }
+        dropped
+    }
+}
+
+/// Log records of a handler's answer (`logs`: level, message, fields) into `ctx`.
+pub(super) fn log_records(ctx: &mut Context, answer: &Value) {
+    for l in answer
+        .get("logs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let level = l.get("level").and_then(Value::as_str).unwrap_or("info");
+        let level = match level {
+            "debug" | "info" | "warning" | "error" => level,
+            "warn" => "warning",
+            "critical" => "error",
+            _ => "info",
+        };
+        let message = l
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let fields: Vec<(String, Value)> = l
+            .get("fields")
+            .and_then(Value::as_object)
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let borrowed: Vec<(&str, Value)> = fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        ctx.log(level, message, &borrowed);
     }
 }
 
@@ -423,34 +578,7 @@ impl ExternalCrud<'_, '_> {
                 return Err(HandlerError::Failed(why));
             }
         };
-        for l in answer
-            .get("logs")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let level = l.get("level").and_then(Value::as_str).unwrap_or("info");
-            let level = match level {
-                "debug" | "info" | "warning" | "error" => level,
-                "warn" => "warning",
-                _ => "info",
-            };
-            let message = l
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let fields: Vec<(String, Value)> = l
-                .get("fields")
-                .and_then(Value::as_object)
-                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-                .unwrap_or_default();
-            let borrowed: Vec<(&str, Value)> = fields
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.clone()))
-                .collect();
-            ctx.log(level, message, &borrowed);
-        }
+        log_records(ctx, &answer);
         if let Some(reason) = answer.get("skip").and_then(Value::as_str) {
             return Err(HandlerError::Skip(reason.to_string()));
         }

@@ -110,6 +110,11 @@ pub struct ExternalHandler {
     /// The entry point, relative to `dir`.
     pub entry: String,
     pub digest: String,
+    /// An Inmanta module's Python (`@provider` handlers): run by the handler host
+    /// (`python/steward_handler_host.py`) in a Python environment holding the requirements,
+    /// rather than by starting `entry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inmanta: Option<crate::model::InmantaCode>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -133,6 +138,11 @@ pub struct WorkResult {
 #[serde(rename_all = "snake_case")]
 pub enum Request {
     Work(Box<WorkItem>),
+    /// The deploy of this model version is done (no answer): handlers drop what they cached
+    /// for it (`@cache(for_version=True)` of Inmanta handlers).
+    VersionDone {
+        version: i32,
+    },
     Shutdown,
 }
 

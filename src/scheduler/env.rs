@@ -125,6 +125,9 @@ pub struct EnvScheduler {
     next_repair_sweep: Option<DateTime<Utc>>,
     /// a repair sweep was pre-empted by new intent: run it again once that deployed
     repair_pending: bool,
+    /// versions with deploys started and not all done: when one is, the executors hear of it
+    /// (handlers drop what they cached for that version)
+    open_versions: std::collections::BTreeSet<i32>,
 }
 
 impl EnvScheduler {
@@ -162,6 +165,7 @@ impl EnvScheduler {
             next_deploy_sweep: None,
             next_repair_sweep: None,
             repair_pending: false,
+            open_versions: Default::default(),
         };
         // the database may be away at start: keep trying
         let mut delay = Duration::from_millis(200);

@@ -506,6 +506,20 @@ impl Pool {
         Ok(())
     }
 
+    /// The deploy of `version` is done: every executor of this machine or an SSH target
+    /// hears of it (handlers drop what they cached for it). External agent processes do not:
+    /// their executors drop it when an action of a newer version starts.
+    pub async fn version_done(&mut self, version: i32) {
+        let mut line = serde_json::to_string(&Request::VersionDone { version }).expect("json");
+        line.push('\n');
+        for p in self.procs.values_mut() {
+            // a closed input means it exited, which its output reports
+            if p.stdin.write_all(line.as_bytes()).await.is_ok() {
+                let _ = p.stdin.flush().await;
+            }
+        }
+    }
+
     /// The executor finished its action: it is idle again.
     pub fn release(&mut self, id: ProcId) {
         if self.remote.remove(&id).is_some() {

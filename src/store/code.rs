@@ -23,9 +23,21 @@ pub fn validate(export: &ExportFile) -> Result<()> {
         }
     }
     for (ty, h) in &export.handlers {
-        if HandlerCode::compute_digest(&h.entry, &h.files) != h.digest {
+        if h.expected_digest() != h.digest {
             return Err(StoreError::Invalid(format!(
-                "the handler of {ty}: its digest does not match its files"
+                "the handler of {ty}: its digest does not match its files{}",
+                if h.inmanta.is_some() {
+                    ", requirements and imports"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if let Some(i) = &h.inmanta
+            && let Some(bad) = i.imports.iter().find(|m| !is_python_dotted_name(m))
+        {
+            return Err(StoreError::Invalid(format!(
+                "the handler of {ty}: '{bad}' is not a Python module name"
             )));
         }
         if !h.files.contains_key(&h.entry) {
@@ -44,6 +56,17 @@ pub fn validate(export: &ExportFile) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `a.b_c.d`: what an Inmanta handler's `imports` may name.
+fn is_python_dotted_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|p| {
+            p.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
 }
 
 /// Store the handlers of a new version (its row exists) and the code they need.
@@ -94,8 +117,8 @@ pub async fn store_version_code(
     }
     for (ty, h) in &export.handlers {
         sqlx::query(
-            "INSERT INTO version_handlers (environment_id, version, resource_type, module, entry, files, digest) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO version_handlers (environment_id, version, resource_type, module, entry, files, digest, inmanta) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(env)
         .bind(version)
@@ -104,6 +127,7 @@ pub async fn store_version_code(
         .bind(&h.entry)
         .bind(serde_json::to_value(&h.files).unwrap_or_default())
         .bind(&h.digest)
+        .bind(h.inmanta.as_ref().map(|i| serde_json::to_value(i).unwrap_or_default()))
         .execute(&mut *c)
         .await?;
     }
@@ -116,8 +140,8 @@ pub async fn handlers_of(
     env: Uuid,
     version: i32,
 ) -> Result<BTreeMap<String, HandlerCode>> {
-    let rows: Vec<(String, String, String, serde_json::Value, String)> = sqlx::query_as(
-        "SELECT resource_type, module, entry, files, digest FROM version_handlers WHERE environment_id = $1 AND version = $2",
+    let rows: Vec<HandlerRow> = sqlx::query_as(
+        "SELECT resource_type, module, entry, files, digest, inmanta FROM version_handlers WHERE environment_id = $1 AND version = $2",
     )
     .bind(env)
     .bind(version)
@@ -125,17 +149,8 @@ pub async fn handlers_of(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(ty, module, entry, files, digest)| {
-            (
-                ty,
-                HandlerCode {
-                    module,
-                    entry,
-                    files: serde_json::from_value(files).unwrap_or_default(),
-                    digest,
-                    inmanta: None,
-                },
-            )
+        .map(|(ty, module, entry, files, digest, inmanta)| {
+            (ty, handler_code(module, entry, files, digest, inmanta))
         })
         .collect())
 }
@@ -152,21 +167,96 @@ pub async fn blobs(e: impl PgExecutor<'_>, hashes: &[String]) -> Result<HashMap<
 
 /// The handler code with this digest, as some version of `env` ships it.
 pub async fn by_digest(e: impl PgExecutor<'_>, env: Uuid, digest: &str) -> Result<HandlerCode> {
-    let row: Option<(String, String, serde_json::Value, String)> = sqlx::query_as(
-        "SELECT module, entry, files, digest FROM version_handlers \
+    let row: Option<HandlerRow> = sqlx::query_as(
+        "SELECT resource_type, module, entry, files, digest, inmanta FROM version_handlers \
          WHERE environment_id = $1 AND digest = $2 LIMIT 1",
     )
     .bind(env)
     .bind(digest)
     .fetch_optional(e)
     .await?;
-    let (module, entry, files, digest) =
+    let (_, module, entry, files, digest, inmanta) =
         row.ok_or_else(|| super::StoreError::NotFound(format!("handler code {digest}")))?;
-    Ok(HandlerCode {
+    Ok(handler_code(module, entry, files, digest, inmanta))
+}
+
+/// resource type, module, entry, files, digest, inmanta.
+type HandlerRow = (
+    String,
+    String,
+    String,
+    serde_json::Value,
+    String,
+    Option<serde_json::Value>,
+);
+
+fn handler_code(
+    module: String,
+    entry: String,
+    files: serde_json::Value,
+    digest: String,
+    inmanta: Option<serde_json::Value>,
+) -> HandlerCode {
+    HandlerCode {
         module,
         entry,
         files: serde_json::from_value(files).unwrap_or_default(),
         digest,
-        inmanta: None,
-    })
+        inmanta: inmanta.and_then(|v| serde_json::from_value(v).ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CodeFile, InmantaCode};
+
+    fn export_with(imports: &[&str], digest: Option<&str>) -> ExportFile {
+        let content = b"import os\n";
+        let hash = hex::encode(Sha256::digest(content));
+        let mut files = BTreeMap::new();
+        files.insert(
+            "inmanta_plugins/m/__init__.py".to_string(),
+            CodeFile {
+                hash: hash.clone(),
+                executable: false,
+            },
+        );
+        let mut h = HandlerCode {
+            module: "m".into(),
+            entry: "inmanta_plugins/m/__init__.py".into(),
+            files,
+            digest: String::new(),
+            inmanta: Some(InmantaCode {
+                requirements: vec!["mitogen".into()],
+                imports: imports.iter().map(|s| s.to_string()).collect(),
+            }),
+        };
+        h.digest = digest
+            .map(str::to_string)
+            .unwrap_or_else(|| h.expected_digest());
+        let mut x = ExportFile::default();
+        x.handlers.insert("m::T".into(), h);
+        x.code.insert(hash, hex::encode(content));
+        x
+    }
+
+    #[test]
+    fn inmanta_code_is_validated_with_its_requirements_and_imports() {
+        validate(&export_with(&["inmanta_plugins.m"], None)).unwrap();
+        // a digest over the files only: not enough
+        let files_only = {
+            let x = export_with(&["inmanta_plugins.m"], None);
+            let h = &x.handlers["m::T"];
+            HandlerCode::compute_digest(&h.entry, &h.files)
+        };
+        let err = validate(&export_with(&["inmanta_plugins.m"], Some(&files_only)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("requirements and imports"), "{err}");
+        let err = validate(&export_with(&["inmanta_plugins.m; rm -rf /"], None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not a Python module name"), "{err}");
+    }
 }

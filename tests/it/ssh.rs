@@ -594,6 +594,7 @@ async fn ssh_module_handler_code_runs_on_the_target() {
         dir: code.remote_path.clone().into(),
         entry: "marker.py".into(),
         digest: "cafe01".into(),
+        inmanta: None,
     });
     let r = ex.work(work).await;
     assert_eq!(r.outcome, Outcome::Deployed, "{r:?}");

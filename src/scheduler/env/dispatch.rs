@@ -64,6 +64,33 @@ impl EnvScheduler {
                 self.start(key, &agent, run.reason, run.priority).await;
             }
         }
+        self.close_done_versions().await;
+    }
+
+    /// Tell the executors about versions whose deploy is done: none of their deploys runs,
+    /// and none waits (what waits deploys the model's version).
+    async fn close_done_versions(&mut self) {
+        if self.open_versions.is_empty() {
+            return;
+        }
+        let busy: std::collections::HashSet<i32> = self
+            .running
+            .values()
+            .filter(|r| r.kind == ActionKind::Deploy)
+            .map(|r| r.version)
+            .collect();
+        let current = self.model.version;
+        let waiting = !self.queue.is_empty();
+        let done: Vec<i32> = self
+            .open_versions
+            .iter()
+            .copied()
+            .filter(|v| !(busy.contains(v) || waiting && Some(*v) == current))
+            .collect();
+        for v in done {
+            self.open_versions.remove(&v);
+            self.executors.version_done(v).await;
+        }
     }
 
     pub(super) async fn start(
@@ -155,6 +182,7 @@ impl EnvScheduler {
                     dir,
                     entry: c.entry.clone(),
                     digest: c.digest.clone(),
+                    inmanta: c.inmanta.clone(),
                 }),
                 Err(e) => {
                     let msg = format!(
@@ -244,6 +272,7 @@ impl EnvScheduler {
             },
         );
         if kind == ActionKind::Deploy {
+            self.open_versions.insert(version);
             self.batch.actions.push(ActionRecord {
                 id: action_id,
                 environment_id: self.env,

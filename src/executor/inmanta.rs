@@ -1,0 +1,301 @@
+//! Inmanta modules' `@provider` handlers in an executor.
+//!
+//! Their code (`inmanta_plugins/<module>/…`, shipped per version like any handler code) runs
+//! in Steward's handler host (`python/steward_handler_host.py`), with the `inmanta`
+//! compatibility package (`pycompat::materialize`) first on `sys.path` and the code directory
+//! after it, in a Python environment holding the modules' requirements: one virtualenv per
+//! requirement set and Python version under `<code dir>/_venv/<hash>/`, created once (under a
+//! file lock, so executors starting together wait for the first) and shared by every code
+//! version with the same requirements. Requirements that name Inmanta modules
+//! (`inmanta-module-*`) or inmanta-core are not installed: module code comes with the version,
+//! and `inmanta` is the compatibility package.
+//!
+//! The host runs the handler's own action logic (`deploy`/`execute`, CRUD, `pre`/`post`,
+//! reload) and answers one `execute` request per action with its status, change, attribute
+//! changes and log records (docs/integrations.md, "Inmanta handlers").
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::context::Context;
+use super::protocol::{ExternalHandler, Outcome};
+use crate::model::InmantaCode;
+use crate::model::diff::AttributeChange;
+
+/// The handler host, under the materialized `python/` tree.
+pub const HOST: &str = "steward_handler_host.py";
+
+const COMPLETE: &str = ".complete";
+
+/// How to start a handler process.
+pub struct Launch {
+    pub program: OsString,
+    pub args: Vec<OsString>,
+    pub pythonpath: OsString,
+    /// Added to the `hello` request.
+    pub hello: Value,
+}
+
+/// How to start the handler host for `code` (creating its Python environment if needed).
+pub fn launch(h: &ExternalHandler, code: &InmantaCode) -> Result<Launch, String> {
+    let base = h
+        .dir
+        .parent()
+        .ok_or_else(|| format!("the handler code {} has no parent", h.dir.display()))?;
+    let tree = crate::pycompat::materialize(base).map_err(|e| {
+        format!(
+            "writing Steward's Python package under {}: {e}",
+            base.display()
+        )
+    })?;
+    let python = python_for(base, &code.requirements)?;
+    let pythonpath = std::env::join_paths([tree.as_path(), h.dir.as_path()])
+        .map_err(|e| format!("a path that can not be on PYTHONPATH: {e}"))?;
+    Ok(Launch {
+        program: python.into_os_string(),
+        args: vec!["-u".into(), tree.join(HOST).into_os_string()],
+        pythonpath,
+        hello: json!({"imports": code.imports}),
+    })
+}
+
+/// The name of a pip requirement, normalized (`Foo_Bar[x]>=1` -> `foo-bar`).
+fn requirement_name(r: &str) -> String {
+    let end = r
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        .unwrap_or(r.len());
+    r[..end].to_ascii_lowercase().replace(['_', '.'], "-")
+}
+
+/// The requirements an executor installs: not the Inmanta modules themselves (their code
+/// comes with the version) nor inmanta-core (the compatibility package stands in for it).
+pub fn installable(requirements: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = requirements
+        .iter()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty() && !r.starts_with('#'))
+        .filter(|r| {
+            let n = requirement_name(r);
+            !(n.starts_with("inmanta-module-") || n == "inmanta-core" || n == "inmanta")
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn base_python() -> String {
+    std::env::var("STEWARD_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// `sys.version` of `python`, asked once per process.
+fn python_version(python: &str) -> Result<String, String> {
+    static SEEN: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+    if let Some(v) = SEEN
+        .lock()
+        .expect("versions")
+        .as_ref()
+        .and_then(|m| m.get(python))
+    {
+        return Ok(v.clone());
+    }
+    let out = Command::new(python)
+        .args(["-c", "import sys; print(sys.version)"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("can not run {python}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{python} does not run: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    SEEN.lock()
+        .expect("versions")
+        .get_or_insert_with(HashMap::new)
+        .insert(python.to_string(), v.clone());
+    Ok(v)
+}
+
+/// The Python interpreter to run handlers needing `requirements`: the base one when nothing is
+/// to be installed, else that of the virtualenv for this requirement set (created if absent).
+pub fn python_for(base: &Path, requirements: &[String]) -> Result<PathBuf, String> {
+    let python = base_python();
+    let reqs = installable(requirements);
+    if reqs.is_empty() {
+        return Ok(PathBuf::from(python));
+    }
+    let version = python_version(&python)?;
+    let mut h = Sha256::new();
+    h.update(version.as_bytes());
+    h.update([0]);
+    for r in &reqs {
+        h.update(r.as_bytes());
+        h.update(b"\n");
+    }
+    let key = &hex::encode(h.finalize())[..16];
+    let venvs = base.join("_venv");
+    let dir = venvs.join(key);
+    let bin = dir.join("bin").join("python");
+    if dir.join(COMPLETE).is_file() {
+        return Ok(bin);
+    }
+    let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    std::fs::create_dir_all(&venvs).map_err(|e| io("creating", &venvs, e))?;
+    let lock_path = venvs.join(format!("{key}.lock"));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| io("opening", &lock_path, e))?;
+    // SAFETY: flock(2) on a descriptor we own; released when `lock` is closed
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io("locking", &lock_path, std::io::Error::last_os_error()));
+    }
+    // another executor may have made it while we waited
+    if dir.join(COMPLETE).is_file() {
+        return Ok(bin);
+    }
+    if dir.exists() {
+        // left half-made by a crash
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let made = make_venv(&python, &dir, &reqs);
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    std::fs::write(dir.join(COMPLETE), reqs.join("\n")).map_err(|e| io("writing", &dir, e))?;
+    drop(lock);
+    Ok(bin)
+}
+
+fn make_venv(python: &str, dir: &Path, reqs: &[String]) -> Result<(), String> {
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{what}: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        Err(format!(
+            "{what} failed: {}",
+            lines[lines.len().saturating_sub(8)..].join(" | ")
+        ))
+    };
+    run(
+        Command::new(python).arg("-m").arg("venv").arg(dir),
+        &format!(
+            "creating a virtualenv with {python} -m venv {}",
+            dir.display()
+        ),
+    )?;
+    run(
+        Command::new(dir.join("bin").join("python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--quiet",
+            ])
+            .args(reqs),
+        &format!(
+            "installing the handlers' Python requirements ({})",
+            reqs.join(", ")
+        ),
+    )
+}
+
+/// Report the host's answer to `execute` into `ctx`: logs, changes, what was done, and the
+/// outcome.
+pub fn apply_answer(ctx: &mut Context, answer: &Value) -> Outcome {
+    super::external::log_records(ctx, answer);
+    if answer.get("ok") != Some(&Value::Bool(true)) {
+        let msg = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("the handler host reported a failure without a message");
+        let mut fields = vec![];
+        if let Some(tb) = answer.get("traceback") {
+            fields.push(("traceback", tb.clone()));
+        }
+        ctx.error(format!("failed: {msg}"), &fields);
+        return Outcome::Failed;
+    }
+    if let Some(changes) = answer.get("changes").and_then(Value::as_object) {
+        let parsed = changes
+            .iter()
+            .map(|(k, c)| {
+                (
+                    k.clone(),
+                    AttributeChange {
+                        current: c.get("current").cloned().unwrap_or(Value::Null),
+                        desired: c.get("desired").cloned().unwrap_or(Value::Null),
+                    },
+                )
+            })
+            .collect();
+        ctx.set_changes(parsed);
+    }
+    match answer.get("change").and_then(Value::as_str) {
+        Some("created") => ctx.set_created(),
+        Some("updated") => ctx.set_updated(),
+        Some("purged") => ctx.set_purged(),
+        _ => {}
+    }
+    match answer.get("status").and_then(Value::as_str) {
+        Some("deployed") => Outcome::Deployed,
+        Some("dry") => Outcome::Dry,
+        Some("skipped") => Outcome::Skipped,
+        Some("unavailable") => Outcome::Unavailable,
+        Some("failed") => Outcome::Failed,
+        other => {
+            ctx.error(
+                format!(
+                    "the handler ended in a state Steward does not know: {}",
+                    other.unwrap_or("none")
+                ),
+                &[],
+            );
+            Outcome::Failed
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_packages_and_core_are_not_installed() {
+        let reqs: Vec<String> = [
+            "inmanta-module-std>=8",
+            "Inmanta_Module_Mitogen",
+            "inmanta-core~=14.0",
+            "mitogen>=0.3",
+            "PyYAML",
+            "mitogen>=0.3",
+            "# a comment",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(installable(&reqs), vec!["PyYAML", "mitogen>=0.3"]);
+        assert_eq!(requirement_name("Foo_Bar[x]>=1"), "foo-bar");
+    }
+}
