@@ -164,7 +164,7 @@ pub async fn run(
             let opts = crate::pyenv::InstallOptions {
                 // wheels only: installing runs no code the commit chose
                 only_binary: true,
-                ..Default::default()
+                base_python: base_python(),
             };
             crate::pyenv::ensure_shared(&envs, &text, &project2, &opts).map_err(|e| e.to_string())
         })
@@ -496,6 +496,37 @@ fn chown_tree(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> std::io::Result
         }
     }
     Ok(())
+}
+
+/// The interpreter environments are made with: `python3` from `PATH`, unless compiles run as
+/// another user who could not run it (an interpreter under the server user's home, such as
+/// a pyenv shim): then the first system one that user can run.
+fn base_python() -> String {
+    use std::os::unix::fs::PermissionsExt;
+    if compile_user().is_none() {
+        return "python3".into();
+    }
+    // every directory on the way and the file itself open to others
+    let open_to_others = |p: &Path| {
+        let Ok(real) = p.canonicalize() else {
+            return false;
+        };
+        real.ancestors()
+            .all(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+    };
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("python3"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain(["/usr/bin/python3".into(), "/usr/local/bin/python3".into()])
+        .find(|p: &PathBuf| p.is_file() && open_to_others(p))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "python3".into())
 }
 
 /// Let the compile user reach the Python environments in `envs` (under the data directory)

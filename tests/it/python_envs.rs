@@ -1,8 +1,9 @@
 //! Projects' Python environments (`src/pyenv.rs`): `steward project install` makes
 //! `.steward/venv` from requirements.txt once, and the git-following server makes one per
 //! requirements (wheels only), shared by the commits that name the same ones, and fails a
-//! commit whose requirements can not be installed with pip's reason. The packages are local
-//! wheels built by the test (no index needed).
+//! commit whose requirements can not be installed with pip's reason; compiles find the V2
+//! modules installed there. The packages are local wheels built by the test (no index
+//! needed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,6 +81,14 @@ fn project_install_makes_the_environment_once() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "hello from demo");
+    // compiles find the V2 module in it (no virtualenv active)
+    std::fs::write(
+        p.join("main.cf"),
+        "import demo\ndemo::Greeter(name=\"x\")\n",
+    )
+    .unwrap();
+    let (ok, out) = steward(p, &["compile"]);
+    assert!(ok, "{out}");
     // the same requirements: nothing to do
     let (ok, out) = steward(p, &["project", "install"]);
     assert!(
@@ -108,7 +117,11 @@ async fn the_server_installs_requirements_once_per_set_and_fails_commits_it_can_
         "./wheels/inmanta_module_demo-1.0.0-py3-none-any.whl\n",
     )
     .unwrap();
-    let first = repo.commit("std::print(\"one\")\n", "with requirements");
+    // the model imports the V2 module the requirements install
+    let first = repo.commit(
+        "import demo\ndemo::Greeter(name=\"one\")\nstd::print(\"one\")\n",
+        "with requirements",
+    );
     repo.push_ok();
     let env = follow(&c, "py", &repo, json!({})).await;
     let r = compiled(&c, &env, &first, 120).await;

@@ -124,22 +124,6 @@ fn reference(ty: &str, key: &str, value: &str, attrs: Value, requires: &[String]
 
 #[tokio::test(flavor = "multi_thread")]
 async fn real_fs_exec_and_mitogen_handlers_deploy_through_mitogen() {
-    // what the real modules import beyond the handler API: the compiler side's part of the
-    // compatibility package (python/inmanta/ast/…, util.py)
-    let missing: Vec<&str> = [
-        "inmanta/ast/attribute.py",
-        "inmanta/ast/entity.py",
-        "inmanta/util.py",
-    ]
-    .into_iter()
-    .filter(|f| !steward::pycompat::FILES.iter().any(|(p, _)| p == f))
-    .collect();
-    if !missing.is_empty() {
-        eprintln!(
-            "SKIPPED real_fs_exec_and_mitogen_handlers_deploy_through_mitogen: the compatibility package lacks {missing:?}, which inmanta_plugins.mitogen/fs import"
-        );
-        return;
-    }
     let files = module_files();
     let srv = TestServer::start_deploying().await;
     let c = srv.admin_client();

@@ -286,42 +286,23 @@ pub fn handlers(
         requirements: requirements.into_iter().collect(),
         imports,
     };
-    let digest = inmanta_digest(&entry, &files, &inmanta);
+    let mut shared = HandlerCode {
+        module: String::new(),
+        entry,
+        files,
+        digest: String::new(),
+        inmanta: Some(inmanta),
+    };
+    shared.digest = shared.expected_digest();
     let mut out = BTreeMap::new();
     for (module, t) in typed {
         out.insert(
             t.to_string(),
             HandlerCode {
                 module: module.to_string(),
-                entry: entry.clone(),
-                files: files.clone(),
-                digest: digest.clone(),
-                inmanta: Some(inmanta.clone()),
+                ..shared.clone()
             },
         );
     }
     Ok((out, code))
-}
-
-/// The digest of Inmanta handler code: that of its entry and files, then its requirements and
-/// imports (as `HandlerCode::expected_digest` checks it).
-pub fn inmanta_digest(
-    entry: &str,
-    files: &BTreeMap<String, CodeFile>,
-    inmanta: &InmantaCode,
-) -> String {
-    let base = HandlerCode::compute_digest(entry, files);
-    let mut h = Sha256::new();
-    h.update(base.as_bytes());
-    h.update(b"\0inmanta\0");
-    for r in &inmanta.requirements {
-        h.update(r.as_bytes());
-        h.update(b"\n");
-    }
-    h.update([0]);
-    for m in &inmanta.imports {
-        h.update(m.as_bytes());
-        h.update(b"\n");
-    }
-    hex::encode(h.finalize())
 }
