@@ -12,9 +12,11 @@
 //! server, which keeps one environment per key under its data directory so that commits with
 //! the same requirements share it.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
@@ -86,8 +88,21 @@ pub fn python_of(dir: &Path) -> PathBuf {
     dir.join("bin").join("python3")
 }
 
-/// The version line of an interpreter (`Python 3.11.7`).
+/// The version line of an interpreter (`Python 3.11.7`), asked once per process.
 pub fn python_version(python: &str) -> Result<String, PyEnvError> {
+    static SEEN: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+    if let Some(v) = SEEN.lock().unwrap().as_ref().and_then(|m| m.get(python)) {
+        return Ok(v.clone());
+    }
+    let v = ask_version(python)?;
+    SEEN.lock()
+        .unwrap()
+        .get_or_insert_with(HashMap::new)
+        .insert(python.to_string(), v.clone());
+    Ok(v)
+}
+
+fn ask_version(python: &str) -> Result<String, PyEnvError> {
     let out = Command::new(python)
         .arg("--version")
         .stdin(Stdio::null())

@@ -14,15 +14,10 @@
 //! reload) and answers one `execute` request per action with its status, change, attribute
 //! changes and log records (docs/integrations.md, "Inmanta handlers").
 
-use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::context::Context;
 use super::protocol::{ExternalHandler, Outcome};
@@ -31,8 +26,6 @@ use crate::model::diff::AttributeChange;
 
 /// The handler host, under the materialized `python/` tree.
 pub const HOST: &str = "steward_handler_host.py";
-
-const COMPLETE: &str = ".complete";
 
 /// How to start a handler process.
 pub struct Launch {
@@ -95,130 +88,27 @@ fn base_python() -> String {
     std::env::var("STEWARD_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// `sys.version` of `python`, asked once per process.
-fn python_version(python: &str) -> Result<String, String> {
-    static SEEN: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
-    if let Some(v) = SEEN
-        .lock()
-        .expect("versions")
-        .as_ref()
-        .and_then(|m| m.get(python))
-    {
-        return Ok(v.clone());
-    }
-    let out = Command::new(python)
-        .args(["-c", "import sys; print(sys.version)"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("can not run {python}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{python} does not run: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    SEEN.lock()
-        .expect("versions")
-        .get_or_insert_with(HashMap::new)
-        .insert(python.to_string(), v.clone());
-    Ok(v)
-}
-
 /// The Python interpreter to run handlers needing `requirements`: the base one when nothing is
-/// to be installed, else that of the virtualenv for this requirement set (created if absent).
+/// to be installed, else that of the virtualenv for this requirement set under
+/// `<base>/_venv/` (made once, see [`crate::pyenv`]).
 pub fn python_for(base: &Path, requirements: &[String]) -> Result<PathBuf, String> {
     let python = base_python();
     let reqs = installable(requirements);
     if reqs.is_empty() {
         return Ok(PathBuf::from(python));
     }
-    let version = python_version(&python)?;
-    let mut h = Sha256::new();
-    h.update(version.as_bytes());
-    h.update([0]);
-    for r in &reqs {
-        h.update(r.as_bytes());
-        h.update(b"\n");
-    }
-    let key = &hex::encode(h.finalize())[..16];
-    let venvs = base.join("_venv");
-    let dir = venvs.join(key);
-    let bin = dir.join("bin").join("python");
-    if dir.join(COMPLETE).is_file() {
-        return Ok(bin);
-    }
-    let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
-    std::fs::create_dir_all(&venvs).map_err(|e| io("creating", &venvs, e))?;
-    let lock_path = venvs.join(format!("{key}.lock"));
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| io("opening", &lock_path, e))?;
-    // SAFETY: flock(2) on a descriptor we own; released when `lock` is closed
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io("locking", &lock_path, std::io::Error::last_os_error()));
-    }
-    // another executor may have made it while we waited
-    if dir.join(COMPLETE).is_file() {
-        return Ok(bin);
-    }
-    if dir.exists() {
-        // left half-made by a crash
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    let made = make_venv(&python, &dir, &reqs);
-    if let Err(e) = made {
-        let _ = std::fs::remove_dir_all(&dir);
-        return Err(e);
-    }
-    std::fs::write(dir.join(COMPLETE), reqs.join("\n")).map_err(|e| io("writing", &dir, e))?;
-    drop(lock);
-    Ok(bin)
-}
-
-fn make_venv(python: &str, dir: &Path, reqs: &[String]) -> Result<(), String> {
-    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("{what}: {e}"))?;
-        if out.status.success() {
-            return Ok(());
-        }
-        let text = String::from_utf8_lossy(&out.stderr).to_string()
-            + &String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        Err(format!(
-            "{what} failed: {}",
-            lines[lines.len().saturating_sub(8)..].join(" | ")
-        ))
+    let opts = crate::pyenv::InstallOptions {
+        base_python: python,
+        only_binary: false,
     };
-    run(
-        Command::new(python).arg("-m").arg("venv").arg(dir),
-        &format!(
-            "creating a virtualenv with {python} -m venv {}",
-            dir.display()
-        ),
-    )?;
-    run(
-        Command::new(dir.join("bin").join("python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--quiet",
-            ])
-            .args(reqs),
-        &format!(
-            "installing the handlers' Python requirements ({})",
-            reqs.join(", ")
-        ),
-    )
+    let made = crate::pyenv::ensure_shared(&base.join("_venv"), &reqs.join("\n"), base, &opts)
+        .map_err(|e| {
+            format!(
+                "installing the handlers' Python requirements ({}) failed: {e}",
+                reqs.join(", ")
+            )
+        })?;
+    Ok(made.python())
 }
 
 /// Report the host's answer to `execute` into `ctx`: logs, changes, what was done, and the

@@ -623,7 +623,7 @@ async fn expired_sessions_end_and_are_pruned() {
 }
 
 /// The server's listening connection (LISTEN steward_changes) in this test's database.
-async fn listener_pid(pool: &sqlx::PgPool) -> Option<i32> {
+pub(crate) async fn listener_pid(pool: &sqlx::PgPool) -> Option<i32> {
     sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
          AND query ILIKE 'LISTEN%steward_changes%' ORDER BY backend_start DESC LIMIT 1",

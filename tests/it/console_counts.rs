@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use steward::store::deploy::{Batch, StateRow};
 
+use crate::console::listener_pid;
 use crate::console_resources::seeded;
 use crate::console_support::http;
 use crate::support::TestServer;
@@ -68,16 +69,6 @@ async fn set_result(s: &TestServer, env: uuid::Uuid, id: &str, result: &str) {
     steward::store::deploy::write_batch(&mut c, env, &batch)
         .await
         .unwrap();
-}
-
-async fn listener_pid(pool: &sqlx::PgPool) -> Option<i32> {
-    sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-         AND query ILIKE 'LISTEN%steward_changes%' ORDER BY backend_start DESC LIMIT 1",
-    )
-    .fetch_optional(pool)
-    .await
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
