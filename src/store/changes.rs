@@ -73,7 +73,13 @@ async fn listen(pool: PgPool, tx: broadcast::Sender<Change>) {
     let mut delay = Duration::from_millis(200);
     loop {
         let mut listening = false;
-        if let Err(e) = follow(&pool, &tx, &mut listening).await {
+        let followed = follow(&pool, &tx, &mut listening).await;
+        if pool.is_closed() {
+            // the server is stopping
+            let _ = tx.send(Change::Lost);
+            return;
+        }
+        if let Err(e) = followed {
             tracing::warn!(error = %e, "listening for changes failed; trying again");
         }
         if listening {
