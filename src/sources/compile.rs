@@ -554,12 +554,11 @@ fn open_to_compiles(envs: &Path) -> std::io::Result<()> {
             std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & !0o007))?;
         }
     }
-    let mode = std::fs::metadata(data_dir)?.permissions().mode();
-    if mode & 0o001 == 0 {
-        std::fs::set_permissions(
-            data_dir,
-            std::fs::Permissions::from_mode((mode & !0o006) | 0o001),
-        )?;
+    // traversable, never listable or writable, by others: whatever it was made with
+    let mode = std::fs::metadata(data_dir)?.permissions().mode() & 0o7777;
+    let wanted = (mode & !0o006) | 0o001;
+    if wanted != mode {
+        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(wanted))?;
     }
     Ok(())
 }

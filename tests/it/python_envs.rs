@@ -176,3 +176,76 @@ async fn the_server_installs_requirements_once_per_set_and_fails_commits_it_can_
     assert_eq!(c.versions(&env).await.unwrap().len(), versions_before);
     git_ok(&repo.work, &["status"]);
 }
+
+/// A commit's Python plugin is the commit's code: in a server compile (as `nobody` when the
+/// server runs as root) it sees the shared environment it runs in, but not the rest of the
+/// data directory, nor the server's environment.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commits_python_plugin_can_not_read_the_servers_data_or_environment() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: compiles run as another user only when the server runs as root");
+        return;
+    }
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    demo_wheel(&repo.work.join("wheels"), "1.0.0");
+    std::fs::write(
+        repo.work.join("requirements.txt"),
+        "./wheels/inmanta_module_demo-1.0.0-py3-none-any.whl\n",
+    )
+    .unwrap();
+    let m = repo.work.join("libs/probe");
+    std::fs::create_dir_all(m.join("model")).unwrap();
+    std::fs::create_dir_all(m.join("plugins")).unwrap();
+    std::fs::write(m.join("module.yml"), "name: probe\nversion: 1.0.0\n").unwrap();
+    std::fs::write(m.join("model/_init.cf"), "").unwrap();
+    std::fs::write(
+        m.join("plugins/__init__.py"),
+        r#"import os
+from inmanta.plugins import plugin
+
+
+def attempt(what, f):
+    try:
+        return f"{what}: read {f()!r}"
+    except OSError as e:
+        return f"{what}: refused {type(e).__name__}"
+
+
+@plugin
+def probe() -> "string":
+    envs = os.path.dirname(os.environ["VIRTUAL_ENV"])
+    data = os.path.dirname(envs)
+    server = os.getppid()
+    with open(f"/proc/{server}/status") as f:
+        server = next(int(l.split()[1]) for l in f if l.startswith("PPid:"))
+    lines = [
+        attempt("data dir", lambda: os.listdir(data)),
+        attempt("server environ", lambda: open(f"/proc/{server}/environ").read()[:40]),
+        attempt("envs", lambda: sorted(os.listdir(envs))[:1] and "listed"),
+    ]
+    for name in ("code", "mirrors", "pg", "secret"):
+        lines.append(attempt(name, lambda: os.listdir(os.path.join(data, name))))
+    return "\n".join(lines)
+"#,
+    )
+    .unwrap();
+    let commit = repo.commit("import probe\nstd::print(probe::probe())\n", "probe");
+    repo.push_ok();
+    // something of the server's in the data directory (made as its own files are)
+    let data = srv.data_dir();
+    std::fs::create_dir_all(data.join("secret")).unwrap();
+    std::fs::write(data.join("secret/token"), "TOP-SECRET").unwrap();
+    let env = follow(&c, "probe", &repo, json!({})).await;
+    let r = compiled(&c, &env, &commit, 120).await;
+    assert_eq!(r["status"], "success", "{r:#}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("envs: read 'listed'"), "{out}");
+    for line in out.lines() {
+        if !line.starts_with("envs:") && !line.contains("FileNotFoundError") {
+            assert!(line.contains("refused PermissionError"), "{out}");
+        }
+    }
+    assert!(!out.contains("TOP-SECRET"), "{out}");
+}

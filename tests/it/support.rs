@@ -127,6 +127,11 @@ impl TestServer {
         Client::new(&self.url, token.map(str::to_string))
     }
 
+    /// The server's data directory.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._data.path()
+    }
+
     pub fn admin_client(&self) -> Client {
         self.client(self.admin.as_deref())
     }
