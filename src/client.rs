@@ -232,6 +232,11 @@ impl Client {
         self.get("/health").await
     }
 
+    /// The server replicas on the database and the environments each owns.
+    pub async fn replicas(&self) -> Result<crate::server::ops::Replicas> {
+        self.get("/api/v1/replicas").await
+    }
+
     // ---------------------------------------------------------------- projects, environments
 
     pub async fn projects(&self) -> Result<Vec<Project>> {

@@ -18,6 +18,7 @@ pub mod executor;
 pub mod model;
 pub mod pycompat;
 pub mod pyenv;
+pub mod replicas;
 pub mod scheduler;
 pub mod server;
 pub mod sources;

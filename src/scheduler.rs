@@ -29,6 +29,7 @@ use uuid::Uuid;
 pub use env::{AgentStatus, Control, Status};
 
 use crate::events::{Event, Notifier};
+use crate::replicas::{Tenure, Worker};
 use crate::store;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,9 @@ pub enum SchedulerError {
     /// The scheduler of the environment stopped while asked (it is restarted on next use).
     #[error("the scheduler of environment {0} is not answering; try again")]
     Unavailable(Uuid),
+    /// With replicas: another replica owns the environment (or none does right now).
+    #[error("environment {0} is not scheduled on this replica")]
+    NotHere(Uuid),
 }
 
 struct Inner {
@@ -43,9 +47,17 @@ struct Inner {
     executor_bin: PathBuf,
     /// Where handler code of versions is materialized for executors (one dir per digest).
     code_dir: PathBuf,
-    running: Mutex<HashMap<Uuid, mpsc::UnboundedSender<Control>>>,
+    running: Mutex<HashMap<Uuid, Running>>,
     /// external agent processes of all environments
     hub: agents::AgentHub,
+    /// With replicas: the environments this replica owns (only they are scheduled here).
+    /// None: this process schedules every environment.
+    tenures: Option<Mutex<HashMap<Uuid, Tenure>>>,
+}
+
+struct Running {
+    tx: mpsc::UnboundedSender<Control>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// Handle on all environment schedulers of a server (cheap to clone).
@@ -64,12 +76,33 @@ impl Schedulers {
         code_dir: PathBuf,
         notifier: &Notifier,
     ) -> Schedulers {
+        Self::start_with(pool, executor_bin, code_dir, notifier, false).await
+    }
+
+    /// For a replica: schedule only the environments it adopts ([`Worker`]).
+    pub async fn start_replica(
+        pool: PgPool,
+        executor_bin: PathBuf,
+        code_dir: PathBuf,
+        notifier: &Notifier,
+    ) -> Schedulers {
+        Self::start_with(pool, executor_bin, code_dir, notifier, true).await
+    }
+
+    async fn start_with(
+        pool: PgPool,
+        executor_bin: PathBuf,
+        code_dir: PathBuf,
+        notifier: &Notifier,
+        replica: bool,
+    ) -> Schedulers {
         let s = Schedulers(Arc::new(Inner {
             hub: agents::AgentHub::new(pool.clone()),
             pool,
             executor_bin,
             code_dir,
             running: Mutex::new(HashMap::new()),
+            tenures: replica.then(|| Mutex::new(HashMap::new())),
         }));
         // subscribe before scanning, so no release falls between the two
         let events = notifier.subscribe();
@@ -92,6 +125,13 @@ impl Schedulers {
     }
 
     async fn start_known(&self) {
+        if let Some(tenures) = &self.0.tenures {
+            let owned: Vec<Uuid> = tenures.lock().expect("tenures").keys().copied().collect();
+            for env in owned {
+                self.sender(env);
+            }
+            return;
+        }
         let mut delay = Duration::from_millis(200);
         let envs = loop {
             match store::deploy::environments_with_releases(&self.0.pool).await {
@@ -108,12 +148,17 @@ impl Schedulers {
         }
     }
 
-    /// The control channel of `env`'s scheduler, starting it when needed.
-    fn sender(&self, env: Uuid) -> mpsc::UnboundedSender<Control> {
+    /// The control channel of `env`'s scheduler, starting it when needed; None when
+    /// another replica owns the environment.
+    fn sender(&self, env: Uuid) -> Option<mpsc::UnboundedSender<Control>> {
+        let tenure = match &self.0.tenures {
+            Some(t) => Some(t.lock().expect("tenures").get(&env).cloned()?),
+            None => None,
+        };
         let mut running = self.0.running.lock().expect("scheduler map");
-        if let Some(tx) = running.get(&env) {
-            if !tx.is_closed() {
-                return tx.clone();
+        if let Some(r) = running.get(&env) {
+            if !r.tx.is_closed() {
+                return Some(r.tx.clone());
             }
             tracing::warn!(environment = %env, "the scheduler had stopped; starting it again");
         }
@@ -122,9 +167,26 @@ impl Schedulers {
         let bin = self.0.executor_bin.clone();
         let code = self.0.code_dir.clone();
         let hub = self.0.hub.clone();
-        tokio::spawn(env::EnvScheduler::run(env, pool, bin, code, hub, rx));
-        running.insert(env, tx.clone());
-        tx
+        let task = tokio::spawn(env::EnvScheduler::run(
+            env, pool, bin, code, hub, rx, tenure,
+        ));
+        running.insert(
+            env,
+            Running {
+                tx: tx.clone(),
+                task,
+            },
+        );
+        Some(tx)
+    }
+
+    fn running_sender(&self, env: Uuid) -> Option<mpsc::UnboundedSender<Control>> {
+        self.0
+            .running
+            .lock()
+            .expect("scheduler map")
+            .get(&env)
+            .map(|r| r.tx.clone())
     }
 
     async fn follow(self, mut events: broadcast::Receiver<Event>) {
@@ -134,21 +196,18 @@ impl Schedulers {
                     environment,
                     version,
                 }) => {
-                    let _ = self.sender(environment).send(Control::Released(version));
+                    if let Some(tx) = self.sender(environment) {
+                        let _ = tx.send(Control::Released(version));
+                    }
                 }
                 Ok(Event::Settings { environment }) | Ok(Event::Control { environment }) => {
-                    let tx = self
-                        .0
-                        .running
-                        .lock()
-                        .expect("scheduler map")
-                        .get(&environment)
-                        .cloned();
-                    if let Some(tx) = tx {
+                    if let Some(tx) = self.running_sender(environment) {
                         let _ = tx.send(Control::Settings);
                     }
                 }
                 Ok(Event::Deleted { environment }) => self.stop(environment),
+                Ok(Event::Resync) => self.resync().await,
+                Ok(Event::Created { .. }) => {}
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     // events were lost: every scheduler re-reads what it may have missed
                     tracing::warn!(
@@ -170,7 +229,7 @@ impl Schedulers {
             .lock()
             .expect("scheduler map")
             .iter()
-            .map(|(k, v)| (*k, v.clone()))
+            .map(|(k, v)| (*k, v.tx.clone()))
             .collect();
         for (env, tx) in envs {
             let _ = tx.send(Control::Settings);
@@ -182,15 +241,15 @@ impl Schedulers {
 
     /// Stop the scheduler of a deleted environment (its executors end with it).
     pub fn stop(&self, env: Uuid) {
-        if let Some(tx) = self.0.running.lock().expect("scheduler map").remove(&env) {
-            let _ = tx.send(Control::Stop);
+        if let Some(r) = self.0.running.lock().expect("scheduler map").remove(&env) {
+            let _ = r.tx.send(Control::Stop);
         }
     }
 
     /// Stop every scheduler (server shutdown).
     pub fn stop_all(&self) {
-        for (_, tx) in self.0.running.lock().expect("scheduler map").drain() {
-            let _ = tx.send(Control::Stop);
+        for (_, r) in self.0.running.lock().expect("scheduler map").drain() {
+            let _ = r.tx.send(Control::Stop);
         }
     }
 
@@ -201,6 +260,7 @@ impl Schedulers {
     ) -> Result<T, SchedulerError> {
         let (ack, rx) = oneshot::channel();
         self.sender(env)
+            .ok_or(SchedulerError::NotHere(env))?
             .send(make(ack))
             .map_err(|_| SchedulerError::Unavailable(env))?;
         match tokio::time::timeout(ACK_TIMEOUT, rx).await {
@@ -250,7 +310,47 @@ impl Schedulers {
     /// Start a dry-run (already recorded in the database) of `version`.
     pub fn dryrun(&self, env: Uuid, id: Uuid, version: i32) -> Result<(), SchedulerError> {
         self.sender(env)
+            .ok_or(SchedulerError::NotHere(env))?
             .send(Control::Dryrun { id, version })
             .map_err(|_| SchedulerError::Unavailable(env))
+    }
+
+    /// Does this process schedule `env`? (Always, without replicas.)
+    pub fn schedules(&self, env: Uuid) -> bool {
+        match &self.0.tenures {
+            Some(t) => t.lock().expect("tenures").contains_key(&env),
+            None => true,
+        }
+    }
+}
+
+impl Worker for Schedulers {
+    fn adopt(&self, env: Uuid, tenure: Tenure) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(t) = &self.0.tenures {
+                t.lock().expect("tenures").insert(env, tenure);
+            }
+            // rebuilt from the database, as after a restart
+            self.sender(env);
+        })
+    }
+
+    fn release(&self, env: Uuid) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(t) = &self.0.tenures {
+                t.lock().expect("tenures").remove(&env);
+            }
+            let running = self.0.running.lock().expect("scheduler map").remove(&env);
+            if let Some(r) = running {
+                let _ = r.tx.send(Control::Stop);
+                if tokio::time::timeout(Duration::from_secs(10), r.task)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(environment = %env, "the scheduler did not stop within 10 s");
+                }
+            }
+            self.0.hub.drop_environment(env).await;
+        })
     }
 }

@@ -20,6 +20,7 @@ pub mod extract;
 pub mod listen;
 pub mod openapi;
 pub mod ops;
+pub mod owner;
 pub mod start;
 pub mod tls;
 
@@ -52,6 +53,10 @@ pub struct AppState {
     pub schedulers: Option<crate::scheduler::Schedulers>,
     /// Git sources; None when the server does not deploy.
     pub sources: Option<crate::sources::GitSources>,
+    /// This server as one of several replicas on the database; None: it owns everything.
+    pub replica: Option<crate::replicas::Replica>,
+    /// For calls to other replicas.
+    pub http: reqwest::Client,
 }
 
 /// Largest accepted request body of most routes: settings, names, decisions, tokens.
@@ -153,6 +158,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(t::list, t::create))
         .routes(routes!(t::revoke))
         .routes(routes!(t::audit_all))
+        .routes(routes!(ops::replicas))
+        .routes(routes!(owner::owner_call))
 }
 
 pub fn router(state: AppState) -> Router {
@@ -189,4 +196,9 @@ pub struct ServerConfig {
     pub prune_interval: std::time::Duration,
     /// Serve HTTPS with this certificate and key (None: plain HTTP).
     pub tls: Option<tls::TlsFiles>,
+    /// Where the other replicas reach this one (None: from the bound address).
+    pub advertise_url: Option<String>,
+    /// Replicas: time between heartbeats, and how long a lease lasts without one.
+    pub heartbeat: std::time::Duration,
+    pub lease_time: std::time::Duration,
 }

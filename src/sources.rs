@@ -29,6 +29,8 @@ use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::events::{Event, Notifier};
+use crate::replicas::{Tenure, Worker};
+use crate::store::leases::Fence;
 use crate::store::sources::SourceRow;
 use crate::store::{self, StoreError};
 use feedback::{Feedback, Outgoing, State};
@@ -50,7 +52,7 @@ pub enum SourceError {
 }
 
 /// What a trigger led to.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Triggered {
     pub commit: String,
     /// queued | already_compiled
@@ -90,6 +92,9 @@ struct Inner {
     released: Arc<Notify>,
     workers: Mutex<HashMap<Uuid, EnvWorker>>,
     mirror_locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// With replicas: the environments this replica owns (only their sources are followed
+    /// here). None: this process follows every source.
+    tenures: Option<Mutex<HashMap<Uuid, Tenure>>>,
 }
 
 /// Handle on the git side of a server (cheap to clone).
@@ -104,6 +109,26 @@ impl GitSources {
         steward_bin: PathBuf,
         notifier: &Notifier,
     ) -> GitSources {
+        Self::start_with(pool, data_dir, steward_bin, notifier, false).await
+    }
+
+    /// For a replica: follow only the sources of the environments it adopts ([`Worker`]).
+    pub async fn start_replica(
+        pool: PgPool,
+        data_dir: PathBuf,
+        steward_bin: PathBuf,
+        notifier: &Notifier,
+    ) -> GitSources {
+        Self::start_with(pool, data_dir, steward_bin, notifier, true).await
+    }
+
+    async fn start_with(
+        pool: PgPool,
+        data_dir: PathBuf,
+        steward_bin: PathBuf,
+        notifier: &Notifier,
+        replica: bool,
+    ) -> GitSources {
         let s = GitSources(Arc::new(Inner {
             pool,
             data_dir,
@@ -113,8 +138,17 @@ impl GitSources {
             released: Arc::new(Notify::new()),
             workers: Mutex::new(HashMap::new()),
             mirror_locks: Mutex::new(HashMap::new()),
+            tenures: replica.then(|| Mutex::new(HashMap::new())),
         }));
         let events = notifier.subscribe();
+        if replica {
+            // an environment's interrupted compiles are queued again by the replica that
+            // adopts it; outbox deliveries are claimed row by row, so every replica helps
+            tokio::spawn(s.clone().follow(events));
+            tokio::spawn(s.0.feedback.clone().deliver(s.0.pool.clone()));
+            tokio::spawn(s.clone().report_deploys(s.0.released.clone()));
+            return s;
+        }
         match store::sources::requeue_interrupted(&s.0.pool).await {
             Ok(n) if n > 0 => tracing::info!(
                 compiles = n,
@@ -179,9 +213,45 @@ impl GitSources {
             .clone()
     }
 
+    /// With replicas: this replica's lease fence on `env` (what its writes carry).
+    fn fence(&self, env: Uuid) -> Option<Fence> {
+        self.0.tenures.as_ref().and_then(|t| {
+            t.lock()
+                .expect("tenures")
+                .get(&env)
+                .map(|t| t.fence().clone())
+        })
+    }
+
+    /// Does this process follow `env`'s source? (Always, without replicas.)
+    pub fn follows(&self, env: Uuid) -> bool {
+        match &self.0.tenures {
+            Some(t) => t.lock().expect("tenures").contains_key(&env),
+            None => true,
+        }
+    }
+
+    /// Check the fence of `env` in a transaction (nothing to check without replicas).
+    pub(super) async fn check_fence(
+        &self,
+        env: Uuid,
+        c: &mut sqlx::PgConnection,
+    ) -> Result<(), StoreError> {
+        match self.fence(env) {
+            Some(f) => f.check(c).await,
+            None if self.0.tenures.is_some() => Err(StoreError::Fenced(format!(
+                "environment {env} is not owned by this replica"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// (Re)start the workers of an environment from its stored source (none: stop them), and
-    /// look at the branch now.
+    /// look at the branch now. With replicas, only on the replica that owns it.
     pub fn restart(&self, env: Uuid) {
+        if !self.follows(env) {
+            return;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(Notify::new());
         let tasks = vec![
@@ -253,7 +323,7 @@ impl GitSources {
     async fn follow(self, mut events: broadcast::Receiver<Event>) {
         loop {
             match events.recv().await {
-                Ok(Event::Released { .. }) => self.0.released.notify_one(),
+                Ok(Event::Released { .. }) | Ok(Event::Resync) => self.0.released.notify_one(),
                 Ok(Event::Deleted { environment }) => self.stop(environment),
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -480,6 +550,7 @@ impl GitSources {
         };
         let mut out = Outgoing::default();
         let mut tx = self.0.pool.begin().await.map_err(StoreError::from)?;
+        self.check_fence(env, &mut tx).await?;
         let (id, mut superseded) =
             store::sources::enqueue(&mut tx, env, &target, &src.branch, kind, fetch_stage).await?;
         let skipped_ids =
@@ -559,6 +630,7 @@ impl GitSources {
         loop {
             let attempt = async {
                 let mut tx = self.0.pool.begin().await?;
+                self.check_fence(env, &mut tx).await?;
                 store::sources::finish_compile(&mut *tx, id, end).await?;
                 for (commit, event, detail) in events {
                     store::sources::add_event(&mut *tx, env, commit, event, detail.clone()).await?;
@@ -619,6 +691,7 @@ impl GitSources {
         // started and said so, or neither: a compile is never left running unannounced
         {
             let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            self.check_fence(env, &mut tx).await?;
             if !store::sources::start_compile(&mut *tx, job.id).await? {
                 return Ok(true);
             }
@@ -640,6 +713,7 @@ impl GitSources {
             &mirror,
             &self.0.steward_bin,
             &self.0.data_dir.join("python-envs"),
+            self.fence(env).as_ref(),
         )
         .await;
         let end = store::sources::CompileEnd {
@@ -762,4 +836,52 @@ fn watch_local_repository(
     // packed refs are rewritten in place of loose ones (git gc, some pushes)
     let _ = watcher.watch(&git_dir, RecursiveMode::NonRecursive);
     Some(watcher)
+}
+
+impl Worker for GitSources {
+    fn adopt(&self, env: Uuid, tenure: Tenure) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(tenures) = &self.0.tenures else {
+                return;
+            };
+            tenures.lock().expect("tenures").insert(env, tenure);
+            let pool = &self.0.pool;
+            // compiles the previous owner was running when it stopped or died: queued again,
+            // under our lease, as after a restart
+            let requeued = async {
+                let mut tx = pool.begin().await?;
+                self.check_fence(env, &mut tx).await?;
+                let n = store::sources::requeue_interrupted_of(&mut *tx, env).await?;
+                tx.commit().await?;
+                Ok::<u64, StoreError>(n)
+            }
+            .await;
+            match requeued {
+                Ok(n) if n > 0 => {
+                    tracing::info!(environment = %env, compiles = n, "compiles interrupted on the previous owner are queued again")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(environment = %env, error = %e, "re-queueing interrupted compiles failed")
+                }
+            }
+            match store::sources::get_source(pool, env).await {
+                Ok(Some(_)) => self.restart(env),
+                Ok(None) => {}
+                // the fetcher loads the source itself and says why it can not
+                Err(_) => self.restart(env),
+            }
+            self.0.released.notify_one();
+        })
+    }
+
+    fn release(&self, env: Uuid) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(t) = &self.0.tenures {
+                t.lock().expect("tenures").remove(&env);
+            }
+            // aborting the tasks drops a running compile's process (killed on drop)
+            self.stop(env);
+        })
+    }
 }

@@ -14,6 +14,7 @@ pub mod deploy;
 pub mod environments;
 pub mod leases;
 pub mod outbox;
+pub mod replicas;
 pub mod retention;
 pub mod sessions;
 pub mod sources;
@@ -32,6 +33,9 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A write refused because its lease tenure ended (another replica or process holds it now).
+    #[error("fenced: {0}")]
+    Fenced(String),
     #[error("{0}")]
     Invalid(String),
     #[error("database unavailable: {0}")]

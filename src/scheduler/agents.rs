@@ -532,6 +532,40 @@ impl AgentHub {
         }
     }
 
+    /// The environment moved to another replica: its processes are disconnected here (their
+    /// next call reaches the new owner and opens a session there) and their leases freed.
+    pub async fn drop_environment(&self, env: Uuid) {
+        let gone: Vec<(Uuid, Vec<String>)> = {
+            let mut st = self.lock();
+            st.envs.remove(&env);
+            let ids: Vec<Uuid> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.env == env)
+                .map(|(i, _)| *i)
+                .collect();
+            st.inflight.retain(|_, f| f.env != env);
+            ids.into_iter()
+                .filter_map(|i| st.sessions.remove(&i).map(|s| (i, s)))
+                .map(|(i, s)| {
+                    s.wake.notify_waiters();
+                    (i, s.hello.agents)
+                })
+                .collect()
+        };
+        for (instance, agents) in gone {
+            for a in agents {
+                let _ = store::leases::release(
+                    &self.pool,
+                    LeaseKind::AgentPrimary,
+                    &lease_key(env, &a),
+                    &instance.to_string(),
+                )
+                .await;
+            }
+        }
+    }
+
     fn drop_silent_sessions(&self) {
         let mut st = self.lock();
         let silent: Vec<Uuid> = st

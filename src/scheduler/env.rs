@@ -27,6 +27,7 @@ use super::timers::Timers;
 use crate::executor::protocol::ActionKind;
 use crate::model::HandlerCode;
 use crate::model::settings::EnvSettings;
+use crate::replicas::Tenure;
 use crate::store;
 use crate::store::deploy::Batch;
 use persist::{state_from_row, writer};
@@ -60,7 +61,7 @@ pub enum Control {
     Stop,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct AgentStatus {
     pub name: String,
     pub paused: bool,
@@ -73,7 +74,7 @@ pub struct AgentStatus {
     pub ready: bool,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Status {
     pub version: Option<i32>,
     pub halted: bool,
@@ -128,6 +129,8 @@ pub struct EnvScheduler {
     /// versions with deploys started and not all done: when one is, the executors hear of it
     /// (handlers drop what they cached for that version)
     open_versions: std::collections::BTreeSet<i32>,
+    /// this replica's lease on the environment (None: the process owns everything)
+    tenure: Option<Tenure>,
 }
 
 impl EnvScheduler {
@@ -139,11 +142,17 @@ impl EnvScheduler {
         code_dir: PathBuf,
         hub: super::agents::AgentHub,
         mut control: mpsc::UnboundedReceiver<Control>,
+        tenure: Option<Tenure>,
     ) {
         let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
         let exec_pool = exec_pool.with_hub(env, hub);
         let (wtx, wrx) = mpsc::unbounded_channel();
-        tokio::spawn(writer(pool.clone(), env, wrx));
+        let written = tokio::spawn(writer(
+            pool.clone(),
+            env,
+            wrx,
+            tenure.as_ref().map(|t| t.fence().clone()),
+        ));
         let mut s = EnvScheduler {
             env,
             pool,
@@ -166,6 +175,7 @@ impl EnvScheduler {
             next_repair_sweep: None,
             repair_pending: false,
             open_versions: Default::default(),
+            tenure,
         };
         // the database may be away at start: keep trying
         let mut delay = Duration::from_millis(200);
@@ -206,8 +216,26 @@ impl EnvScheduler {
             s.executors.wake_agents();
             s.flush();
         }
-        s.executors.shutdown();
+        if s.tenure.is_none() {
+            s.executors.shutdown();
+            s.flush();
+            return;
+        }
+        // the environment moves to another replica: nothing of ours may still run or write
+        // when it starts there, so executors get a moment to finish, then are killed, and
+        // what was recorded is written (still under our lease) before we say we stopped
+        s.executors
+            .shutdown_and_wait(Duration::from_millis(500))
+            .await;
         s.flush();
+        let (closed, _) = mpsc::unbounded_channel();
+        drop(std::mem::replace(&mut s.writer, closed));
+        if tokio::time::timeout(Duration::from_secs(3), written)
+            .await
+            .is_err()
+        {
+            tracing::warn!(environment = %env, "the last deploy state was not written before the handover; the next owner redoes what it misses");
+        }
     }
 
     fn next_wake(&mut self) -> tokio::time::Instant {

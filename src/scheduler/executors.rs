@@ -603,6 +603,43 @@ impl Pool {
         }
     }
 
+    /// Stop every executor and wait until they are gone: an executor busy with an action
+    /// gets `grace` to finish it, then its process group is killed. Used when the
+    /// environment moves to another replica, which must not find an action of ours still
+    /// running when it starts its own.
+    pub async fn shutdown_and_wait(&mut self, grace: std::time::Duration) {
+        let ids: Vec<ProcId> = self.remote.keys().copied().collect();
+        for id in ids {
+            self.kill(id);
+        }
+        let procs: Vec<Proc> = self.procs.drain().map(|(_, p)| p).collect();
+        let waits = procs.into_iter().map(|p| async move {
+            let Proc {
+                stdin,
+                mut child,
+                ssh,
+                ..
+            } = p;
+            drop(stdin);
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                if let Some((link, pid)) = ssh {
+                    let pid = pid.load(Ordering::Relaxed);
+                    if pid > 1 {
+                        let _ = link.kill_remote(pid).await;
+                    }
+                }
+                if let Some(pid) = child.id() {
+                    // SAFETY: kill(2) on a process group we created; no memory is involved
+                    unsafe {
+                        libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+                    }
+                }
+                let _ = child.kill().await;
+            }
+        });
+        futures_util::future::join_all(waits).await;
+    }
+
     pub fn shutdown(&mut self) {
         let ids: Vec<ProcId> = self.procs.keys().copied().collect();
         for id in ids {

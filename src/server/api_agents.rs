@@ -12,6 +12,7 @@ use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, environment, parse_uuid};
 use super::openapi::{AGENTS, EnvIdPath, EnvPath};
+use super::owner;
 use crate::model::{HandlerCode, Role};
 use crate::scheduler::agents::{AgentHub, Hello, HubError, Poll, PollReply};
 use crate::store;
@@ -56,11 +57,16 @@ pub async fn open(
     ApiJson(hello): ApiJson<Hello>,
 ) -> ApiResult<Json<PollReply>> {
     let env = environment(&state, &caller, &key).await?;
-    let hub = hub_for(&state, &caller, env.id)?;
+    hub_for(&state, &caller, env.id)?;
     let agents: Vec<String> = hello.agents.clone();
-    let reply = hub
-        .open(env.id, caller.token_id, caller.agents.as_deref(), hello)
-        .await?;
+    let reply = owner::agent_open(
+        &state,
+        env.id,
+        caller.token_id,
+        caller.agents.clone(),
+        hello,
+    )
+    .await?;
     store::deploy::ensure_agents(&state.pool, env.id, &agents).await?;
     Ok(Json(reply))
 }
@@ -94,13 +100,13 @@ pub async fn poll(
         }
         _ => environment(&state, &caller, &key).await?.id,
     };
-    let hub = hub_for(&state, &caller, env_id)?;
+    hub_for(&state, &caller, env_id)?;
     for r in &mut poll.results {
         // the protocol boundary: what a handler printed must be storable
         r.result.sanitize();
     }
     Ok(Json(
-        hub.poll(env_id, instance, caller.token_id, poll).await?,
+        owner::agent_poll(&state, env_id, instance, caller.token_id, poll).await?,
     ))
 }
 
@@ -113,9 +119,9 @@ pub async fn close(
     Path((key, id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
     let env = environment(&state, &caller, &key).await?;
-    let hub = hub_for(&state, &caller, env.id)?;
+    hub_for(&state, &caller, env.id)?;
     let instance = parse_uuid("session", &id)?;
-    hub.close(env.id, instance, caller.token_id).await?;
+    owner::agent_close(&state, env.id, instance, caller.token_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

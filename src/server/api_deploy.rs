@@ -15,6 +15,7 @@ use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{OptionalJson, environment, parse_number, parse_uuid};
 use super::openapi::{AgentPath, DEPLOY, EnvIdPath, EnvPath, VersionPath};
+use super::owner;
 use crate::scheduler::{SchedulerError, Schedulers};
 use crate::store::deploy::{DryrunResult, DryrunRow};
 use crate::store::{self, audit, versions};
@@ -71,7 +72,7 @@ async fn trigger(
 ) -> ApiResult<Json<Scheduled>> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
-    let s = schedulers(&state)?;
+    schedulers(&state)?;
     let Some(active) = versions::active(&state.pool, env.id).await? else {
         return Err(ApiError::conflict(
             "no version of this environment is released yet: nothing to deploy",
@@ -85,9 +86,14 @@ async fn trigger(
             })?;
     }
     let kind = if repair { "repair" } else { "deploy" };
-    let n = s
-        .trigger(env.id, repair, body.agent.clone(), body.resource.clone())
-        .await?;
+    let n = owner::trigger(
+        &state,
+        env.id,
+        repair,
+        body.agent.clone(),
+        body.resource.clone(),
+    )
+    .await?;
     audit::record(
         &state.pool,
         &caller.name,
@@ -159,7 +165,7 @@ pub async fn start_dryrun(
 ) -> ApiResult<(StatusCode, Json<DryrunStarted>)> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
-    let s = schedulers(&state)?;
+    schedulers(&state)?;
     let version = match body.version {
         Some(v) => v,
         None => versions::list(&state.pool, env.id, 1, None)
@@ -177,7 +183,7 @@ pub async fn start_dryrun(
         &caller.name,
     )
     .await?;
-    s.dryrun(env.id, id, version)?;
+    owner::dryrun(&state, env.id, id, version).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(DryrunStarted {
@@ -276,16 +282,15 @@ pub async fn list_agents(
     let rows = store::deploy::agents(&state.pool, env.id).await?;
     // live figures from the scheduler when it runs; the stored flags otherwise
     let live = match &state.schedulers {
-        Some(s) if versions::active(&state.pool, env.id).await?.is_some() => {
-            s.status(env.id).await.ok()
+        Some(_) if versions::active(&state.pool, env.id).await?.is_some() => {
+            owner::status(&state, env.id).await.ok()
         }
         _ => None,
     };
-    let sessions = state
-        .schedulers
-        .as_ref()
-        .map(|s| s.hub().sessions(env.id))
-        .unwrap_or_default();
+    let sessions = match &state.schedulers {
+        Some(_) => owner::sessions(&state, env.id).await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     let last_results = store::deploy::last_results_by_agent(&state.pool, env.id).await?;
     let agents = rows
         .iter()
@@ -357,8 +362,8 @@ async fn set_pause(
         )));
     }
     store::deploy::set_paused(&state.pool, env.id, &agent, paused).await?;
-    if let Some(s) = &state.schedulers {
-        s.pause(env.id, agent.clone(), paused).await?;
+    if state.schedulers.is_some() {
+        owner::pause(&state, env.id, agent.clone(), paused).await?;
     }
     let what = if paused {
         "agent.pause"
@@ -418,10 +423,8 @@ async fn set_halt(
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Manage, Some(env.id))?;
     store::environments::set_halted(&state.pool, env.id, halted).await?;
-    if let Some(s) = &state.schedulers
-        && versions::active(&state.pool, env.id).await?.is_some()
-    {
-        s.halt(env.id, halted).await?;
+    if state.schedulers.is_some() && versions::active(&state.pool, env.id).await?.is_some() {
+        owner::halt(&state, env.id, halted).await?;
     }
     let what = if halted {
         "environment.halt"

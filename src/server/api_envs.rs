@@ -289,6 +289,7 @@ pub async fn create_environment(
     .await?;
     let env = store::environments::get_environment(&mut *tx, id).await?;
     tx.commit().await.map_err(store::StoreError::from)?;
+    state.notifier.send(Event::Created { environment: id });
     Ok((StatusCode::CREATED, Json(json!(env))))
 }
 

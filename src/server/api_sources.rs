@@ -13,7 +13,7 @@ use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, OptionalJson, environment, parse_uuid};
 use super::openapi::{CommitPath, EnvIdPath, EnvPath, SOURCES};
-use super::{AppState, Event};
+use super::{AppState, Event, owner};
 use crate::model::settings::SourceKind;
 use crate::sources::compile::{self, SourceLine};
 use crate::sources::{GitSources, SourceError, Triggered, webhook};
@@ -267,7 +267,7 @@ async fn store_source(
     env: store::environments::Environment,
     body: SourceBody,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let g = sources(state)?;
+    sources(state)?;
     let spec = validate(body)?;
     let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
     store::sources::upsert_source(&mut *tx, env.id, &spec).await?;
@@ -287,7 +287,7 @@ async fn store_source(
     state.notifier.send(Event::Settings {
         environment: env.id,
     });
-    g.restart(env.id);
+    owner::source_restart(state, env.id).await?;
     let row = store::sources::get_source(&state.pool, env.id)
         .await?
         .ok_or_else(|| ApiError::internal("source vanished"))?;
@@ -335,8 +335,8 @@ pub async fn delete_source(
     )
     .await?;
     tx.commit().await.map_err(store::StoreError::from)?;
-    if let Some(g) = &state.sources {
-        g.stop(env.id);
+    if state.sources.is_some() {
+        owner::source_stop(&state, env.id).await?;
     }
     state.notifier.send(Event::Settings {
         environment: env.id,
@@ -366,7 +366,7 @@ pub async fn trigger(
 ) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Upload, Some(env.id))?;
-    let g = sources(&state)?;
+    sources(&state)?;
     if let Some(c) = &body.commit
         && (c.len() < 4 || c.len() > 64 || !c.chars().all(|x| x.is_ascii_hexdigit()))
     {
@@ -374,7 +374,7 @@ pub async fn trigger(
             "'{c}' is not a commit id (4 to 64 hex digits)"
         )));
     }
-    let t = g.trigger(env.id, "api", body.commit.clone()).await?;
+    let t = owner::source_trigger(&state, env.id, "api", body.commit.clone()).await?;
     audit::record(
         &state.pool,
         &caller.name,
@@ -497,13 +497,14 @@ pub async fn webhook(
             }),
         ));
     }
-    let g = sources(&state)?;
+    sources(&state)?;
     let kind = if delivery.provider == webhook::Provider::Generic {
         "hook"
     } else {
         "webhook"
     };
-    g.hint(env_id, kind);
+    // the owner's fetcher takes it (on another replica, the call goes there)
+    owner::source_hint(&state, env_id, kind).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(WebhookAnswer {

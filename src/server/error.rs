@@ -74,6 +74,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound(what) => ApiError::not_found(format!("{what} not found")),
             StoreError::Conflict(m) => ApiError::conflict(m),
+            StoreError::Fenced(m) => ApiError::new(StatusCode::CONFLICT, "fenced", m),
             StoreError::Invalid(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m),
             StoreError::Unavailable(m) => {
                 tracing::warn!(error = %m, "database unavailable");

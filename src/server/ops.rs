@@ -77,15 +77,96 @@ pub struct Health {
     )
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
-    if store::ping(&state.pool).await {
-        Json(json!({"status": "ok", "database": "ok"})).into_response()
+    let up = store::ping(&state.pool).await;
+    let mut body = if up {
+        json!({"status": "ok", "database": "ok"})
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "degraded", "database": "unavailable"})),
-        )
-            .into_response()
+        json!({"status": "degraded", "database": "unavailable"})
+    };
+    if let Some(r) = &state.replica {
+        let live = if up {
+            store::replicas::live(&state.pool, r.config().lease_ttl.as_millis() as i64)
+                .await
+                .map(|l| l.len())
+                .ok()
+        } else {
+            None
+        };
+        body["replica"] = json!({
+            "id": r.id(),
+            "advertise_url": r.config().advertise_url,
+            "environments_owned": r.owned().len(),
+            "live_replicas": live,
+            "stopping": r.is_stopping(),
+        });
     }
+    let status = if up {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// A replica and the environments it owns.
+#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ReplicaView {
+    #[serde(flatten)]
+    pub replica: store::replicas::ReplicaRow,
+    /// counts for sharing the work: heard of within the lease time and not stopping
+    pub live: bool,
+    pub environments: Vec<store::replicas::OwnershipRow>,
+}
+
+/// The replicas on this database and who owns what.
+#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Replicas {
+    /// the replica that answered (None: it runs without replicas, e.g. `--no-scheduler`)
+    pub this: Option<String>,
+    pub replicas: Vec<ReplicaView>,
+    /// environments whose lease no live replica holds right now (moving, or never owned)
+    pub unowned: Vec<store::replicas::OwnershipRow>,
+}
+
+/// The server replicas sharing this database, the environments each owns with their lease
+/// terms and ages. A token scoped to one environment sees only that environment's lease.
+#[utoipa::path(get, operation_id = "list_replicas", path = "/api/v1/replicas", tag = super::openapi::OPS,
+    responses((status = 200, description = "Replicas and ownership", body = Replicas)))]
+pub async fn replicas(
+    State(state): State<AppState>,
+    caller: super::auth::Caller,
+) -> Result<Json<Replicas>, ApiError> {
+    let ttl_s = state
+        .replica
+        .as_ref()
+        .map(|r| r.config().lease_ttl.as_secs_f64())
+        .unwrap_or(crate::replicas::ReplicaConfig::DEFAULT_LEASE_TTL.as_secs_f64());
+    let rows = store::replicas::list(&state.pool).await?;
+    let mut leases = store::replicas::ownership(&state.pool).await?;
+    leases.retain(|l| caller.sees(l.environment_id));
+    let mut unowned: Vec<store::replicas::OwnershipRow> = Vec::new();
+    let mut views: Vec<ReplicaView> = rows
+        .into_iter()
+        .map(|r| ReplicaView {
+            live: !r.stopping && r.heartbeat_age_s <= ttl_s,
+            replica: r,
+            environments: Vec::new(),
+        })
+        .collect();
+    for l in leases {
+        match views
+            .iter_mut()
+            .find(|v| v.replica.id == l.holder && l.expires_in_s >= 0.0)
+        {
+            Some(v) => v.environments.push(l),
+            None => unowned.push(l),
+        }
+    }
+    Ok(Json(Replicas {
+        this: state.replica.as_ref().map(|r| r.id().to_string()),
+        replicas: views,
+        unowned,
+    }))
 }
 
 fn label(s: &str) -> String {
@@ -131,6 +212,50 @@ pub async fn metrics(State(state): State<AppState>, caller: super::auth::Caller)
     let db_up = store::ping(&state.pool).await;
     out.push_str("# HELP steward_database_up Whether the database answers.\n# TYPE steward_database_up gauge\n");
     let _ = writeln!(out, "steward_database_up {}", db_up as u8);
+    if let Some(r) = &state.replica {
+        out.push_str("# HELP steward_replica_environments_owned Environments this replica owns.\n# TYPE steward_replica_environments_owned gauge\n");
+        let _ = writeln!(
+            out,
+            "steward_replica_environments_owned{{replica=\"{}\"}} {}",
+            label(r.id()),
+            r.owned().len()
+        );
+        if db_up && let Ok(rows) = store::replicas::list(&state.pool).await {
+            let ttl = r.config().lease_ttl.as_secs_f64();
+            out.push_str("# HELP steward_replicas_live Replicas sharing the work (recent heartbeat, not stopping).\n# TYPE steward_replicas_live gauge\n");
+            let live = rows
+                .iter()
+                .filter(|x| !x.stopping && x.heartbeat_age_s <= ttl)
+                .count();
+            let _ = writeln!(out, "steward_replicas_live {live}");
+            out.push_str("# HELP steward_replica_heartbeat_age_seconds Seconds since each replica's last heartbeat.\n# TYPE steward_replica_heartbeat_age_seconds gauge\n");
+            for x in &rows {
+                let _ = writeln!(
+                    out,
+                    "steward_replica_heartbeat_age_seconds{{replica=\"{}\"}} {:.3}",
+                    label(&x.id),
+                    x.heartbeat_age_s
+                );
+            }
+        }
+        if db_up && let Ok(leases) = store::replicas::ownership(&state.pool).await {
+            out.push_str("# HELP steward_environment_lease_age_seconds Seconds since the owner last renewed each environment's lease.\n# TYPE steward_environment_lease_age_seconds gauge\n");
+            for l in leases
+                .iter()
+                .filter(|l| caller.sees(l.environment_id))
+                .take(METRICS_ENVIRONMENTS)
+            {
+                let _ = writeln!(
+                    out,
+                    "steward_environment_lease_age_seconds{{environment=\"{}\",replica=\"{}\",term=\"{}\"}} {:.3}",
+                    label(&l.name),
+                    label(&l.holder),
+                    l.term,
+                    l.renewed_age_s
+                );
+            }
+        }
+    }
     if db_up && let Ok(mut envs) = store::environments::list_environments(&state.pool, None).await {
         envs.retain(|e| caller.sees(e.id));
         envs.truncate(METRICS_ENVIRONMENTS);

@@ -26,6 +26,23 @@ pub enum ServerError {
     Serve(std::io::Error),
     #[error(transparent)]
     Tls(#[from] super::tls::TlsError),
+    #[error("{0}")]
+    Identity(std::io::Error),
+}
+
+/// The URL other replicas use when none is given: the bound address, with this machine's
+/// host name when bound to all interfaces.
+fn default_advertise_url(scheme: &str, addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into());
+        format!("{scheme}://{host}:{}", addr.port())
+    } else {
+        format!("{scheme}://{addr}")
+    }
 }
 
 /// A running private cluster, stopped when the server stops.
@@ -119,6 +136,11 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
         secure_cookies: false,
         schedulers: None,
         sources: None,
+        replica: None,
+        http: reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(330))
+            .build()
+            .unwrap_or_default(),
     }
 }
 
@@ -197,19 +219,52 @@ async fn serve(
             source,
         })?;
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
-    let mut state = if config.scheduler {
-        let mut s = app_state_with_schedulers(
-            pool,
-            config.no_auth,
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut state = app_state(pool.clone(), config.no_auth);
+    let mut replica = None;
+    if config.scheduler {
+        // a deploying server is a replica: it owns the environments the leases give it
+        // (all of them when it is alone on the database)
+        let (id, lock) =
+            crate::replicas::identity(&config.data_dir).map_err(ServerError::Identity)?;
+        let advertise_url = config
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| default_advertise_url(scheme, addr));
+        let r = crate::replicas::Replica::new(
+            pool.clone(),
+            crate::replicas::ReplicaConfig {
+                id,
+                advertise_url,
+                heartbeat: config.heartbeat,
+                lease_ttl: config.lease_time,
+            },
+        )
+        .await?;
+        let schedulers = crate::scheduler::Schedulers::start_replica(
+            pool.clone(),
             config.executor_bin.clone(),
-            &config.data_dir,
+            config.data_dir.join("code"),
+            &state.notifier,
         )
         .await;
-        enable_git(&mut s, config.data_dir.clone(), config.executor_bin.clone()).await;
-        s
-    } else {
-        app_state(pool, config.no_auth)
-    };
+        let sources = crate::sources::GitSources::start_replica(
+            pool.clone(),
+            config.data_dir.clone(),
+            config.executor_bin.clone(),
+            &state.notifier,
+        )
+        .await;
+        r.add_worker(Arc::new(schedulers.clone()));
+        r.add_worker(Arc::new(sources.clone()));
+        crate::replicas::bridge::start(pool.clone(), &state.notifier, r.clone());
+        state.schedulers = Some(schedulers);
+        state.sources = Some(sources);
+        state.replica = Some(r.clone());
+        tracing::info!(replica = %r.id(), url = %r.config().advertise_url, "joining the replicas on this database");
+        tokio::spawn(r.clone().run());
+        replica = Some((r, lock));
+    }
     // the console's cookie goes only over TLS when the server speaks it
     state.secure_cookies = tls.is_some();
     let schedulers = state.schedulers.clone();
@@ -217,10 +272,18 @@ async fn serve(
         state.pool.clone(),
         config.prune_interval,
     ));
-    let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!(%addr, %scheme, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
     eprintln!("steward server listening on {scheme}://{addr}");
-    let served = super::listen::serve_with(listener, router(state), tls, shutdown_signal())
+    let handover = replica.as_ref().map(|(r, _)| r.clone());
+    let stop = async move {
+        shutdown_signal().await;
+        // hand the environments over before draining requests: the other replicas take
+        // them at once, and requests for them still arriving here are passed on
+        if let Some(r) = handover {
+            r.stop().await;
+        }
+    };
+    let served = super::listen::serve_with(listener, router(state), tls, stop)
         .await
         .map_err(ServerError::Serve);
     pruner.abort();

@@ -92,6 +92,7 @@ pub async fn run(
     mirror: &Path,
     steward_bin: &Path,
     python_envs: &Path,
+    fence: Option<&crate::store::leases::Fence>,
 ) -> CompileResult {
     let mut report = Report {
         stages: job.stages.as_array().cloned().unwrap_or_default(),
@@ -289,6 +290,11 @@ pub async fn run(
     });
     let stored = async {
         let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
+        // a replica that lost the environment meanwhile stores nothing: the new owner
+        // compiles this commit again
+        if let Some(f) = fence {
+            f.check(&mut tx).await?;
+        }
         let s = versions::store(
             &mut tx,
             job.environment_id,

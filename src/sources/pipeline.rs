@@ -32,6 +32,11 @@ impl GitSources {
             match store::sources::list_sources(&self.0.pool).await {
                 Ok(list) => {
                     for src in list {
+                        // with replicas, the owner of the environment reports its deploys
+                        if !self.follows(src.environment_id) {
+                            seen.remove(&src.environment_id);
+                            continue;
+                        }
                         if let Err(e) = self.report_environment(&src, &mut seen).await {
                             tracing::warn!(environment = %src.environment_id, error = %e, "deploy feedback failed; retrying");
                         }
@@ -173,6 +178,7 @@ impl GitSources {
     ) -> Result<(), StoreError> {
         let env = src.environment_id;
         let mut tx = self.0.pool.begin().await?;
+        self.check_fence(env, &mut tx).await?;
         for (commit, event, detail) in events {
             store::sources::add_event(&mut *tx, env, commit, event, detail.clone()).await?;
         }

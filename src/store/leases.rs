@@ -10,21 +10,24 @@
 //! does not know yet that it lost it.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
+use sqlx::{PgConnection, PgExecutor};
 
-use super::Result;
+use super::{Result, StoreError};
 
 /// What a lease is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseKind {
     /// the primary process of an agent; key `<environment id>/<agent name>`
     AgentPrimary,
+    /// the server replica doing an environment's active work; key: the environment id
+    Environment,
 }
 
 impl LeaseKind {
     pub fn as_str(self) -> &'static str {
         match self {
             LeaseKind::AgentPrimary => "agent",
+            LeaseKind::Environment => "environment",
         }
     }
 }
@@ -118,4 +121,97 @@ pub async fn list(e: impl PgExecutor<'_>, kind: LeaseKind, prefix: &str) -> Resu
     .bind(prefix)
     .fetch_all(e)
     .await?)
+}
+
+/// One tenure of a lease, carried by the writes its holder makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub kind: LeaseKind,
+    pub key: String,
+    pub holder: String,
+    pub term: i64,
+}
+
+impl Fence {
+    /// Refuse the surrounding transaction's writes unless the tenure is still current. The
+    /// lease row stays share-locked until the transaction ends, so a successor can not take
+    /// the lease between this check and the commit.
+    pub async fn check(&self, c: &mut PgConnection) -> Result<()> {
+        let held: Option<bool> = sqlx::query_scalar(
+            "SELECT holder = $3 AND term = $4 AND expires_at >= now() FROM leases \
+             WHERE kind = $1 AND key = $2 FOR SHARE",
+        )
+        .bind(self.kind.as_str())
+        .bind(&self.key)
+        .bind(&self.holder)
+        .bind(self.term)
+        .fetch_optional(&mut *c)
+        .await?;
+        if held == Some(true) {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced(format!(
+                "{} lease {} is no longer held by {} under term {}",
+                self.kind.as_str(),
+                self.key,
+                self.holder,
+                self.term
+            )))
+        }
+    }
+}
+
+/// Renew every unexpired lease of `kind` that `holder` has, in one statement: the leases
+/// still held, with their terms. One that expired is not renewed here (a successor may have
+/// it already); [`acquire`] takes it again, with a new term only if someone else had it.
+pub async fn renew_all(
+    e: impl PgExecutor<'_>,
+    kind: LeaseKind,
+    holder: &str,
+    ttl_ms: i64,
+) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "UPDATE leases SET expires_at = now() + make_interval(secs => $3::float8 / 1000), \
+         renewed_at = now() WHERE kind = $1 AND holder = $2 AND expires_at >= now() \
+         RETURNING key, term",
+    )
+    .bind(kind.as_str())
+    .bind(holder)
+    .bind(ttl_ms)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Keys of the leases of a kind that someone holds right now (by the database's clock).
+pub async fn current_keys(e: impl PgExecutor<'_>, kind: LeaseKind) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT key FROM leases WHERE kind = $1 AND expires_at >= now() ORDER BY key",
+    )
+    .bind(kind.as_str())
+    .fetch_all(e)
+    .await?)
+}
+
+/// Forget leases whose key is gone (an environment deleted).
+pub async fn remove(e: impl PgExecutor<'_>, kind: LeaseKind, key: &str) -> Result<()> {
+    sqlx::query("DELETE FROM leases WHERE kind = $1 AND key = $2")
+        .bind(kind.as_str())
+        .bind(key)
+        .execute(e)
+        .await?;
+    Ok(())
+}
+
+/// How many current leases of a kind each holder has.
+pub async fn holder_counts(
+    e: impl PgExecutor<'_>,
+    kind: LeaseKind,
+) -> Result<std::collections::HashMap<String, usize>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT holder, count(*) FROM leases WHERE kind = $1 AND expires_at >= now() GROUP BY holder",
+    )
+    .bind(kind.as_str())
+    .fetch_all(e)
+    .await?;
+    Ok(rows.into_iter().map(|(h, n)| (h, n as usize)).collect())
 }

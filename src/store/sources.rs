@@ -396,6 +396,18 @@ pub async fn requeue_interrupted(e: impl PgExecutor<'_>) -> Result<u64> {
     Ok(r.rows_affected())
 }
 
+/// [`requeue_interrupted`] for one environment (its new owner adopting it).
+pub async fn requeue_interrupted_of(e: impl PgExecutor<'_>, env: Uuid) -> Result<u64> {
+    let r = sqlx::query(
+        "UPDATE compiles SET status = 'queued', started_at = NULL \
+         WHERE status = 'running' AND environment_id = $1",
+    )
+    .bind(env)
+    .execute(e)
+    .await?;
+    Ok(r.rows_affected())
+}
+
 pub async fn list_compiles(
     e: impl PgExecutor<'_>,
     env: Uuid,

@@ -39,6 +39,8 @@ mod python_handlers_host;
 mod python_handlers_real;
 mod python_handlers_ssh;
 mod python_plugins;
+mod replicas;
+mod replicas_support;
 mod retention;
 mod security;
 mod ssh;

@@ -49,6 +49,11 @@ impl EnvScheduler {
         if self.halted {
             return;
         }
+        // a replica not sure of its lease (it could not renew it, or it was paused past
+        // it) starts nothing: another replica may own the environment already
+        if self.tenure.as_ref().is_some_and(|t| !t.valid()) {
+            return;
+        }
         for agent in self.queue.agents_with_ready() {
             // a paused agent, or an external one with no process connected: its work waits
             if self.paused.contains(&agent) || !self.executors.make_ready(&agent) {

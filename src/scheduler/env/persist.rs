@@ -14,6 +14,7 @@ use crate::executor::protocol::{ActionKind, Change, Outcome, WorkResult};
 use crate::scheduler::model::{Blocked, Compliance, RState};
 use crate::scheduler::queue::TaskKey;
 use crate::store::deploy::{Batch, StateRow};
+use crate::store::leases::Fence;
 use crate::store::{self, actions::ActionRecord};
 
 pub(super) fn parse_outcome(s: &str) -> Option<Outcome> {
@@ -40,7 +41,13 @@ pub(super) fn state_from_row(row: &StateRow) -> RState {
 }
 
 /// Write batches in order; retry while the database is away (nothing is dropped).
-pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedReceiver<Batch>) {
+pub(super) async fn writer(
+    pool: PgPool,
+    env: Uuid,
+    mut rx: mpsc::UnboundedReceiver<Batch>,
+    fence: Option<Fence>,
+) {
+    let fence = fence.as_ref();
     // this scheduler's epoch: from now on, an older scheduler of the environment (one that
     // outlived its server) can no longer write
     let mut delay = Duration::from_millis(200);
@@ -80,7 +87,7 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
         let mut delay = Duration::from_millis(200);
         let mut refused = 0;
         loop {
-            let r = write_fenced(&pool, env, epoch, &batch).await;
+            let r = write_fenced(&pool, env, epoch, fence, &batch).await;
             match r {
                 Ok(()) => break,
                 Err(Fenced::Out) => {
@@ -105,7 +112,7 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
                                 environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
                                 "the database refuses this deploy state; writing it row by row"
                             );
-                            write_row_by_row(&pool, env, epoch, batch).await;
+                            write_row_by_row(&pool, env, epoch, fence, batch).await;
                             break;
                         }
                         tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
@@ -121,9 +128,21 @@ pub(super) async fn writer(pool: PgPool, env: Uuid, mut rx: mpsc::UnboundedRecei
 /// One row per transaction: what can be written is; a refused action is written again as a
 /// record of the refusal, a refused state row with the refusal as its message; what is
 /// refused even then is counted and alarmed.
-async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
-    async fn one(pool: &PgPool, env: Uuid, epoch: i64, b: &Batch) -> Result<(), store::StoreError> {
-        match write_fenced(pool, env, epoch, b).await {
+async fn write_row_by_row(
+    pool: &PgPool,
+    env: Uuid,
+    epoch: i64,
+    fence: Option<&Fence>,
+    batch: Batch,
+) {
+    async fn one(
+        pool: &PgPool,
+        env: Uuid,
+        epoch: i64,
+        fence: Option<&Fence>,
+        b: &Batch,
+    ) -> Result<(), store::StoreError> {
+        match write_fenced(pool, env, epoch, fence, b).await {
             Ok(()) => Ok(()),
             Err(Fenced::Out) => Err(store::StoreError::Conflict(
                 "fenced: another scheduler took over".into(),
@@ -140,7 +159,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
             states: vec![state.clone()],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, epoch, &b).await {
+        if let Err(e) = one(pool, env, epoch, fence, &b).await {
             state.last_message = Some(format!(
                 "the deploy state could not be stored as reported: {e}"
             ));
@@ -149,7 +168,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
                 states: vec![state.clone()],
                 ..Default::default()
             };
-            if let Err(e) = one(pool, env, epoch, &b).await {
+            if let Err(e) = one(pool, env, epoch, fence, &b).await {
                 lost("deploy state", &state.resource_id, &e);
             }
         }
@@ -159,7 +178,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
             actions: vec![action.clone()],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, epoch, &b).await {
+        if let Err(e) = one(pool, env, epoch, fence, &b).await {
             store::deploy::UNSTORED_ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             action.changes = serde_json::json!({});
             action.messages = serde_json::json!([{
@@ -170,7 +189,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
                 actions: vec![action.clone()],
                 ..Default::default()
             };
-            if let Err(e) = one(pool, env, epoch, &b).await {
+            if let Err(e) = one(pool, env, epoch, fence, &b).await {
                 lost("resource action", &action.id.to_string(), &e);
             }
         }
@@ -181,7 +200,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
             dryrun_results: vec![result],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, epoch, &b).await {
+        if let Err(e) = one(pool, env, epoch, fence, &b).await {
             lost("dry-run result", &id, &e);
         }
     }
@@ -191,7 +210,7 @@ async fn write_row_by_row(pool: &PgPool, env: Uuid, epoch: i64, batch: Batch) {
         ..Default::default()
     };
     if !rest.is_empty()
-        && let Err(e) = one(pool, env, epoch, &rest).await
+        && let Err(e) = one(pool, env, epoch, fence, &rest).await
     {
         lost("progress marker", "", &e);
     }
@@ -203,9 +222,23 @@ enum Fenced {
     Store(store::StoreError),
 }
 
-/// Write a batch in one transaction, if this scheduler still holds the environment.
-async fn write_fenced(pool: &PgPool, env: Uuid, epoch: i64, batch: &Batch) -> Result<(), Fenced> {
+/// Write a batch in one transaction, if this scheduler still holds the environment: its
+/// epoch, and (with replicas) its replica's lease tenure.
+async fn write_fenced(
+    pool: &PgPool,
+    env: Uuid,
+    epoch: i64,
+    fence: Option<&Fence>,
+    batch: &Batch,
+) -> Result<(), Fenced> {
     let mut tx = pool.begin().await.map_err(|e| Fenced::Store(e.into()))?;
+    if let Some(f) = fence {
+        match f.check(&mut tx).await {
+            Ok(()) => {}
+            Err(store::StoreError::Fenced(_)) => return Err(Fenced::Out),
+            Err(e) => return Err(Fenced::Store(e)),
+        }
+    }
     if !store::deploy::holds_epoch(&mut tx, env, epoch)
         .await
         .map_err(Fenced::Store)?

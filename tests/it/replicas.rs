@@ -1,0 +1,393 @@
+//! Several `steward server` replicas on one PostgreSQL (docs/replicas.md): environments are
+//! spread and rebalanced, a killed owner's environments are taken over and finish, a
+//! graceful stop hands over at once, a paused owner cannot write after losing its lease,
+//! and owner-only requests sent to any replica reach the owner.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::deploy::{env_with, upload};
+use crate::gitops_support::{Repo, compiled, follow, webhook_url};
+use crate::replicas_support::{ADMIN, ReplicaSet};
+use crate::support::{eventually, exec_run, fs_file, steward_bin, wait_deployed};
+
+const AGENT: &str = "localhost";
+
+fn shares(own: &BTreeMap<String, Vec<String>>) -> Vec<usize> {
+    let mut v: Vec<usize> = own.values().map(Vec::len).collect();
+    v.sort();
+    v
+}
+
+fn moved(before: &BTreeMap<String, Vec<String>>, after: &BTreeMap<String, Vec<String>>) -> usize {
+    let owner = |m: &BTreeMap<String, Vec<String>>, e: &str| {
+        m.iter()
+            .find(|(_, v)| v.iter().any(|x| x == e))
+            .map(|(k, _)| k.clone())
+    };
+    before
+        .values()
+        .flatten()
+        .filter(|e| owner(before, e) != owner(after, e))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn environments_spread_rebalance_when_a_replica_joins_and_move_at_once_on_a_clean_stop() {
+    // a long lease: a handover that is fast here is the clean stop's, not an expiry
+    let mut set = ReplicaSet::start(3, 20.0, 1.0).await;
+    let c = set.client(0);
+    let mut envs = Vec::new();
+    for i in 0..9 {
+        envs.push(env_with(&c, &format!("spread{i}"), json!({})).await);
+    }
+    let (own, took) = set.settled(&envs, 3, 20).await;
+    assert_eq!(shares(&own), vec![3, 3, 3], "{own:#?}");
+    eprintln!("9 environments spread over 3 replicas in {took:?}");
+
+    // `steward server status` shows it, through any replica
+    let out = std::process::Command::new(steward_bin())
+        .args(["server", "status", "--server", set.url(2), "--token", ADMIN])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in own.keys() {
+        assert!(text.contains(id.as_str()), "{id} missing from:\n{text}");
+    }
+    assert_eq!(text.matches(" live ").count(), 3, "{text}");
+    assert!(text.contains("deploy/spread0"), "{text}");
+    // and /metrics
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", set.url(1)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("steward_replicas_live 3"), "{metrics}");
+    assert!(
+        metrics.contains("steward_replica_environments_owned{replica=\""),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("steward_environment_lease_age_seconds{environment=\"deploy/spread0\"")
+    );
+
+    // a fourth replica: the work evens out, moving no more than it must
+    set.add().await;
+    let (own4, _) = set.settled(&envs, 4, 20).await;
+    let s4 = shares(&own4);
+    assert!(*s4.last().unwrap() <= 3 && s4.len() == 4, "{own4:#?}");
+    let moves = moved(&own, &own4);
+    assert!(
+        moves <= 9usize.div_ceil(4) + 1,
+        "{moves} moves: {own:#?} -> {own4:#?}"
+    );
+    assert!(moves >= 1, "the new replica got nothing: {own4:#?}");
+
+    // a clean stop: its environments are owned again well within the 20 s lease
+    let busiest = set
+        .index_of(own4.iter().max_by_key(|(_, v)| v.len()).unwrap().0)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    set.terminate(busiest);
+    let (own3, _) = set.settled(&envs, 3, 10).await;
+    let handover = t.elapsed();
+    eprintln!("clean stop handed over in {handover:?} (including the process exit)");
+    assert!(
+        handover < Duration::from_secs(5),
+        "the handover waited for the lease: {handover:?}"
+    );
+    assert_eq!(shares(&own3), vec![3, 3, 3], "{own3:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_owner_mid_deploy_is_taken_over_and_the_deploy_finishes_without_overlap() {
+    let mut set = ReplicaSet::start(3, 3.0, 0.5).await;
+    let c = set.client(0);
+    let env = env_with(&c, "takeover", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    // slow steps in a chain; each holds a lock while it runs, and says so if another run
+    // of the same step holds it (a step run twice at the same time)
+    let mut resources = Vec::new();
+    let mut prev: Option<String> = None;
+    for i in 0..8 {
+        let cmd = format!(
+            "sh -c 'flock -n {d}/lock{i} -c \"sleep 0.4; echo {i} >> {d}/steps\" || echo {i} >> {d}/overlaps'"
+        );
+        let r = exec_run(
+            AGENT,
+            &cmd,
+            json!({}),
+            prev.as_slice()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .as_slice(),
+        );
+        prev = Some(r.id.0.clone());
+        resources.push(r);
+    }
+    let last = prev.unwrap();
+    for i in 0..50 {
+        resources.push(fs_file(
+            AGENT,
+            &format!("{d}/file{i}"),
+            &format!("{i}\n"),
+            &[&last],
+        ));
+    }
+    let (old, _) = set.owner_of(&env, None, 20).await;
+    let v = upload(&c, &env, resources).await;
+    eventually(20, "the deploy to be under way", || async {
+        let n = std::fs::read_to_string(format!("{d}/steps"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
+        (n >= 2).then_some(())
+    })
+    .await;
+    let victim = set.index_of(&old).await.unwrap();
+    let t = Instant::now();
+    set.kill9(victim);
+    let (new, _) = set.owner_of(&env, Some(&old), 20).await;
+    let takeover = t.elapsed();
+    eprintln!("owner {old} killed; {new} owns the environment after {takeover:?}");
+    assert!(takeover < Duration::from_secs(10), "{takeover:?}");
+
+    let c = set.any_client();
+    let p = wait_deployed(&c, &env, v, 60).await;
+    assert_eq!(p["by_status"]["deployed"], 58, "{p}");
+    for i in 0..50 {
+        assert_eq!(
+            std::fs::read_to_string(format!("{d}/file{i}")).unwrap(),
+            format!("{i}\n")
+        );
+    }
+    let steps = std::fs::read_to_string(format!("{d}/steps")).unwrap();
+    for i in 0..8 {
+        assert!(
+            steps.lines().any(|l| l == i.to_string()),
+            "step {i} never ran: {steps}"
+        );
+    }
+    assert!(
+        !std::path::Path::new(&format!("{d}/overlaps")).exists(),
+        "a step ran twice at the same time: {:?}",
+        std::fs::read_to_string(format!("{d}/overlaps"))
+    );
+    let all = c.actions(&env, None, 10_000).await.unwrap();
+    assert!(
+        all.iter().all(|a| a.finished_at.is_some()),
+        "an action was left open"
+    );
+    // nothing lost: the version is there once, released and done
+    let versions = c.versions(&env).await.unwrap();
+    assert_eq!(versions.len(), 1, "{versions:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_owner_cannot_write_after_losing_its_lease() {
+    let set = ReplicaSet::start(2, 2.0, 0.5).await;
+    let c = set.client(0);
+    let env = env_with(&c, "paused", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let first = exec_run(
+        AGENT,
+        &format!("sh -c 'touch {d}/started; sleep 0.3; echo run >> {d}/first'"),
+        json!({}),
+        &[],
+    );
+    let first_id = first.id.0.clone();
+    let resources = vec![
+        first,
+        fs_file(AGENT, &format!("{d}/after"), "after\n", &[&first_id]),
+    ];
+    let (old, _) = set.owner_of(&env, None, 20).await;
+    let paused = set.index_of(&old).await.unwrap();
+    let other = 1 - paused;
+    let v = upload(&set.client(other), &env, resources).await;
+    eventually(20, "the first action to start", || async {
+        std::path::Path::new(&format!("{d}/started"))
+            .exists()
+            .then_some(())
+    })
+    .await;
+    // the owner stops (its executor finishes the action meanwhile: the result waits in its
+    // pipe); the other replica takes over after the lease and deploys everything again
+    set.signal(paused, "-STOP");
+    let oc = set.client(other);
+    let (new, _) = set.owner_of(&env, Some(&old), 20).await;
+    assert_ne!(new, old);
+    wait_deployed(&oc, &env, v, 30).await;
+    let before_actions: Vec<_> = oc
+        .actions(&env, None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| serde_json::to_value(a).unwrap())
+        .collect();
+    let (_, before_states) = oc.resources(&env).await.unwrap();
+    let paused_at = chrono::Utc::now();
+
+    // it wakes up: it must notice it lost the lease, and write nothing
+    set.signal(paused, "-CONT");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_actions: Vec<_> = oc
+        .actions(&env, None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| serde_json::to_value(a).unwrap())
+        .collect();
+    let (_, after_states) = oc.resources(&env).await.unwrap();
+    assert_eq!(
+        before_actions, after_actions,
+        "the deposed owner changed the action log"
+    );
+    assert_eq!(
+        serde_json::to_value(&before_states).unwrap(),
+        serde_json::to_value(&after_states).unwrap(),
+        "the deposed owner changed resource states"
+    );
+    let log = std::fs::read_to_string(
+        set.replicas[paused]
+            .as_ref()
+            .unwrap()
+            .data
+            .path()
+            .join("server.log"),
+    )
+    .unwrap();
+    assert!(
+        log.contains("lease of environment lost"),
+        "the paused replica did not notice: {log}"
+    );
+    // and the environment stays with the new owner
+    let own = set.ownership().await;
+    assert!(own[&new].contains(&env), "{own:#?} after {paused_at}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_only_requests_sent_to_any_replica_reach_the_owner() {
+    let set = ReplicaSet::start(2, 3.0, 0.5).await;
+    let c = set.client(0);
+    let repo = Repo::new();
+    let c1 = repo.commit(&repo.model(&[("w", "1")], ""), "one");
+    repo.push_ok();
+    let env = follow(&c, "reach", &repo, json!({"watch": false})).await;
+    assert_eq!(compiled(&c, &env, &c1, 30).await["status"], "success");
+    let (owner, _) = set.owner_of(&env, None, 20).await;
+    let away = 1 - set.index_of(&owner).await.unwrap();
+    let ac = set.client(away);
+
+    // a signed webhook to the replica that does not own the environment compiles there
+    let c2 = repo.commit(&repo.model(&[("w", "2")], ""), "two");
+    repo.push_ok();
+    let body = json!({"ref": "refs/heads/main"}).to_string();
+    let sig = format!(
+        "sha256={}",
+        steward::sources::webhook::sign("s3cret", body.as_bytes())
+    );
+    let r = reqwest::Client::new()
+        .post(webhook_url(set.url(away), &env))
+        .header("Content-Type", "application/json")
+        .header("X-Hub-Signature-256", sig)
+        .header("X-GitHub-Delivery", "r1")
+        .header("X-GitHub-Event", "push")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
+    let report = compiled(&ac, &env, &c2, 30).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    assert_eq!(report["trigger"], "webhook");
+    // a badly signed one, to either replica, triggers nothing
+    let c3 = repo.commit(&repo.model(&[("w", "3")], ""), "three");
+    repo.push_ok();
+    for i in [0, 1] {
+        let r = reqwest::Client::new()
+            .post(webhook_url(set.url(i), &env))
+            .header("Content-Type", "application/json")
+            .header("X-Hub-Signature-256", "sha256=00")
+            .header("X-GitHub-Event", "push")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let list = ac.compiles(&env, 100).await.unwrap();
+    assert!(
+        !list.as_array().unwrap().iter().any(|x| x["commit"] == c3),
+        "a rejected webhook compiled: {list:#}"
+    );
+    // the API trigger answers with the owner's result
+    let t = ac.trigger_compile(&env, None).await.unwrap();
+    assert_eq!(t["commit"], c3, "{t}");
+    assert_eq!(compiled(&ac, &env, &c3, 30).await["status"], "success");
+
+    // a pause through the non-owner is in effect when it returns, and the owner's live
+    // status is visible there
+    let paused = ac.set_paused(&env, AGENT, true).await.unwrap();
+    assert_eq!(paused["paused"], true, "{paused}");
+    let agents = ac.agents(&env).await.unwrap();
+    let a = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == AGENT)
+        .cloned()
+        .unwrap();
+    assert_eq!(a["paused"], true, "{agents:#}");
+    // executors are known only to the owner's scheduler
+    assert!(
+        !a["executors"].as_array().unwrap().is_empty(),
+        "the owner's live status was not fetched: {agents:#}"
+    );
+    ac.set_paused(&env, AGENT, false).await.unwrap();
+    let d = ac.trigger(&env, false, None, None).await.unwrap();
+    assert!(d["scheduled"].is_number(), "{d}");
+
+    // the internal endpoint wants the replicas' secret
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/internal/environments/{env}/owner-call",
+            set.url(away)
+        ))
+        .header("x-steward-replica-secret", "guess")
+        .json(&json!({"call": "halt", "halted": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let e = ac.environment(&env).await.unwrap();
+    assert_eq!(e["halted"], false, "{e}");
+
+    // every commit's timeline is complete, and each commit made one version
+    let versions = ac.versions(&env).await.unwrap();
+    let commits: Vec<String> = versions
+        .iter()
+        .filter_map(|v| v["provenance"]["commit"].as_str().map(str::to_string))
+        .collect();
+    let unique: HashSet<&String> = commits.iter().collect();
+    assert_eq!(
+        unique.len(),
+        commits.len(),
+        "a commit compiled twice: {commits:?}"
+    );
+    assert_eq!(unique.len(), 3, "{commits:?}");
+}
