@@ -448,6 +448,31 @@ impl GitSources {
         }
     }
 
+    /// Make sure the mirror holds `commit`, fetching when it does not.
+    async fn fetch_commit(
+        &self,
+        src: &SourceRow,
+        mirror: &Path,
+        commit: &str,
+    ) -> Result<(), git::GitError> {
+        let lock = self.mirror_lock(mirror);
+        let _guard = lock.lock().await;
+        let (mirror, url, auth, commit) = (
+            mirror.to_path_buf(),
+            src.url.clone(),
+            git::Auth::of(src),
+            commit.to_string(),
+        );
+        tokio::task::spawn_blocking(move || {
+            if git::has_commit(&mirror, &commit) {
+                return Ok(());
+            }
+            git::ensure_mirror(&mirror, &url, &auth)
+        })
+        .await
+        .map_err(|e| git::GitError::Other(format!("fetch crashed: {e}")))?
+    }
+
     /// Fetch, resolve, and queue the commit to compile.
     async fn fetch_and_queue(
         &self,
@@ -706,6 +731,11 @@ impl GitSources {
             tx.commit().await.map_err(StoreError::from)?;
         }
         let mirror = self.mirror_of(&src.url);
+        // a compile queued by another replica (which fetched into its own mirror) or
+        // before this data dir was new: fetch here first
+        if let Err(e) = self.fetch_commit(&src, &mirror, &job.commit).await {
+            tracing::warn!(environment = %env, commit = %job.commit, error = %e, "fetching the commit to compile failed; the compile reports it");
+        }
         let r = compile::run(
             pool,
             &job,

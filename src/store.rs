@@ -104,8 +104,14 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
 }
 
 /// Apply the migrations under `migrations/` that are not applied yet.
+///
+/// Migrations the database has and this binary does not know are ignored: during a rolling
+/// upgrade a replica of the previous release restarts on a schema a newer one already
+/// migrated (migrations are additive for that reason; docs/replicas.md).
 pub async fn migrate(pool: &PgPool) -> Result<()> {
-    sqlx::migrate!("./migrations").run(pool).await?;
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.set_ignore_missing(true);
+    migrator.run(pool).await?;
     Ok(())
 }
 

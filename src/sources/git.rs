@@ -618,6 +618,17 @@ pub fn commits_between(
     Ok(Vec::new())
 }
 
+/// Does the mirror hold `commit` (full hex)? False when the mirror does not exist yet.
+pub fn has_commit(mirror_dir: &Path, commit_hex: &str) -> bool {
+    let Ok(repo) = open_mirror(mirror_dir) else {
+        return false;
+    };
+    let Ok(id) = parse_commit_id(commit_hex) else {
+        return false;
+    };
+    matches!(repo.try_find_object(id), Ok(Some(_)))
+}
+
 /// Resolve a full or abbreviated commit id and check it is on `branch`: its full id, or
 /// `None` when it is unknown or not reachable from the branch tip.
 pub fn commit_on_branch(

@@ -198,7 +198,7 @@ async fn a_killed_owner_mid_deploy_is_taken_over_and_the_deploy_finishes_without
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_owner_cannot_write_after_losing_its_lease() {
-    let set = ReplicaSet::start(2, 2.0, 0.5).await;
+    let mut set = ReplicaSet::start(2, 2.0, 0.5).await;
     let c = set.client(0);
     let env = env_with(&c, "paused", json!({})).await;
     let dir = tempfile::tempdir().unwrap();
@@ -226,7 +226,7 @@ async fn a_paused_owner_cannot_write_after_losing_its_lease() {
     .await;
     // the owner stops (its executor finishes the action meanwhile: the result waits in its
     // pipe); the other replica takes over after the lease and deploys everything again
-    set.signal(paused, "-STOP");
+    set.pause(paused, true);
     let oc = set.client(other);
     let (new, _) = set.owner_of(&env, Some(&old), 20).await;
     assert_ne!(new, old);
@@ -242,7 +242,7 @@ async fn a_paused_owner_cannot_write_after_losing_its_lease() {
     let paused_at = chrono::Utc::now();
 
     // it wakes up: it must notice it lost the lease, and write nothing
-    set.signal(paused, "-CONT");
+    set.pause(paused, false);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after_actions: Vec<_> = oc
         .actions(&env, None, 1000)
@@ -311,7 +311,7 @@ async fn owner_only_requests_sent_to_any_replica_reach_the_owner() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
-    let report = compiled(&ac, &env, &c2, 30).await;
+    let report = compiled_or_logs(&set, &ac, &env, &c2).await;
     assert_eq!(report["status"], "success", "{report:#}");
     assert_eq!(report["trigger"], "webhook");
     // a badly signed one, to either replica, triggers nothing
@@ -338,7 +338,10 @@ async fn owner_only_requests_sent_to_any_replica_reach_the_owner() {
     // the API trigger answers with the owner's result
     let t = ac.trigger_compile(&env, None).await.unwrap();
     assert_eq!(t["commit"], c3, "{t}");
-    assert_eq!(compiled(&ac, &env, &c3, 30).await["status"], "success");
+    assert_eq!(
+        compiled_or_logs(&set, &ac, &env, &c3).await["status"],
+        "success"
+    );
 
     // a pause through the non-owner is in effect when it returns, and the owner's live
     // status is visible there
@@ -390,4 +393,123 @@ async fn owner_only_requests_sent_to_any_replica_reach_the_owner() {
         "a commit compiled twice: {commits:?}"
     );
     assert_eq!(unique.len(), 3, "{commits:?}");
+}
+
+/// The finished compile of `commit`; on a timeout, the replicas' logs.
+async fn compiled_or_logs(
+    set: &ReplicaSet,
+    c: &steward::client::Client,
+    env: &str,
+    commit: &str,
+) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let list = c.compiles(env, 100).await.unwrap();
+        if let Some(hit) = list.as_array().unwrap().iter().find(|r| {
+            r["commit"] == commit && (r["status"] == "success" || r["status"] == "failed")
+        }) {
+            return c
+                .compile_report(env, hit["id"].as_str().unwrap())
+                .await
+                .unwrap();
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            panic!(
+                "no finished compile of {commit} in 60 s: {list:#}\n{}",
+                set.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn timeline(c: &steward::client::Client, env: &str, commit: &str) -> Vec<String> {
+    let t = c.commit_timeline(env, commit).await.unwrap_or_default();
+    t["events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| e["event"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_owner_mid_compile_is_compiled_once_by_the_next_owner() {
+    let mut set = ReplicaSet::start(2, 2.0, 0.5).await;
+    let c = set.client(0);
+    let repo = Repo::new();
+    // a requirements.txt makes the compile build a Python environment first: a compile
+    // long enough to be killed in the middle of
+    std::fs::write(repo.work.join("requirements.txt"), "# nothing to install\n").unwrap();
+    let commit = repo.commit(&repo.model(&[("m", "1")], ""), "slow compile");
+    repo.push_ok();
+    let env = follow(&c, "midcompile", &repo, json!({"watch": false})).await;
+    let running = eventually(30, "the compile to be running", || async {
+        let list = c.compiles(&env, 10).await.ok()?;
+        list.as_array()?
+            .iter()
+            .find(|r| r["commit"] == commit && r["status"] == "running")
+            .cloned()
+    })
+    .await;
+    let (old, _) = set.owner_of(&env, None, 10).await;
+    let victim = set.index_of(&old).await.unwrap();
+    set.kill9(victim);
+    let c = set.any_client();
+    let report = compiled(&c, &env, &commit, 60).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    assert_eq!(
+        report["id"], running["id"],
+        "the interrupted compile was not the one resumed"
+    );
+    let (new, _) = set.owner_of(&env, Some(&old), 10).await;
+    assert_ne!(new, old);
+    let events = eventually(60, "deployed in the timeline", || async {
+        let t = timeline(&c, &env, &commit).await;
+        t.contains(&"deployed".to_string()).then_some(t)
+    })
+    .await;
+    for (event, times) in [
+        ("received", 1),
+        ("compiled", 1),
+        ("version", 1),
+        ("released", 1),
+        ("deployed", 1),
+    ] {
+        assert_eq!(
+            events.iter().filter(|e| *e == event).count(),
+            times,
+            "{event}: {events:?}"
+        );
+    }
+    assert!(
+        events.iter().filter(|e| *e == "compile_started").count() >= 1,
+        "{events:?}"
+    );
+    let versions = c.versions(&env).await.unwrap();
+    assert_eq!(versions.len(), 1, "one commit, one version: {versions:#?}");
+    assert_eq!(
+        std::fs::read_to_string(repo.out.join("m")).unwrap().trim(),
+        "1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_of_an_older_release_starts_on_a_schema_migrated_further() {
+    // a newer replica applied a migration this binary does not know
+    let db = crate::support::new_database();
+    let pool = steward::store::connect(&db, 2).await.unwrap();
+    steward::store::migrate(&pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99999, 'from a newer release', true, '\\x00', 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    steward::store::migrate(&pool)
+        .await
+        .expect("an older replica refused a schema migrated further");
 }

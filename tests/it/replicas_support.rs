@@ -24,6 +24,8 @@ pub struct ReplicaSet {
     /// `--lease-time`, `--heartbeat` given to every replica
     pub lease_time: f64,
     pub heartbeat: f64,
+    /// replicas stopped with SIGSTOP (they answer nothing until SIGCONT)
+    pub paused: std::collections::HashSet<usize>,
 }
 
 impl ReplicaSet {
@@ -34,6 +36,7 @@ impl ReplicaSet {
             replicas: Vec::new(),
             lease_time,
             heartbeat,
+            paused: Default::default(),
         };
         for _ in 0..n {
             set.add().await;
@@ -90,7 +93,7 @@ impl ReplicaSet {
         self.replicas
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.is_some())
+            .filter(|(i, r)| r.is_some() && !self.paused.contains(i))
             .map(|(i, _)| i)
     }
 
@@ -112,6 +115,17 @@ impl ReplicaSet {
             }
         }
         None
+    }
+
+    /// SIGSTOP (`pause = true`) or SIGCONT.
+    pub fn pause(&mut self, i: usize, pause: bool) {
+        if pause {
+            self.signal(i, "-STOP");
+            self.paused.insert(i);
+        } else {
+            self.signal(i, "-CONT");
+            self.paused.remove(&i);
+        }
     }
 
     pub fn signal(&self, i: usize, sig: &str) {
