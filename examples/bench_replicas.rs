@@ -19,6 +19,7 @@
 //! The figures of a run are in docs/replicas.md.
 
 #[path = "common/mod.rs"]
+#[allow(dead_code)] // this benchmark serves through real replica processes, not `serve`
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
