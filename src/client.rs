@@ -233,7 +233,7 @@ impl Client {
     }
 
     /// The server replicas on the database and the environments each owns.
-    pub async fn replicas(&self) -> Result<crate::server::ops::Replicas> {
+    pub async fn replicas(&self) -> Result<crate::store::replicas::Replicas> {
         self.get("/api/v1/replicas").await
     }
 

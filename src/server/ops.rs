@@ -14,6 +14,7 @@ use serde_json::json;
 use super::AppState;
 use super::error::ApiError;
 use crate::store;
+pub use crate::store::replicas::{ReplicaView, Replicas};
 
 #[derive(Default)]
 pub struct Metrics {
@@ -106,26 +107,6 @@ pub async fn health(State(state): State<AppState>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(body)).into_response()
-}
-
-/// A replica and the environments it owns.
-#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct ReplicaView {
-    #[serde(flatten)]
-    pub replica: store::replicas::ReplicaRow,
-    /// counts for sharing the work: heard of within the lease time and not stopping
-    pub live: bool,
-    pub environments: Vec<store::replicas::OwnershipRow>,
-}
-
-/// The replicas on this database and who owns what.
-#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct Replicas {
-    /// the replica that answered (None: it runs without replicas, e.g. `--no-scheduler`)
-    pub this: Option<String>,
-    pub replicas: Vec<ReplicaView>,
-    /// environments whose lease no live replica holds right now (moving, or never owned)
-    pub unowned: Vec<store::replicas::OwnershipRow>,
 }
 
 /// The server replicas sharing this database, the environments each owns with their lease

@@ -155,3 +155,23 @@ pub async fn ownership(e: impl PgExecutor<'_>) -> Result<Vec<OwnershipRow>> {
     .fetch_all(e)
     .await?)
 }
+
+/// A replica and the environments it owns.
+#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ReplicaView {
+    #[serde(flatten)]
+    pub replica: ReplicaRow,
+    /// counts for sharing the work: heard of within the lease time and not stopping
+    pub live: bool,
+    pub environments: Vec<OwnershipRow>,
+}
+
+/// The replicas on this database and who owns what.
+#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Replicas {
+    /// the replica that answered (None: it runs without replicas, e.g. `--no-scheduler`)
+    pub this: Option<String>,
+    pub replicas: Vec<ReplicaView>,
+    /// environments whose lease no live replica holds right now (moving, or never owned)
+    pub unowned: Vec<OwnershipRow>,
+}

@@ -6,7 +6,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use steward::client::Client;
-use steward::server::ops::Replicas;
+use steward::store::replicas::Replicas;
 
 use crate::support::{free_port, new_database, spawn_server_with, wait_healthy};
 
