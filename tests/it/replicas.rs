@@ -513,3 +513,90 @@ async fn a_replica_of_an_older_release_starts_on_a_schema_migrated_further() {
         .await
         .expect("an older replica refused a schema migrated further");
 }
+
+/// Every 2 s for 20 s, every connection the replicas hold is cut
+/// (`pg_terminate_backend`): their heartbeats, renewals and event links reconnect, nobody
+/// loses an environment, terms do not move, rows do not grow, and a release made during it
+/// still reaches the owner and deploys.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_keep_their_environments_and_rows_while_their_connections_keep_dying() {
+    let set = ReplicaSet::start(3, 3.0, 0.5).await;
+    let c = set.client(0);
+    let mut envs = Vec::new();
+    for i in 0..6 {
+        envs.push(env_with(&c, &format!("churn{i}"), json!({})).await);
+    }
+    let (_, _) = set.settled(&envs, 3, 20).await;
+    let terms = |s: &steward::store::replicas::Replicas| -> BTreeMap<String, (String, i64)> {
+        s.replicas
+            .iter()
+            .flat_map(|r| {
+                r.environments
+                    .iter()
+                    .map(|e| (e.environment_id.to_string(), (e.holder.clone(), e.term)))
+            })
+            .collect()
+    };
+    let before = terms(&set.status().await);
+    assert_eq!(before.len(), 6);
+    let pool = steward::store::connect(&set.db, 2).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let started = Instant::now();
+    let mut cuts = 0;
+    let mut released = None;
+    let mut worst_heartbeat = 0.0f64;
+    while started.elapsed() < Duration::from_secs(20) {
+        let cut: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(cut > 0, "the replicas hold no connection?");
+        cuts += 1;
+        if cuts == 5 {
+            // a release in the middle of it, through another replica than the owner's
+            let v = upload(
+                &set.client(2),
+                &envs[0],
+                vec![fs_file(AGENT, &format!("{d}/during"), "x\n", &[])],
+            )
+            .await;
+            released = Some(v);
+        }
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let rows: (i64, i64) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM replicas), \
+                 (SELECT count(*) FROM leases WHERE kind = 'environment')",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(rows, (3, 6), "replica or lease rows grew");
+            let age: f64 = sqlx::query_scalar(
+                "SELECT extract(epoch FROM now() - min(heartbeat_at))::float8 FROM replicas",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            worst_heartbeat = worst_heartbeat.max(age);
+        }
+    }
+    eprintln!("{cuts} cuts in 20 s; oldest heartbeat seen {worst_heartbeat:.2} s");
+    assert!(
+        worst_heartbeat < 3.0,
+        "a heartbeat fell behind the lease time: {worst_heartbeat:.2} s\n{}",
+        set.logs()
+    );
+    let after = terms(&set.status().await);
+    assert_eq!(before, after, "ownership moved while only connections died");
+    let v = released.unwrap();
+    wait_deployed(&set.client(1), &envs[0], v, 30).await;
+    assert_eq!(
+        std::fs::read_to_string(format!("{d}/during")).unwrap(),
+        "x\n"
+    );
+}
