@@ -151,8 +151,8 @@ struct Inner {
     workers: Mutex<Vec<Arc<dyn Worker>>>,
     wake: Notify,
     stopping: AtomicBool,
-    /// serializes ticks and the graceful stop
-    turn: tokio::sync::Mutex<()>,
+    /// serializes ticks and the graceful stop; holds when the last tick went through
+    turn: tokio::sync::Mutex<Option<Instant>>,
     secret: String,
 }
 
@@ -173,7 +173,7 @@ impl Replica {
             workers: Mutex::new(Vec::new()),
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
-            turn: tokio::sync::Mutex::new(()),
+            turn: tokio::sync::Mutex::new(None),
             secret,
         })))
     }
@@ -256,7 +256,11 @@ impl Replica {
     }
 
     async fn tick(&self) -> Result<(), StoreError> {
-        let _turn = self.0.turn.lock().await;
+        let mut last_ok = self.0.turn.lock().await;
+        // back after longer than the lease time without the database: the other replicas
+        // may be too, and their heartbeats look stale for a moment; this round only takes
+        // back this replica's own lapsed leases, the next one (a heartbeat later) shares
+        let recovering = last_ok.is_some_and(|t| t.elapsed() > self.0.config.lease_ttl);
         if self.0.stopping.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -337,7 +341,23 @@ impl Replica {
                 .copied()
                 .filter(|e| !taken.contains(&e.to_string()) && self.owns(*e).is_none())
                 .collect();
-            free.sort_by_key(|e| std::cmp::Reverse(score(&cfg.id, *e)));
+            // first what this replica held before its leases lapsed (the database was away
+            // longer than the lease time): nobody took them, so the same replica resumes
+            // them under the same term instead of shuffling everything after an outage
+            let lapsed: HashSet<String> =
+                leases::lapsed_keys(pool, LeaseKind::Environment, &cfg.id)
+                    .await?
+                    .into_iter()
+                    .collect();
+            if recovering {
+                free.retain(|e| lapsed.contains(&e.to_string()));
+            }
+            free.sort_by_key(|e| {
+                (
+                    !lapsed.contains(&e.to_string()),
+                    std::cmp::Reverse(score(&cfg.id, *e)),
+                )
+            });
             let mut want = share - held;
             for env in free {
                 if want == 0 {
@@ -359,6 +379,7 @@ impl Replica {
             }
         }
         let _ = store::replicas::forget_silent(pool, 3600.0).await;
+        *last_ok = Some(Instant::now());
         Ok(())
     }
 

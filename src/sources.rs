@@ -252,6 +252,9 @@ impl GitSources {
         if !self.follows(env) {
             return;
         }
+        // the old workers stop first (a compile they were running is killed with its task;
+        // the new compiler queues it again)
+        self.stop(env);
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(Notify::new());
         let tasks = vec![
@@ -354,6 +357,7 @@ impl GitSources {
         let mut next_poll = next_poll_at(source.poll_interval);
         let mut pending: std::collections::VecDeque<Msg> = std::collections::VecDeque::new();
         let mut last_hint_fetch: Option<Instant> = None;
+        let mut retry_delay: Option<Duration> = None;
         loop {
             let sleep = next_poll
                 .map(|t| t.saturating_duration_since(Instant::now()))
@@ -439,6 +443,21 @@ impl GitSources {
             {
                 tracing::warn!(environment = %env, trigger = %kind, error = %e, "git trigger failed");
             }
+            // a failed look at the branch on its own (at start, or a poll) is tried again
+            // with backoff, also when polling is off: nothing else may come to look
+            match (&r, kind.as_str()) {
+                (Err(e), "poll" | "startup") => {
+                    let d = retry_delay
+                        .map(|d: Duration| (d * 2).min(Duration::from_secs(30)))
+                        .unwrap_or(Duration::from_secs(1));
+                    retry_delay = Some(d);
+                    let retry = Instant::now() + d;
+                    next_poll = Some(next_poll.map_or(retry, |p| p.min(retry)));
+                    tracing::info!(environment = %env, trigger = %kind, error = %e, retry_in_s = d.as_secs(), "looking at the branch failed; trying again");
+                }
+                (Ok(_), _) => retry_delay = None,
+                _ => {}
+            }
             for reply in replies {
                 let _ = reply.send(match &r {
                     Ok(t) => Ok(t.clone()),
@@ -455,8 +474,7 @@ impl GitSources {
         mirror: &Path,
         commit: &str,
     ) -> Result<(), git::GitError> {
-        let lock = self.mirror_lock(mirror);
-        let _guard = lock.lock().await;
+        let guard = self.mirror_lock(mirror).lock_owned().await;
         let (mirror, url, auth, commit) = (
             mirror.to_path_buf(),
             src.url.clone(),
@@ -464,6 +482,7 @@ impl GitSources {
             commit.to_string(),
         );
         tokio::task::spawn_blocking(move || {
+            let _guard = guard;
             if git::has_commit(&mirror, &commit) {
                 return Ok(());
             }
@@ -485,8 +504,9 @@ impl GitSources {
         let started = Utc::now();
         let t = Instant::now();
         let fetched = {
-            let lock = self.mirror_lock(&mirror);
-            let _guard = lock.lock().await;
+            // the guard goes into the blocking fetch: if this task is aborted (the workers
+            // restart), the fetch still runs to its end before another may start
+            let guard = self.mirror_lock(&mirror).lock_owned().await;
             let (mirror, url, auth, branch) = (
                 mirror.clone(),
                 src.url.clone(),
@@ -494,6 +514,7 @@ impl GitSources {
                 src.branch.clone(),
             );
             tokio::task::spawn_blocking(move || -> Result<Option<String>, git::GitError> {
+                let _guard = guard;
                 git::ensure_mirror(&mirror, &url, &auth)?;
                 git::resolve_branch(&mirror, &branch)
             })
@@ -683,6 +704,33 @@ impl GitSources {
     }
 
     async fn compiler(self, env: Uuid, queued: Arc<Notify>) {
+        // a compile left `running` by the workers this one replaces (a source changed), by
+        // a stop, or by the replica that owned the environment before: it runs again here
+        let mut delay = Duration::from_millis(200);
+        loop {
+            let requeued = async {
+                let mut tx = self.0.pool.begin().await?;
+                self.check_fence(env, &mut tx).await?;
+                let n = store::sources::requeue_interrupted_of(&mut *tx, env).await?;
+                tx.commit().await?;
+                Ok::<u64, StoreError>(n)
+            }
+            .await;
+            match requeued {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(environment = %env, compiles = n, "interrupted compiles are queued again");
+                    }
+                    break;
+                }
+                Err(StoreError::Fenced(_)) => return,
+                Err(e) => {
+                    tracing::warn!(environment = %env, error = %e, "re-queueing interrupted compiles failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
         loop {
             let ran = self.compile_next(env).await;
             match ran {
@@ -876,25 +924,7 @@ impl Worker for GitSources {
             };
             tenures.lock().expect("tenures").insert(env, tenure);
             let pool = &self.0.pool;
-            // compiles the previous owner was running when it stopped or died: queued again,
-            // under our lease, as after a restart
-            let requeued = async {
-                let mut tx = pool.begin().await?;
-                self.check_fence(env, &mut tx).await?;
-                let n = store::sources::requeue_interrupted_of(&mut *tx, env).await?;
-                tx.commit().await?;
-                Ok::<u64, StoreError>(n)
-            }
-            .await;
-            match requeued {
-                Ok(n) if n > 0 => {
-                    tracing::info!(environment = %env, compiles = n, "compiles interrupted on the previous owner are queued again")
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(environment = %env, error = %e, "re-queueing interrupted compiles failed")
-                }
-            }
+            // the compiler it starts queues again what the previous owner was compiling
             match store::sources::get_source(pool, env).await {
                 Ok(Some(_)) => self.restart(env),
                 Ok(None) => {}

@@ -215,3 +215,18 @@ pub async fn holder_counts(
     .await?;
     Ok(rows.into_iter().map(|(h, n)| (h, n as usize)).collect())
 }
+
+/// Keys of the expired leases of a kind whose last holder was `holder` (nobody took them).
+pub async fn lapsed_keys(
+    e: impl PgExecutor<'_>,
+    kind: LeaseKind,
+    holder: &str,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT key FROM leases WHERE kind = $1 AND holder = $2 AND expires_at < now() ORDER BY key",
+    )
+    .bind(kind.as_str())
+    .bind(holder)
+    .fetch_all(e)
+    .await?)
+}

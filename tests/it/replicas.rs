@@ -287,7 +287,10 @@ async fn owner_only_requests_sent_to_any_replica_reach_the_owner() {
     let c1 = repo.commit(&repo.model(&[("w", "1")], ""), "one");
     repo.push_ok();
     let env = follow(&c, "reach", &repo, json!({"watch": false})).await;
-    assert_eq!(compiled(&c, &env, &c1, 30).await["status"], "success");
+    assert_eq!(
+        compiled_or_logs(&set, &c, &env, &c1).await["status"],
+        "success"
+    );
     let (owner, _) = set.owner_of(&env, None, 20).await;
     let away = 1 - set.index_of(&owner).await.unwrap();
     let ac = set.client(away);
@@ -599,4 +602,77 @@ async fn replicas_keep_their_environments_and_rows_while_their_connections_keep_
         std::fs::read_to_string(format!("{d}/during")).unwrap(),
         "x\n"
     );
+}
+
+/// The database refuses every connection for longer than the lease time: the replicas start
+/// nothing meanwhile, and when it is back each takes its own environments again, under the
+/// same terms (nobody else held them), and deploys go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_database_outage_longer_than_the_lease_each_replica_resumes_its_own() {
+    let set = ReplicaSet::start(2, 2.0, 0.5).await;
+    let c = set.client(0);
+    let mut envs = Vec::new();
+    for i in 0..4 {
+        envs.push(env_with(&c, &format!("outage{i}"), json!({})).await);
+    }
+    set.settled(&envs, 2, 20).await;
+    let terms = |s: &steward::store::replicas::Replicas| -> BTreeMap<String, (String, i64)> {
+        s.replicas
+            .iter()
+            .flat_map(|r| {
+                r.environments
+                    .iter()
+                    .map(|e| (e.environment_id.to_string(), (e.holder.clone(), e.term)))
+            })
+            .collect()
+    };
+    let before = terms(&set.status().await);
+    let db_name: String = {
+        let p = steward::store::connect(&set.db, 1).await.unwrap();
+        let name = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&p)
+            .await
+            .unwrap();
+        p.close().await;
+        name
+    };
+    let admin = steward::store::connect(&crate::support::cluster().url("postgres"), 1)
+        .await
+        .unwrap();
+    // the name is ours (made by the test harness): safe to splice
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{db_name}\" ALLOW_CONNECTIONS false"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+        .bind(&db_name)
+        .execute(&admin)
+        .await
+        .unwrap();
+    // twice the lease time and more
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{db_name}\" ALLOW_CONNECTIONS true"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let (_, took) = set.settled(&envs, 2, 30).await;
+    eprintln!("owned again {took:?} after the database came back");
+    let after = terms(&set.status().await);
+    assert_eq!(
+        before, after,
+        "environments moved or changed terms after the outage"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let v = upload(
+        &c,
+        &envs[1],
+        vec![fs_file(AGENT, &format!("{d}/after"), "y\n", &[])],
+    )
+    .await;
+    wait_deployed(&c, &envs[1], v, 30).await;
 }
