@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod code;
 pub mod deploy;
 pub mod environments;
+pub mod failover;
 pub mod leases;
 pub mod outbox;
 pub mod replicas;
@@ -63,8 +64,9 @@ impl From<sqlx::Error> for StoreError {
                     "text can not hold this character: {}",
                     db.message()
                 )),
-                // admin shutdown, crash shutdown, cannot connect now
-                Some("57P01") | Some("57P02") | Some("57P03") => {
+                // admin shutdown, crash shutdown, cannot connect now; read-only transaction
+                // (a connection that was on the primary when it was demoted to a standby)
+                Some("57P01") | Some("57P02") | Some("57P03") | Some("25006") => {
                     StoreError::Unavailable(db.message().to_string())
                 }
                 _ => StoreError::Database(e.to_string()),
@@ -87,7 +89,13 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Connect a pool. Connections are established lazily and re-established when the database
 /// comes back after an outage; a request waits at most a few seconds for one.
+///
+/// A URL naming several hosts (`postgres://u@db1,db2/steward`) follows the primary among
+/// them ([`failover`]).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    if let Some(hosts) = failover::parse(url)? {
+        return failover::connect(hosts, max_connections).await;
+    }
     let opts: PgConnectOptions = url
         .parse::<PgConnectOptions>()
         .map_err(|e| StoreError::Invalid(format!("invalid database URL: {e}")))?

@@ -212,6 +212,8 @@ fn socket_dir_setting(path: &Path) -> String {
     format!("\"{}\"", path.display().to_string().replace('"', "\"\""))
 }
 
+mod standby;
+
 pub struct PgCluster {
     root: PathBuf,
     bin: PathBuf,
@@ -553,6 +555,12 @@ impl PgCluster {
         if self.is_running() {
             return Ok(());
         }
+        self.start_server(durable)
+    }
+
+    /// Start the server on an initialized data dir; ready once it accepts connections (a
+    /// standby: read-only ones).
+    fn start_server(&self, durable: bool) -> Result<(), ClusterError> {
         // started directly, not with `pg_ctl start`: that one runs its command line (with
         // the data dir and log paths in it) through /bin/sh
         let log = std::fs::OpenOptions::new()
@@ -624,7 +632,11 @@ impl PgCluster {
                 });
             }
             let ready = std::fs::read_to_string(&pid_file)
-                .map(|t| t.lines().nth(7).is_some_and(|l| l.trim() == "ready"))
+                .map(|t| {
+                    t.lines()
+                        .nth(7)
+                        .is_some_and(|l| matches!(l.trim(), "ready" | "standby"))
+                })
                 .unwrap_or(false);
             if ready && sock.exists() {
                 return Ok(());

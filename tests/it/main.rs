@@ -30,6 +30,7 @@ mod gitops_support;
 pub mod integration;
 mod layout;
 mod openapi;
+mod pg_failover;
 mod pg_security;
 mod pipelined_agents;
 mod python_envs;
