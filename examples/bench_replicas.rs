@@ -288,6 +288,27 @@ async fn newest_deployed(c: &Client, env: &Env) -> bool {
         .unwrap_or(false)
 }
 
+/// The replica owning the most environments, and those.
+fn busiest(own: &BTreeMap<String, BTreeSet<String>>) -> (String, BTreeSet<String>) {
+    own.iter()
+        .max_by_key(|(_, v)| v.len())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap()
+}
+
+/// Which of our processes is the replica `id` (asked through its /health).
+async fn index_of(replicas: &[Option<Replica>], id: &str) -> usize {
+    for (i, r) in replicas.iter().enumerate() {
+        if let Some(r) = r {
+            let h = Client::new(&r.url, None).health().await.unwrap();
+            if h["replica"]["id"] == id {
+                return i;
+            }
+        }
+    }
+    panic!("no running replica {id}");
+}
+
 fn check(ok: &mut bool, pass: bool, what: &str) {
     println!("  {} {what}", if pass { "PASS" } else { "FAIL" });
     *ok &= pass;
@@ -375,21 +396,8 @@ async fn run(n_envs: usize) -> bool {
     );
 
     // 3. new versions everywhere, and the busiest replica killed in the middle of it
-    let (victim_id, victim_envs) = own4
-        .iter()
-        .max_by_key(|(_, v)| v.len())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .unwrap();
-    let mut victim = None;
-    for (i, r) in replicas.iter().enumerate() {
-        if let Some(r) = r {
-            let h = Client::new(&r.url, None).health().await.unwrap();
-            if h["replica"]["id"] == victim_id.as_str() {
-                victim = Some(i);
-            }
-        }
-    }
-    let victim = victim.unwrap();
+    let (victim_id, victim_envs) = busiest(&own4);
+    let victim = index_of(&replicas, &victim_id).await;
     let survivor = (0..replicas.len()).find(|i| *i != victim).unwrap();
     let c = Client::new(
         &replicas[survivor].as_ref().unwrap().url,
@@ -515,21 +523,8 @@ async fn run(n_envs: usize) -> bool {
     );
 
     // 4. a clean stop
-    let (stop_id, stop_envs) = own_left
-        .iter()
-        .max_by_key(|(_, v)| v.len())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .unwrap();
-    let mut stop = None;
-    for (i, r) in replicas.iter().enumerate() {
-        if let Some(r) = r {
-            let h = Client::new(&r.url, None).health().await.unwrap();
-            if h["replica"]["id"] == stop_id.as_str() {
-                stop = Some(i);
-            }
-        }
-    }
-    let stop = stop.unwrap();
+    let (stop_id, stop_envs) = busiest(&own_left);
+    let stop = index_of(&replicas, &stop_id).await;
     let asker = (0..replicas.len())
         .find(|i| *i != stop && replicas[*i].is_some())
         .unwrap();

@@ -340,12 +340,17 @@ impl GitSources {
     // ------------------------------------------------------------------ fetcher
 
     async fn fetcher(self, env: Uuid, mut rx: mpsc::UnboundedReceiver<Msg>, queued: Arc<Notify>) {
-        let source = match store::sources::get_source(&self.0.pool, env).await {
-            Ok(Some(s)) => s,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::error!(environment = %env, error = %e, "loading the git source failed");
-                return;
+        // the database may be busy or away: keep trying (triggers wait in the channel)
+        let mut delay = Duration::from_millis(100);
+        let source = loop {
+            match store::sources::get_source(&self.0.pool, env).await {
+                Ok(Some(s)) => break s,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(environment = %env, error = %e, "loading the git source failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
             }
         };
         let (watch_tx, mut watch_rx) = mpsc::unbounded_channel();

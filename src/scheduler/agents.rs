@@ -502,12 +502,31 @@ impl AgentHub {
 
     /// A token was revoked: its processes are disconnected now and their leases freed.
     pub async fn revoke(&self, token: Uuid) {
+        for (instance, env) in self.disconnect(|s| s.token == Some(token)).await {
+            tracing::info!(environment = %env, instance = %instance, "agent process disconnected: its token was revoked");
+        }
+    }
+
+    /// The environment moved to another replica: its processes are disconnected here (their
+    /// next call reaches the new owner and opens a session there) and their leases freed.
+    pub async fn drop_environment(&self, env: Uuid) {
+        {
+            let mut st = self.lock();
+            st.envs.remove(&env);
+            st.inflight.retain(|_, f| f.env != env);
+        }
+        self.disconnect(|s| s.env == env).await;
+    }
+
+    /// End the sessions `which` picks (their pollers wake and hear of it), then free their
+    /// agents' leases; the (instance, environment) of each.
+    async fn disconnect(&self, which: impl Fn(&Session) -> bool) -> Vec<(Uuid, Uuid)> {
         let gone: Vec<(Uuid, Uuid, Vec<String>)> = {
             let mut st = self.lock();
             let ids: Vec<Uuid> = st
                 .sessions
                 .iter()
-                .filter(|(_, s)| s.token == Some(token))
+                .filter(|(_, s)| which(s))
                 .map(|(i, _)| *i)
                 .collect();
             ids.into_iter()
@@ -518,8 +537,8 @@ impl AgentHub {
                 })
                 .collect()
         };
+        let mut ended = Vec::new();
         for (instance, env, agents) in gone {
-            tracing::info!(environment = %env, instance = %instance, "agent process disconnected: its token was revoked");
             for a in agents {
                 let _ = store::leases::release(
                     &self.pool,
@@ -529,41 +548,9 @@ impl AgentHub {
                 )
                 .await;
             }
+            ended.push((instance, env));
         }
-    }
-
-    /// The environment moved to another replica: its processes are disconnected here (their
-    /// next call reaches the new owner and opens a session there) and their leases freed.
-    pub async fn drop_environment(&self, env: Uuid) {
-        let gone: Vec<(Uuid, Vec<String>)> = {
-            let mut st = self.lock();
-            st.envs.remove(&env);
-            let ids: Vec<Uuid> = st
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.env == env)
-                .map(|(i, _)| *i)
-                .collect();
-            st.inflight.retain(|_, f| f.env != env);
-            ids.into_iter()
-                .filter_map(|i| st.sessions.remove(&i).map(|s| (i, s)))
-                .map(|(i, s)| {
-                    s.wake.notify_waiters();
-                    (i, s.hello.agents)
-                })
-                .collect()
-        };
-        for (instance, agents) in gone {
-            for a in agents {
-                let _ = store::leases::release(
-                    &self.pool,
-                    LeaseKind::AgentPrimary,
-                    &lease_key(env, &a),
-                    &instance.to_string(),
-                )
-                .await;
-            }
-        }
+        ended
     }
 
     fn drop_silent_sessions(&self) {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use steward::client::Client;
 
 use crate::gitops_feedback::receiver;
-use crate::gitops_support::{Repo, compiled, follow, git_ok};
+use crate::gitops_support::{Repo, compiled, follow, git_ok, timeline};
 use crate::support::{TestServer, eventually, free_port, new_database, spawn_server, wait_healthy};
 
 async fn compiles_of(c: &Client, env: &str, commit: &str) -> Vec<Value> {
@@ -22,18 +22,6 @@ async fn compiles_of(c: &Client, env: &str, commit: &str) -> Vec<Value> {
         .filter(|r| r["commit"] == commit)
         .cloned()
         .collect()
-}
-
-async fn timeline(c: &Client, env: &str, commit: &str) -> Vec<String> {
-    let t = c.commit_timeline(env, commit).await.unwrap_or_default();
-    t["events"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|e| e["event"].as_str().unwrap_or_default().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -181,3 +181,16 @@ pub async fn compiled(c: &Client, env: &str, commit: &str, secs: u64) -> serde_j
 pub fn read(p: &Path) -> Option<String> {
     std::fs::read_to_string(p).ok()
 }
+
+/// The events of a commit's timeline, in order.
+pub async fn timeline(c: &Client, env: &str, commit: &str) -> Vec<String> {
+    let t = c.commit_timeline(env, commit).await.unwrap_or_default();
+    t["events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| e["event"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}

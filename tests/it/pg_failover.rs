@@ -27,6 +27,15 @@ impl Drop for Clusters {
     }
 }
 
+async fn action_ids(c: &steward::client::Client, env: &str) -> Vec<uuid::Uuid> {
+    c.actions(env, None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect()
+}
+
 /// A primary with a database, and a synchronous streaming standby of it.
 fn primary_and_standby() -> Clusters {
     let dir = tempfile::tempdir().unwrap();
@@ -103,13 +112,7 @@ async fn replicas_carry_on_when_the_standby_is_promoted_and_nothing_is_lost() {
     )
     .await;
     wait_deployed(&c, &env, v1, 30).await;
-    let actions_before: Vec<_> = c
-        .actions(&env, None, 1000)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.id)
-        .collect();
+    let actions_before = action_ids(&c, &env).await;
     assert_eq!(actions_before.len(), 10);
 
     // the primary's machine is lost: the standby takes over
@@ -167,13 +170,7 @@ async fn replicas_carry_on_when_the_standby_is_promoted_and_nothing_is_lost() {
     // nothing committed before the switch is lost
     let versions = c2.versions(&env).await.unwrap();
     assert_eq!(versions.len(), 2, "{versions:#?}");
-    let actions_after: Vec<_> = c2
-        .actions(&env, None, 1000)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.id)
-        .collect();
+    let actions_after = action_ids(&c2, &env).await;
     for a in &actions_before {
         assert!(actions_after.contains(a), "action {a} lost in the switch");
     }

@@ -9,11 +9,23 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::deploy::{env_with, upload};
-use crate::gitops_support::{Repo, compiled, follow, webhook_url};
+use crate::gitops_support::{Repo, compiled, follow, timeline, webhook_url};
 use crate::replicas_support::{ADMIN, ReplicaSet};
 use crate::support::{eventually, exec_run, fs_file, steward_bin, wait_deployed};
 
 const AGENT: &str = "localhost";
+
+/// environment -> (owner, term)
+fn terms(s: &steward::store::replicas::Replicas) -> BTreeMap<String, (String, i64)> {
+    s.replicas
+        .iter()
+        .flat_map(|r| {
+            r.environments
+                .iter()
+                .map(|e| (e.environment_id.to_string(), (e.holder.clone(), e.term)))
+        })
+        .collect()
+}
 
 fn shares(own: &BTreeMap<String, Vec<String>>) -> Vec<usize> {
     let mut v: Vec<usize> = own.values().map(Vec::len).collect();
@@ -426,18 +438,6 @@ async fn compiled_or_logs(
     }
 }
 
-async fn timeline(c: &steward::client::Client, env: &str, commit: &str) -> Vec<String> {
-    let t = c.commit_timeline(env, commit).await.unwrap_or_default();
-    t["events"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|e| e["event"].as_str().unwrap_or_default().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_owner_mid_compile_is_compiled_once_by_the_next_owner() {
     let mut set = ReplicaSet::start(2, 2.0, 0.5).await;
@@ -530,16 +530,6 @@ async fn replicas_keep_their_environments_and_rows_while_their_connections_keep_
         envs.push(env_with(&c, &format!("churn{i}"), json!({})).await);
     }
     let (_, _) = set.settled(&envs, 3, 20).await;
-    let terms = |s: &steward::store::replicas::Replicas| -> BTreeMap<String, (String, i64)> {
-        s.replicas
-            .iter()
-            .flat_map(|r| {
-                r.environments
-                    .iter()
-                    .map(|e| (e.environment_id.to_string(), (e.holder.clone(), e.term)))
-            })
-            .collect()
-    };
     let before = terms(&set.status().await);
     assert_eq!(before.len(), 6);
     let pool = steward::store::connect(&set.db, 2).await.unwrap();
@@ -616,16 +606,6 @@ async fn after_a_database_outage_longer_than_the_lease_each_replica_resumes_its_
         envs.push(env_with(&c, &format!("outage{i}"), json!({})).await);
     }
     set.settled(&envs, 2, 20).await;
-    let terms = |s: &steward::store::replicas::Replicas| -> BTreeMap<String, (String, i64)> {
-        s.replicas
-            .iter()
-            .flat_map(|r| {
-                r.environments
-                    .iter()
-                    .map(|e| (e.environment_id.to_string(), (e.holder.clone(), e.term)))
-            })
-            .collect()
-    };
     let before = terms(&set.status().await);
     let db_name: String = {
         let p = steward::store::connect(&set.db, 1).await.unwrap();
