@@ -57,6 +57,14 @@ struct Replica {
     _data: tempfile::TempDir,
 }
 
+impl Drop for Replica {
+    /// a run that fails half-way must not leave replicas behind
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn spawn_replica(db: &str) -> Replica {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

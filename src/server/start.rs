@@ -77,14 +77,24 @@ pub async fn database(config: &ServerConfig) -> Result<OwnedDatabase, ServerErro
 }
 
 /// Make sure an admin can get in: the configured secret, or a generated one printed once.
+/// Replicas starting together on one database do this one at a time (an advisory lock for
+/// the transaction), so the configured secret is registered once and only one first admin
+/// token is made.
 pub async fn bootstrap_admin(
     pool: &sqlx::PgPool,
     configured: Option<&str>,
 ) -> Result<Option<String>, StoreError> {
-    if let Some(secret) = configured {
-        if !store::tokens::secret_known(pool, secret).await? {
+    /// the advisory lock key of the bootstrap ("stwadmin" in ASCII)
+    const BOOTSTRAP_LOCK: i64 = 0x7374_7761_646d_696e;
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(BOOTSTRAP_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let made = if let Some(secret) = configured {
+        if !store::tokens::secret_known(&mut *tx, secret).await? {
             store::tokens::create(
-                pool,
+                &mut *tx,
                 "admin (STEWARD_ADMIN_TOKEN)",
                 Role::Admin,
                 None,
@@ -94,14 +104,17 @@ pub async fn bootstrap_admin(
             .await?;
             tracing::info!("admin token from STEWARD_ADMIN_TOKEN registered");
         }
-        return Ok(None);
-    }
-    if store::tokens::count_global_admins(pool).await? > 0 {
-        return Ok(None);
-    }
-    let (_, secret) =
-        store::tokens::create(pool, "first admin", Role::Admin, None, "server", None).await?;
-    Ok(Some(secret))
+        None
+    } else if store::tokens::count_global_admins(&mut *tx).await? > 0 {
+        None
+    } else {
+        let (_, secret) =
+            store::tokens::create(&mut *tx, "first admin", Role::Admin, None, "server", None)
+                .await?;
+        Some(secret)
+    };
+    tx.commit().await?;
+    Ok(made)
 }
 
 async fn shutdown_signal() {
