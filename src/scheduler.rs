@@ -314,14 +314,6 @@ impl Schedulers {
             .send(Control::Dryrun { id, version })
             .map_err(|_| SchedulerError::Unavailable(env))
     }
-
-    /// Does this process schedule `env`? (Always, without replicas.)
-    pub fn schedules(&self, env: Uuid) -> bool {
-        match &self.0.tenures {
-            Some(t) => t.lock().expect("tenures").contains_key(&env),
-            None => true,
-        }
-    }
 }
 
 impl Worker for Schedulers {
