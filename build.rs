@@ -7,9 +7,17 @@ use std::path::Path;
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
     println!("cargo:rerun-if-changed=python");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    // read at run time: a build script binary compiled for another checkout (a worktree sharing
+    // the target directory) would otherwise list that checkout's files, or none once it is gone
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest_dir).join("python");
     let mut files = Vec::new();
     collect(&root, &root, &mut files);
+    assert!(
+        !files.is_empty(),
+        "no Python files found under {}",
+        root.display()
+    );
     files.sort();
     let mut out = String::from("&[\n");
     for rel in &files {
