@@ -11,8 +11,9 @@ While a call runs the host may ask the compiler ({"q": "attr", "h": handle, "a":
 {"q": "file", "dir": ..., "path": ...}) and reads its answer ({"v": value}, {"unset": true},
 {"missing": message}, {"err": message}) before going on.
 
-Values: JSON, with {"$e": handle, "t": type, "p": [parents], "a": {attributes}} for an entity
-instance (type, parents and attributes when known), {"$u": 1} for an unknown and
+Values: JSON, with {"$e": handle, "t": type, "p": [parents], "f": [fields], "a": {attributes}} for
+an entity instance (type, parents and attribute schema the first time a type is sent, attributes
+when known), {"$u": 1} for an unknown and
 {"$d": {...}} for a dict whose keys could be mistaken for these.
 """
 
@@ -24,6 +25,24 @@ import sys
 from typing import Any, Optional
 
 HOST: Optional["Host"] = None
+
+
+FILE_MARKER_PREFIX = "imp-module-source:file://"
+
+
+class FileMarker(str):
+    """A string naming a file on disk, as the real `fs::file` plugin returns it.
+
+    In Inmanta the plugin's `FileMarker` object stays in the model, and `fs::File`'s hash
+    mapper reads the file when it sees the class (`"FileMarker" in cls.__name__`). Values cross
+    to Steward's compiler as plain strings, so the in-band text (which the marker is, as a
+    string) becomes a marker again when it comes back.
+    """
+
+    def __new__(cls, filename: str) -> "FileMarker":
+        obj = str.__new__(cls, FILE_MARKER_PREFIX + filename)
+        obj.filename = filename
+        return obj
 
 
 class Finder:
@@ -87,6 +106,8 @@ class Host:
             if "$d" in v:
                 v = v["$d"]
             return {k: self.decode(x) for k, x in v.items()}
+        if isinstance(v, str) and v.startswith(FILE_MARKER_PREFIX):
+            return FileMarker(v[len(FILE_MARKER_PREFIX) :])
         return v
 
     def instance(self, v: dict) -> Any:
@@ -98,7 +119,7 @@ class Host:
             tname = v.get("t", "std::Entity")
             t = self.types.get(tname)
             if t is None:
-                t = EntityType(tname, v.get("p", ()))
+                t = EntityType(tname, v.get("p", ()), v.get("f", ()))
                 self.types[tname] = t
             inst = Instance(h, t)
             self.instances[h] = inst
@@ -221,9 +242,10 @@ class Host:
 
     def op_export(self, msg: dict) -> Any:
         from inmanta.execute.proxy import DynamicProxy, UnknownException
-        from inmanta.export import DependencyManager
+        from inmanta.export import DependencyManager, Exporter
         from inmanta.resources import IgnoreResourceException, Resource, resource
 
+        exporter = Exporter()
         items = [self.decode(x) for x in msg.get("items", [])]
         results = []
         built: dict[Any, Any] = {}
@@ -234,7 +256,7 @@ class Host:
                 results.append({"h": inst.handle, "none": True})
                 continue
             try:
-                res = Resource.create_from_model(None, cls_name, DynamicProxy(inst))
+                res = Resource.create_from_model(exporter, cls_name, DynamicProxy(inst))
             except IgnoreResourceException:
                 results.append({"h": inst.handle, "ignored": True})
                 continue
@@ -263,7 +285,8 @@ class Host:
             index = {r["h"]: r for r in results}
             for inst, res in by_inst.items():
                 index[inst.handle]["requires"] = sorted(str(x) for x in res.requires)
-        return results
+        files = {h: data.hex() for h, data in exporter.get_files().items()}
+        return {"resources": results, "files": files}
 
 
 def describe(e: BaseException) -> dict:

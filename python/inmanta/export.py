@@ -49,4 +49,23 @@ class export:  # noqa: N801
 
 
 class Exporter:
-    """Passed (as None in Inmanta's own mappers) to `get_<field>` mappers."""
+    """Passed to `get_<field>` mappers at export, as Inmanta passes its exporter.
+
+    `upload_file` keeps a file's content under its SHA-1 (what the real `fs` module's `get_hash`
+    calls): Steward ships the files uploaded during an export with the version's handler code,
+    where `HandlerAPI.get_file(hash)` finds them.
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[str, bytes] = {}
+
+    def upload_file(self, content: "str | bytes") -> str:
+        import hashlib
+
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        hash_id = hashlib.sha1(data).hexdigest()
+        self._files[hash_id] = data
+        return hash_id
+
+    def get_files(self) -> dict[str, bytes]:
+        return dict(self._files)

@@ -456,7 +456,7 @@ pub fn export(
             )),
         }
     }
-    match python::handlers(&used_types(&resources), modules, python) {
+    match python::handlers(&used_types(&resources), modules, python, &py.files) {
         Ok((h, files)) => {
             for (t, code_of) in h {
                 handlers.entry(t).or_insert(code_of);

@@ -243,6 +243,9 @@ pub struct ModuleInfo {
     pub requirements: Vec<String>,
     /// A V2 module (installed as a Python package).
     pub v2: bool,
+    /// Python its distribution installs beside `inmanta_plugins/<name>` (path under
+    /// site-packages, absolute path): shipped with the handler code.
+    pub extra_python: Vec<(String, PathBuf)>,
 }
 
 impl ModuleInfo {
@@ -347,6 +350,7 @@ impl<'a> Loader<'a> {
                         python,
                         requirements,
                         v2: false,
+                        extra_python: Vec::new(),
                     });
                     break;
                 }
@@ -370,6 +374,7 @@ impl<'a> Loader<'a> {
                 python: None,
                 requirements: Vec::new(),
                 v2: false,
+                extra_python: Vec::new(),
             });
         }
         if found.is_none() {
@@ -410,7 +415,8 @@ impl<'a> Loader<'a> {
             // no Python at all: the module is simply not found
             Err(_) => return Ok(None),
         };
-        let (version, requirements) = dist_metadata(&dir, name);
+        let dist = dist_metadata(&dir, name);
+        let version = dist.version;
         let yml = ModuleYml {
             name: Some(name.to_string()),
             version: Some(serde_yaml_ng::Value::String(version.clone())),
@@ -423,8 +429,9 @@ impl<'a> Loader<'a> {
             root: ModuleRoot::Dir(dir),
             yml,
             python,
-            requirements,
+            requirements: dist.requires,
             v2: true,
+            extra_python: dist.extra_python,
         }))
     }
 

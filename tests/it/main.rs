@@ -40,6 +40,7 @@ mod python_handlers_host;
 mod python_handlers_real;
 mod python_handlers_ssh;
 mod python_plugins;
+mod python_real_modules;
 mod replicas;
 mod replicas_support;
 mod retention;

@@ -66,11 +66,12 @@ fn system_python() -> PathBuf {
     PathBuf::from("python3")
 }
 
-/// One virtualenv per test process, with the real yaml/ip modules (and net, which ip
-/// imports) and their Python dependencies from the package index, and the test's own V2
-/// module `v2demo` built into a wheel. The real `std` (and with it inmanta-core) is left
-/// out: std is Steward's built-in module.
-fn venv() -> &'static Path {
+/// One virtualenv per test process, with real public modules and their Python dependencies
+/// installed from the package index as an Inmanta user installs them (the real `std`, and with
+/// it inmanta-core, among them): yaml, ip (and net, which ip imports), fs, exec and mitogen,
+/// and the test's own V2 module `v2demo` built into a wheel. Modules a project does not pin
+/// in its `requirements.txt` stay Steward's built-ins (std, fs, exec, mitogen).
+pub(crate) fn venv() -> &'static Path {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(|| {
         let dir = tempfile::Builder::new()
@@ -104,12 +105,14 @@ fn venv() -> &'static Path {
             "install",
             "-q",
             "--disable-pip-version-check",
-            "--no-deps",
             "inmanta-module-yaml==1.0.0",
             "inmanta-module-ip==2.0.3",
             "inmanta-module-net==1.1.3",
-            "PyYAML",
-            "netaddr",
+            "inmanta-module-fs==1.1.2",
+            "inmanta-module-exec==2.1.1",
+            "inmanta-module-mitogen==0.2.5",
+            "inmanta-module-std==8.1.0",
+            "inmanta-core==14.0.0",
             &wheel,
         ]));
         env.join("bin/python3")

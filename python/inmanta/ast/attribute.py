@@ -1,6 +1,5 @@
 """inmanta.ast.attribute: the kinds of attributes of an entity, for module code that imports
-them (annotations, isinstance checks). Steward's entity types do not describe their attributes
-to Python yet: nothing returns instances of these classes."""
+them (annotations, isinstance checks), and what `proxy._type().get_attribute(name)` returns."""
 
 
 class Attribute:

@@ -43,9 +43,43 @@ class AttributeNotFound(NotFoundException, AttributeError):
 class EntityType:
     """The type of an instance as plugins see it (`proxy._type()`)."""
 
-    def __init__(self, name: str, parents: Sequence[str] = ()) -> None:
+    def __init__(self, name: str, parents: Sequence[str] = (), fields: Sequence[Sequence[Any]] = ()) -> None:
         self.name = name
         self.parents = list(parents)
+        # [name, 0] for a plain attribute, [name, 1, low, high] for a relation end, inherited
+        # ones included (the compiler sends them with the type)
+        self.fields = [list(f) for f in fields]
+        self._attributes: "Optional[dict[str, Any]]" = None
+
+    def _attribute_map(self) -> "dict[str, Any]":
+        if self._attributes is None:
+            from inmanta.ast.attribute import Attribute, RelationAttribute
+
+            attrs: dict[str, Any] = {}
+            for f in self.fields:
+                if f[1]:
+                    a = RelationAttribute(self, None, f[0])
+                    a.low = f[2]
+                    a.high = f[3]
+                    attrs[f[0]] = a
+                else:
+                    attrs[f[0]] = Attribute(self, None, f[0])
+            self._attributes = attrs
+        return self._attributes
+
+    def get_all_attribute_names(self) -> list[str]:
+        return list(self._attribute_map())
+
+    def get_attribute(self, name: str) -> Any:
+        """The attribute or relation end `name` (inherited ones too), None when there is none."""
+        return self._attribute_map().get(name)
+
+    def get_attributes(self) -> "dict[str, Any]":
+        return dict(self._attribute_map())
+
+    @property
+    def attributes(self) -> "dict[str, Any]":
+        return self._attribute_map()
 
     def get_full_name(self) -> str:
         return self.name

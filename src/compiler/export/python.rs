@@ -42,6 +42,9 @@ pub struct PyExport {
     pub resources: Vec<PyResource>,
     /// Instances a Python class handles (built, ignored or unknown): not exported otherwise.
     pub handled: HashSet<InstId>,
+    /// Files the mappers uploaded (`exporter.upload_file`): SHA-1 hex -> content. They ship
+    /// with the handler code as `_files/<sha1>`, where the handlers' `get_file` finds them.
+    pub files: BTreeMap<String, Vec<u8>>,
 }
 
 struct ExportModel<'a, 'p> {
@@ -135,8 +138,15 @@ pub fn build(
     };
     rt.host.put_python(host);
     let fail = |m: String| vec![Diagnostic::error("export", m)];
-    let results = match reply.map_err(fail)? {
-        Reply::Ok(Json::Array(r)) => r,
+    let (results, uploaded) = match reply.map_err(fail)? {
+        Reply::Ok(Json::Object(mut r)) => match (r.remove("resources"), r.remove("files")) {
+            (Some(Json::Array(resources)), Some(Json::Object(files))) => (resources, files),
+            _ => {
+                return Err(fail(
+                    "unexpected reply from the Python resource export".into(),
+                ));
+            }
+        },
         Reply::Ok(_) | Reply::Unset | Reply::Unknown => {
             return Err(fail(
                 "unexpected reply from the Python resource export".into(),
@@ -154,6 +164,13 @@ pub fn build(
         }
     };
     let mut out = PyExport::default();
+    for (hash, content) in uploaded {
+        let content = content
+            .as_str()
+            .and_then(|c| hex::decode(c).ok())
+            .ok_or_else(|| fail(format!("the uploaded file {hash} is not hex")))?;
+        out.files.insert(hash, content);
+    }
     for r in results {
         let h = r.get("h").and_then(Json::as_u64).unwrap_or(u64::MAX);
         if h >= rt.instances.len() as u64 {
@@ -245,6 +262,7 @@ pub fn handlers(
     used: &BTreeSet<&str>,
     modules: &BTreeMap<String, ModuleInfo>,
     python: &BTreeMap<String, ModulePython>,
+    uploaded: &BTreeMap<String, Vec<u8>>,
 ) -> Result<(Handlers, Code), String> {
     let typed: Vec<(&str, &str)> = python
         .iter()
@@ -258,21 +276,28 @@ pub fn handlers(
     let mut code = BTreeMap::new();
     let mut requirements = BTreeSet::new();
     let mut imports = Vec::new();
+    let mut ship = |path: String, content: &[u8]| {
+        let hash = hex::encode(Sha256::digest(content));
+        files.insert(
+            path,
+            CodeFile {
+                hash: hash.clone(),
+                executable: false,
+            },
+        );
+        code.insert(hash, hex::encode(content));
+    };
+    let read =
+        |abs: &std::path::Path| std::fs::read(abs).map_err(|e| format!("{}: {e}", abs.display()));
     for (name, mp) in python {
         for (rel, abs) in &mp.files {
-            let content = std::fs::read(abs).map_err(|e| format!("{}: {e}", abs.display()))?;
-            let hash = hex::encode(Sha256::digest(&content));
-            files.insert(
-                format!("inmanta_plugins/{name}/{rel}"),
-                CodeFile {
-                    hash: hash.clone(),
-                    executable: false,
-                },
-            );
-            code.insert(hash, hex::encode(&content));
+            ship(format!("inmanta_plugins/{name}/{rel}"), &read(abs)?);
         }
         imports.push(format!("inmanta_plugins.{name}"));
         if let Some(m) = modules.get(name) {
+            for (rel, abs) in &m.extra_python {
+                ship(rel.clone(), &read(abs)?);
+            }
             requirements.extend(
                 m.requirements
                     .iter()
@@ -280,6 +305,9 @@ pub fn handlers(
                     .map(|r| r.trim().to_string()),
             );
         }
+    }
+    for (sha1, content) in uploaded {
+        ship(format!("_files/{sha1}"), content);
     }
     let entry = files.keys().next().cloned().unwrap_or_default();
     let inmanta = InmantaCode {

@@ -16,6 +16,7 @@ use serde_json::{Map, Value as Json, json};
 
 use crate::compiler::ids::EntityId;
 use crate::compiler::program::Program;
+use crate::compiler::types::AttrKind;
 use crate::compiler::value::{Dict, InstId, Value};
 
 /// How to start the host for a compile.
@@ -308,6 +309,22 @@ impl PyHost {
                         .map(|a| Json::String(p.entity(*a).full_name.clone()))
                         .collect();
                     m.insert("p".into(), Json::Array(parents));
+                    // the attribute schema, for module code that walks `_type()`
+                    // (mitogen serializes a context's non-relation attributes)
+                    let fields: Vec<Json> = ent
+                        .slots
+                        .iter()
+                        .map(|a| {
+                            let a = p.attr(*a);
+                            match &a.kind {
+                                AttrKind::Relation { low, high, .. } => {
+                                    json!([a.name, 1, low, high])
+                                }
+                                AttrKind::Value { .. } => json!([a.name, 0]),
+                            }
+                        })
+                        .collect();
+                    m.insert("f".into(), Json::Array(fields));
                 }
                 if attrs {
                     let frozen = model.frozen(*i);

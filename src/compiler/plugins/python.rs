@@ -124,6 +124,31 @@ fn split_top(s: &str, sep: char) -> Vec<String> {
     out
 }
 
+/// A line without its trailing comment (a `#` outside string literals), trimmed at the end:
+/// `def f(x: "string") -> "string":  # type: ignore` ends with its colon.
+fn code_part(line: &str) -> &str {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '#' => return line[..i].trim_end(),
+            '"' | '\'' => quote = Some(c),
+            _ => {}
+        }
+    }
+    line.trim_end()
+}
+
 /// Bracket depth change of a line, ignoring strings and comments; `None` inside a string
 /// that does not end on the line (triple quotes: treated as balanced).
 fn depth_delta(line: &str) -> i32 {
@@ -191,14 +216,14 @@ fn scan_source(text: &str, namespace: &str, module: &str, out: &mut ModulePython
     let mut i = 0;
     let mut decorators: Vec<Decorator> = Vec::new();
     while i < lines.len() {
-        let line = lines[i];
+        let line = code_part(lines[i]);
         if line.starts_with('@') {
             let mut text = line.to_string();
             let mut depth = depth_delta(line);
             while depth > 0 && i + 1 < lines.len() {
                 i += 1;
                 text.push(' ');
-                text.push_str(lines[i].trim());
+                text.push_str(code_part(lines[i]).trim());
                 depth += depth_delta(lines[i]);
             }
             decorators.push(parse_decorator(&text));
@@ -211,7 +236,7 @@ fn scan_source(text: &str, namespace: &str, module: &str, out: &mut ModulePython
             while (depth > 0 || !text.trim_end().ends_with(':')) && i + 1 < lines.len() {
                 i += 1;
                 text.push(' ');
-                text.push_str(lines[i].trim());
+                text.push_str(code_part(lines[i]).trim());
                 depth += depth_delta(lines[i]);
                 if depth <= 0 && text.trim_end().ends_with(':') {
                     break;
@@ -682,5 +707,38 @@ pub fn call(
                     .into(),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As the real exec module writes it: a trailing comment after the colon of a plugin's
+    /// `def` must not swallow the declarations that follow.
+    #[test]
+    fn trailing_comments_do_not_hide_what_follows() {
+        let src = r#"
+@inmanta.plugins.plugin()
+def in_shell(command: "string") -> "string":  # type: ignore
+    return command
+
+
+@inmanta.resources.resource("exec::Run", agent="host.name", id_attribute="command")  # the run
+class Run(ResourceABC):
+    fields = ("command",)  # "quoted # not a comment"
+
+
+@inmanta.agent.handler.provider("exec::Run", name="posix")
+class PosixRunHandler(HandlerABC[Run]):
+    pass
+"#;
+        let mut out = ModulePython::default();
+        scan_source(src, "exec", "inmanta_plugins.exec", &mut out);
+        assert_eq!(out.plugins.len(), 1);
+        assert_eq!(out.resources, ["exec::Run"]);
+        assert_eq!(out.providers, ["exec::Run"]);
+        assert_eq!(code_part(r#"x = "a # b"  # c"#), r#"x = "a # b""#);
+        assert_eq!(code_part(r"x = 'it\'s # here'"), r"x = 'it\'s # here'");
     }
 }

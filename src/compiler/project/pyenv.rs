@@ -107,11 +107,27 @@ pub(super) fn requirement_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Version and `Requires-Dist` of the installed distribution `inmanta-module-<name>`, from
-/// its `.dist-info/METADATA` next to `inmanta_plugins/` (`0.0.0` and none when not found).
-pub(super) fn dist_metadata(pkg_dir: &Path, name: &str) -> (String, Vec<String>) {
+/// What the installed distribution `inmanta-module-<name>` says of itself.
+#[derive(Default)]
+pub(super) struct DistInfo {
+    pub version: String,
+    /// `Requires-Dist` (extras-only requirements left out).
+    pub requires: Vec<String>,
+    /// Python files the distribution installs outside `inmanta_plugins/` (from its `RECORD`),
+    /// such as the mitogen module's `inmanta_mitogen` package: (path under site-packages,
+    /// absolute path). Its handlers import them, so they ship with the handler code.
+    pub extra_python: Vec<(String, std::path::PathBuf)>,
+}
+
+/// [`DistInfo`] of `inmanta-module-<name>`, from its `.dist-info` next to `inmanta_plugins/`
+/// (version `0.0.0` and nothing else when not found).
+pub(super) fn dist_metadata(pkg_dir: &Path, name: &str) -> DistInfo {
+    let unknown = || DistInfo {
+        version: "0.0.0".into(),
+        ..Default::default()
+    };
     let Some(site) = pkg_dir.parent().and_then(Path::parent) else {
-        return ("0.0.0".into(), Vec::new());
+        return unknown();
     };
     let prefix = format!("inmanta_module_{name}-");
     let found = std::fs::read_dir(site).ok().and_then(|entries| {
@@ -120,10 +136,15 @@ pub(super) fn dist_metadata(pkg_dir: &Path, name: &str) -> (String, Vec<String>)
             n.starts_with(&prefix) && n.ends_with(".dist-info")
         })
     });
-    let Some(meta) = found.and_then(|e| std::fs::read_to_string(e.path().join("METADATA")).ok())
-    else {
-        return ("0.0.0".into(), Vec::new());
+    let Some(dist) = found.map(|e| e.path()) else {
+        return unknown();
     };
+    let Ok(meta) = std::fs::read_to_string(dist.join("METADATA")) else {
+        return unknown();
+    };
+    let extra_python = std::fs::read_to_string(dist.join("RECORD"))
+        .map(|record| extra_python_files(site, &record))
+        .unwrap_or_default();
     let mut version = "0.0.0".to_string();
     let mut requires = Vec::new();
     for line in meta.lines() {
@@ -140,5 +161,31 @@ pub(super) fn dist_metadata(pkg_dir: &Path, name: &str) -> (String, Vec<String>)
             }
         }
     }
-    (version, requires)
+    DistInfo {
+        version,
+        requires,
+        extra_python,
+    }
+}
+
+/// The `.py` files a `RECORD` lists outside `inmanta_plugins/`, the `.dist-info` and anything
+/// installed outside site-packages (scripts: `../../bin/…`), that exist.
+fn extra_python_files(site: &Path, record: &str) -> Vec<(String, std::path::PathBuf)> {
+    let mut out: Vec<(String, std::path::PathBuf)> = record
+        .lines()
+        .filter_map(|line| line.split(',').next())
+        .filter(|path| {
+            path.ends_with(".py")
+                && !path.starts_with("inmanta_plugins/")
+                && !path.starts_with("..")
+                && !path.starts_with('/')
+                && !path
+                    .split('/')
+                    .any(|c| c.ends_with(".dist-info") || c == "__pycache__")
+        })
+        .map(|path| (path.to_string(), site.join(path)))
+        .filter(|(_, abs)| abs.is_file())
+        .collect();
+    out.sort();
+    out
 }
