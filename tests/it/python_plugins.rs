@@ -176,6 +176,17 @@ def maybe(x: "string?" = None) -> "string?":
 @plugin
 def bad_return() -> "int":
     return "text"
+
+
+@plugin(allow_unknown=True)
+def sees_unknowns(x: "any") -> "string":
+    from inmanta.execute.util import Unknown
+    return "unknown" if isinstance(x, Unknown) else f"known {x}"
+
+
+@plugin
+def called(x: "any") -> "string":
+    return "called"
 "#;
 
 fn mymod(main: &str) -> tempfile::TempDir {
@@ -285,6 +296,30 @@ fn python_plugin_errors_are_diagnostics_at_the_call_with_the_traceback() {
         let e = run(dir.path(), &system_python(), false).result.unwrap_err();
         assert!(e.contains(expect), "{main}: {e}");
     }
+}
+
+/// Inmanta's rule: a plugin gets an unknown argument only when it says `allow_unknown=True`;
+/// otherwise it is not called and its result is unknown. Only the argument itself counts: a
+/// list holding an unknown is passed (the reference prints the same five lines, in another
+/// order).
+#[test]
+fn unknown_arguments_reach_only_plugins_that_allow_them() {
+    let dir = mymod(
+        r#"import mymod
+u = std::get_env("STEWARD_SURELY_UNSET_VAR")
+std::print(mymod::sees_unknowns(u))
+std::print(mymod::sees_unknowns("x"))
+std::print(std::is_unknown(mymod::called(u)))
+std::print(std::is_unknown(mymod::called([1, u])))
+std::print(mymod::called("y"))
+"#,
+    );
+    let r = run(dir.path(), &system_python(), false);
+    r.result.unwrap();
+    assert_eq!(
+        r.printed,
+        vec!["unknown", "known x", "True", "False", "called"]
+    );
 }
 
 #[test]
