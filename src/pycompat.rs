@@ -31,10 +31,15 @@ pub fn digest() -> &'static str {
     })
 }
 
+/// The name of this binary's tree in a base directory: `steward-python-<digest prefix>`.
+pub fn dir_name() -> String {
+    format!("steward-python-{}", &digest()[..16])
+}
+
 /// The embedded tree under `base/steward-python-<digest>/` (written atomically if absent):
 /// the directory to put first on `sys.path`.
 pub fn materialize(base: &Path) -> std::io::Result<PathBuf> {
-    let target = base.join(format!("steward-python-{}", &digest()[..16]));
+    let target = base.join(dir_name());
     if target.join(COMPLETE).is_file() {
         return Ok(target);
     }

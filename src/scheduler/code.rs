@@ -3,10 +3,16 @@
 //! place, marked complete), next to `_lib/` holding steward's Python helper. Directories are
 //! named by content, so a version deploys with exactly its own code, and versions that share
 //! code share the directory.
+//!
+//! [`run_reaper`] removes the directories of code no stored version uses any more (after a
+//! grace period), and what a crash left half-written: without it every version with new code
+//! (an `fs::File` whose content changed ships that content with its handler code) would leave
+//! a directory behind for ever.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
 use sqlx::PgPool;
 
@@ -18,7 +24,6 @@ const COMPLETE: &str = ".complete";
 
 pub struct CodeCache {
     dir: PathBuf,
-    ready: HashSet<String>,
     helper_written: bool,
 }
 
@@ -26,7 +31,6 @@ impl CodeCache {
     pub fn new(dir: PathBuf) -> CodeCache {
         CodeCache {
             dir,
-            ready: HashSet::new(),
             helper_written: false,
         }
     }
@@ -43,8 +47,9 @@ impl CodeCache {
             })?;
             self.helper_written = true;
         }
-        if self.ready.contains(&code.digest) || target.join(COMPLETE).is_file() {
-            self.ready.insert(code.digest.clone());
+        // looked at every time (one stat): the reaper may have removed a directory whose code
+        // a later version uses again
+        if target.join(COMPLETE).is_file() {
             return Ok(target);
         }
         let hashes: Vec<String> = code.files.values().map(|f| f.hash.clone()).collect();
@@ -56,7 +61,6 @@ impl CodeCache {
             .await
             .map_err(|e| format!("writing handler code crashed: {e}"))?;
         written?;
-        self.ready.insert(code.digest.clone());
         Ok(target)
     }
 }
@@ -135,4 +139,132 @@ fn write_code(
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result
+}
+
+/// How long unused code stays on disk: a version being stored may be about to use it again
+/// (the same grace the database's code blobs get).
+pub const REAP_GRACE: Duration = Duration::from_secs(3600);
+
+/// What one pass of the reaper removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Code directories no stored version uses.
+    pub unused: usize,
+    /// Temporary or half-written directories a crash left.
+    pub leftovers: usize,
+}
+
+fn age(path: &Path) -> Option<Duration> {
+    let modified = std::fs::symlink_metadata(path).ok()?.modified().ok()?;
+    SystemTime::now().duration_since(modified).ok()
+}
+
+/// Removes what executors no longer need from a code directory, pass by pass. It remembers
+/// since when it has seen each code directory unused, so a directory goes only after `grace`
+/// of being unused without a break (however old it is): a version stored meanwhile with the
+/// same code finds it still there.
+pub struct Reaper {
+    dir: PathBuf,
+    grace: Duration,
+    unused_since: HashMap<String, Instant>,
+}
+
+impl Reaper {
+    pub fn new(dir: PathBuf, grace: Duration) -> Reaper {
+        Reaper {
+            dir,
+            grace,
+            unused_since: HashMap::new(),
+        }
+    }
+
+    /// One pass: remove the code directories whose digest has not been in `live` for
+    /// `grace`, temporary and never completed directories older than `grace`, and
+    /// `steward-python-*` trees of other binaries older than `grace`. `_lib/`, the
+    /// virtualenvs under `_venv/` (shared by requirement set, not by version) and anything
+    /// else not named by a digest stay. A directory is first renamed out of the way, so an
+    /// executor never sees one half-removed.
+    pub fn pass(&mut self, live: &HashSet<String>) -> std::io::Result<Reaped> {
+        let mut reaped = Reaped::default();
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(reaped),
+            Err(e) => return Err(e),
+        };
+        let now = Instant::now();
+        let grace = self.grace;
+        let old = |p: &Path| age(p).is_some_and(|a| a > grace);
+        let mut seen = HashSet::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let path = entry.path();
+            if name.starts_with('_') || !path.is_dir() {
+                continue;
+            }
+            let leftover = name.starts_with(".tmp-") || name.starts_with(".reap-");
+            let digest = !name.is_empty() && name.bytes().all(|b| b.is_ascii_hexdigit());
+            let kind = if leftover {
+                old(&path).then_some(&mut reaped.leftovers)
+            } else if name.starts_with("steward-python-") {
+                // Steward's own Python, per binary: an older binary's copy is not used any more
+                (name != crate::pycompat::dir_name() && old(&path.join(COMPLETE)))
+                    .then_some(&mut reaped.unused)
+            } else if !digest {
+                None
+            } else if !path.join(COMPLETE).is_file() {
+                old(&path).then_some(&mut reaped.leftovers)
+            } else if live.contains(&name) {
+                None
+            } else {
+                seen.insert(name.clone());
+                let since = *self.unused_since.entry(name.clone()).or_insert(now);
+                (now.duration_since(since) >= grace).then_some(&mut reaped.unused)
+            };
+            let Some(count) = kind else { continue };
+            let doomed = if leftover {
+                path
+            } else {
+                let doomed = self
+                    .dir
+                    .join(format!(".reap-{name}-{}", uuid::Uuid::new_v4()));
+                std::fs::rename(&path, &doomed)?;
+                self.unused_since.remove(&name);
+                doomed
+            };
+            std::fs::remove_dir_all(&doomed)?;
+            *count += 1;
+        }
+        // forget what is used again or gone
+        self.unused_since.retain(|name, _| seen.contains(name));
+        Ok(reaped)
+    }
+}
+
+/// Reap `dir` every `every`, for ever, against the digests the stored versions use. A pass
+/// that fails (the database away, a file that can not be removed) is logged and tried again
+/// at the next one.
+pub async fn run_reaper(pool: PgPool, dir: PathBuf, every: Duration, grace: Duration) {
+    let reaper = std::sync::Arc::new(std::sync::Mutex::new(Reaper::new(dir.clone(), grace)));
+    loop {
+        match store::code::live_digests(&pool).await {
+            Ok(live) => {
+                let r = reaper.clone();
+                let pass = move || r.lock().unwrap_or_else(|e| e.into_inner()).pass(&live);
+                match tokio::task::spawn_blocking(pass).await {
+                    Ok(Ok(r)) if r != Reaped::default() => {
+                        tracing::info!(unused = r.unused, leftovers = r.leftovers, dir = %dir.display(), "handler code directories removed")
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, dir = %dir.display(), "removing unused handler code failed; trying again later")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "the handler code reaper crashed"),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the handler code in use failed; trying again later")
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
 }

@@ -285,6 +285,15 @@ async fn serve(
         state.pool.clone(),
         config.prune_interval,
     ));
+    // the handler code directories this server's executors use, pruned with the versions
+    let reaper = state.schedulers.is_some().then(|| {
+        tokio::spawn(crate::scheduler::code::run_reaper(
+            state.pool.clone(),
+            config.data_dir.join("code"),
+            config.prune_interval,
+            crate::scheduler::code::REAP_GRACE,
+        ))
+    });
     tracing::info!(%addr, %scheme, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
     eprintln!("steward server listening on {scheme}://{addr}");
     let handover = replica.as_ref().map(|(r, _)| r.clone());
@@ -300,6 +309,9 @@ async fn serve(
         .await
         .map_err(ServerError::Serve);
     pruner.abort();
+    if let Some(r) = reaper {
+        r.abort();
+    }
     if let Some(s) = schedulers {
         // executors finish their current action and exit when their input closes
         s.stop_all();

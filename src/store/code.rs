@@ -206,6 +206,15 @@ fn handler_code(
     }
 }
 
+/// Digests of the handler code some stored version of any environment uses: the code
+/// directories executors may still need (`scheduler::code::reap` removes the others).
+pub async fn live_digests(e: impl PgExecutor<'_>) -> Result<std::collections::HashSet<String>> {
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT DISTINCT digest FROM version_handlers")
+        .fetch_all(e)
+        .await?;
+    Ok(rows.into_iter().map(|(d,)| d).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@ mod api_durability;
 mod browser;
 mod builtin_modules;
 mod chaos;
+mod code_reaper;
 mod compile_isolation;
 mod compiler_cases;
 mod compiler_cli;

@@ -17,7 +17,7 @@ use crate::support::{TestServer, eventually, export_of, wait_deployed};
 
 /// The module's Python, as a V1 module has it in `plugins/__init__.py` (installed as
 /// `inmanta_plugins.demo`).
-const DEMO: &str = r#"
+pub const DEMO: &str = r#"
 import os
 
 from inmanta import const
