@@ -5,7 +5,6 @@
 //! `inmanta-module-yaml` and `inmanta-module-ip` exported as the reference exports them
 //! (`tests/python/real_modules/expected.json`, from inmanta-core 14.0.0).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -393,40 +392,11 @@ fn real_yaml_and_ip_modules_export_as_the_reference_does() {
     let r = run(tmp.path(), python, true);
     let x = r.result.unwrap().unwrap();
     eprintln!("real modules: compile + export in {:?}", started.elapsed());
-    let expected: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(data_dir().join("real_modules/expected.json")).unwrap(),
-    )
-    .unwrap();
-    // the reference's export: each resource's fields plus id, version, requires
-    let mut want = BTreeMap::new();
-    for r in expected {
-        let mut m = r.as_object().unwrap().clone();
-        let id = m.remove("id").unwrap();
-        let id = id
-            .as_str()
-            .unwrap()
-            .rsplit_once(",v=")
-            .unwrap()
-            .0
-            .to_string();
-        m.remove("version");
-        let requires = m.remove("requires").unwrap();
-        want.insert(id, (serde_json::Value::Object(m), requires));
-    }
-    let got: BTreeMap<String, (serde_json::Value, serde_json::Value)> = x
-        .resources
-        .iter()
-        .map(|r| {
-            (
-                r.id.0.clone(),
-                (
-                    serde_json::Value::Object(r.attributes.clone()),
-                    serde_json::json!(r.requires),
-                ),
-            )
-        })
-        .collect();
-    assert_eq!(got, want);
+    let expected = std::fs::read_to_string(data_dir().join("real_modules/expected.json")).unwrap();
+    assert_eq!(
+        crate::python_real_modules::as_the_reference_writes(&x),
+        crate::python_real_modules::reference_export(&expected)
+    );
     assert_eq!(x.metadata.modules["yaml"], "1.0.0");
     assert_eq!(x.metadata.modules["ip"], "2.0.3");
 }

@@ -13,6 +13,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use steward::compiler::{CompileOptions, compile};
+use steward::model::ExportFile;
 
 use crate::python_plugins::venv;
 use crate::support::{copy_dir, steward_bin};
@@ -24,12 +25,10 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/real_fs")
 }
 
-/// The reference's export, by resource id (without version): fields plus `requires`.
-fn expected(root: &str) -> BTreeMap<String, Value> {
-    let text = std::fs::read_to_string(fixture().join("expected.json"))
-        .unwrap()
-        .replace(REFERENCE_ROOT, root);
-    let list: Vec<Value> = serde_json::from_str(&text).unwrap();
+/// A reference export (`inmanta export -j`) by resource id without version: each resource's
+/// fields plus `requires`.
+pub(crate) fn reference_export(text: &str) -> BTreeMap<String, Value> {
+    let list: Vec<Value> = serde_json::from_str(text).unwrap();
     list.into_iter()
         .map(|r| {
             let mut m = r.as_object().unwrap().clone();
@@ -45,6 +44,26 @@ fn expected(root: &str) -> BTreeMap<String, Value> {
             (id, Value::Object(m))
         })
         .collect()
+}
+
+/// Steward's export in the shape of [`reference_export`].
+pub(crate) fn as_the_reference_writes(x: &ExportFile) -> BTreeMap<String, Value> {
+    x.resources
+        .iter()
+        .map(|r| {
+            let mut m = r.attributes.clone();
+            m.insert("requires".into(), serde_json::json!(r.requires));
+            (r.id.0.clone(), Value::Object(m))
+        })
+        .collect()
+}
+
+/// The reference's export of the fixture, with its root moved to `root`.
+fn expected(root: &str) -> BTreeMap<String, Value> {
+    let text = std::fs::read_to_string(fixture().join("expected.json"))
+        .unwrap()
+        .replace(REFERENCE_ROOT, root);
+    reference_export(&text)
 }
 
 fn steward_deploy(project: &Path, root: &Path) -> String {
@@ -104,16 +123,7 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
         "real fs/exec/mitogen: compile + export in {:?}",
         started.elapsed()
     );
-    let got: BTreeMap<String, Value> = x
-        .resources
-        .iter()
-        .map(|r| {
-            let mut m = r.attributes.clone();
-            m.insert("requires".into(), serde_json::json!(r.requires));
-            (r.id.0.clone(), Value::Object(m))
-        })
-        .collect();
-    assert_eq!(got, expected(REFERENCE_ROOT));
+    assert_eq!(as_the_reference_writes(&x), expected(REFERENCE_ROOT));
     assert_eq!(x.metadata.modules["fs"], "1.1.2");
     assert_eq!(x.metadata.modules["exec"], "2.1.1");
     assert_eq!(x.metadata.modules["mitogen"], "0.2.5");
