@@ -228,7 +228,7 @@ impl Definer {
             }
         }
         // a placeholder constraint, replaced when the typedef is resolved
-        let no_constraint = regex::Regex::new("").expect("empty regex");
+        let no_constraint = fancy_regex::Regex::new("").expect("empty regex");
         for nsi in 0..self.files.len() {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().unwrap_or_default();
@@ -334,7 +334,7 @@ impl Definer {
                 }
                 match &t.constraint {
                     ast::TypedefConstraint::Regex(src, span) => {
-                        match regex::Regex::new(&format!("^(?:{src})")) {
+                        match fancy_regex::Regex::new(&format!("^(?:{src})")) {
                             Ok(regex) => {
                                 self.p.typedefs[id.0 as usize].constraint = Constraint::Regex {
                                     source: src.clone(),

@@ -459,7 +459,7 @@ impl Lexer<'_, '_> {
         }
         let pattern = &self.src[body_start..q];
         self.pos = q + 1;
-        if let Err(e) = regex::Regex::new(pattern) {
+        if let Err(e) = fancy_regex::Regex::new(pattern) {
             let msg = e.to_string();
             let last = msg.lines().last().unwrap_or("").trim().to_string();
             return Err(Diagnostic::error(

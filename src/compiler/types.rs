@@ -205,7 +205,10 @@ impl Entity {
 
 pub enum Constraint {
     /// Python `re.match` semantics: anchored at the start only.
-    Regex { source: String, regex: regex::Regex },
+    Regex {
+        source: String,
+        regex: fancy_regex::Regex,
+    },
     /// An expression over `self` (environment slot 0).
     Expr { expr: ExprId, text: String },
 }

@@ -465,9 +465,10 @@ impl Runtime<'_> {
                 let td = self.p.typedef(t);
                 self.validate_base(value, td.base)?;
                 let ok = match &td.constraint {
+                    // a pattern that exceeds the backtracking limit does not match
                     Constraint::Regex { regex, .. } => match value {
-                        Value::Str(s) => regex.is_match(s),
-                        other => regex.is_match(&self.value_str(other)),
+                        Value::Str(s) => regex.is_match(&**s).unwrap_or(false),
+                        other => regex.is_match(&self.value_str(other)).unwrap_or(false),
                     },
                     Constraint::Expr { expr, .. } => {
                         let mut cx = Cx::new(TaskId(NONE), ScopeId(0));

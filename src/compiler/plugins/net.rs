@@ -297,7 +297,8 @@ pub fn validate_type(ty: &str, v: &Value, params: &Value) -> bool {
                 _ => None,
             };
             match pattern {
-                Some(p) => regex::Regex::new(&format!("^(?:{p})")).is_ok_and(|r| r.is_match(t)),
+                Some(p) => fancy_regex::Regex::new(&format!("^(?:{p})"))
+                    .is_ok_and(|r| r.is_match(t).unwrap_or(false)),
                 None => true,
             }
         }
