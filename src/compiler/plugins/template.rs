@@ -2,21 +2,36 @@
 //! minijinja.
 //!
 //! Without keyword arguments the template sees the variables in scope at the call (`::` is
-//! written `.`). The variables the template uses are resolved through the caller first — a
-//! value that does not exist yet makes the call wait, as any plugin argument would — and then
-//! handed to minijinja; instances become maps of their attributes, dicts keep the model's
-//! order. As in Jinja2, dicts, lists and strings have Python's methods (`d.get(k, default)`,
-//! `d.items()`, `d.keys()`, `d.values()`, `s.upper()`, … through minijinja-contrib's pycompat),
-//! and `{{ value }}` shows what the reference shows: Python's `str()` (`None`, `True`, and the
-//! model's lists and dicts as `@[…]`/`@{…}`).
+//! written `.`), resolved through the caller first (a value that does not exist yet makes the
+//! call wait, as any plugin argument would). Dicts keep the model's order. As in Jinja2, dicts,
+//! lists and strings have Python's methods (`d.get(k, default)`, `d.items()`, `d.keys()`,
+//! `d.values()`, `s.upper()`, … through minijinja-contrib's pycompat), and `{{ value }}` shows
+//! what the reference shows: Python's `str()` (`None`, `True`, and the model's lists and dicts
+//! as `@[…]`/`@{…}`).
+//!
+//! Instances behave as the reference's proxies: an attribute is read when the template reads
+//! it, waiting for its complete value. Every plugin is a filter too, as the reference registers
+//! them: `ns::name` written `ns.name`, called with the piped value first
+//! (`{{ keys | std.key_sort("name") }}`). Both need the caller, which minijinja can not hold
+//! during a render, so a render notes the attributes and filter calls it has no value for yet
+//! (using a placeholder in their place), the call reads and calls them, and the template
+//! renders again, until a render needs nothing new. Its text is the last render's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use indexmap::IndexMap;
+use minijinja::value::{Object, ObjectRepr, Rest};
 
 use super::files::resolve_module_path;
 use super::{Args, Caller, Outcome, PluginDef, Stop, fail, req};
+use crate::compiler::types::TypeRef;
 use crate::compiler::value::{InstId, Value, pyfmt};
+
+/// Renders a template may take to get the values it reads (each render adds at least one; a
+/// chain such as `a.b.c | f` takes one per link).
+const MAX_RENDERS: usize = 64;
 
 pub fn plugins() -> Vec<PluginDef> {
     vec![PluginDef {
@@ -37,11 +52,19 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
         Ok((s, _)) => s,
         Err(e) => return Err(fail(a, "std::template", e)),
     };
+    let shared = Shared::default();
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     // Python's methods on dicts, lists and strings (`d.get(k)`, `d.items()`, `s.upper()`, …)
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(python_formatter);
+    for dotted in plugin_filters(c, &source) {
+        let shared = shared.clone();
+        let name = dotted.clone();
+        env.add_filter(dotted, move |args: Rest<minijinja::Value>| {
+            shared.filter(&name, args.0)
+        });
+    }
     if let Err(e) = env.add_template("t", &source) {
         return Err(fail(
             a,
@@ -53,7 +76,7 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let mut ctx: BTreeMap<String, minijinja::Value> = BTreeMap::new();
     if !a.extra.is_empty() {
         for (k, v) in &a.extra {
-            ctx.insert(k.to_string(), to_jinja(c, v, 3));
+            ctx.insert(k.to_string(), to_jinja(c, v, &shared));
         }
     } else {
         let mut names: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
@@ -76,17 +99,192 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
                     // `std::linux` written `std.linux`: nest under the namespace name
                     let inner = root_name.split("::").nth(1).unwrap_or("").to_string();
                     let mut m = BTreeMap::new();
-                    m.insert(inner, to_jinja(c, &v, 3));
+                    m.insert(inner, to_jinja(c, &v, &shared));
                     ctx.insert(key, minijinja::Value::from(m));
                 } else {
-                    ctx.insert(key, to_jinja(c, &v, 3));
+                    ctx.insert(key, to_jinja(c, &v, &shared));
                 }
             }
         }
     }
-    match tmpl.render(minijinja::Value::from(ctx)) {
-        Ok(s) => Ok(Value::string(s)),
-        Err(e) => Err(fail(a, "std::template", format!("{e}"))),
+    let ctx = minijinja::Value::from(ctx);
+    for _ in 0..MAX_RENDERS {
+        let rendered = tmpl.render(&ctx);
+        let (attributes, filters) = shared.take_wanted();
+        if attributes.is_empty() && filters.is_empty() {
+            return match rendered {
+                Ok(s) => Ok(Value::string(s)),
+                Err(e) => Err(fail(a, "std::template", format!("{e}"))),
+            };
+        }
+        for (inst, name) in attributes {
+            let value = read_attribute(c, inst, &name)?.map(|v| to_jinja(c, &v, &shared));
+            shared.lock().attributes.insert((inst, name), value);
+        }
+        for (key, name, args) in filters {
+            let args = args
+                .iter()
+                .map(|v| from_jinja(v, &mut HashMap::new()))
+                .collect();
+            let result = call_filter(c, a, &name, args)?.map(|v| to_jinja(c, &v, &shared));
+            shared.lock().filters.insert(key, result);
+        }
+    }
+    Err(fail(
+        a,
+        "std::template",
+        format!("the template still reads new values after {MAX_RENDERS} renders"),
+    ))
+}
+
+/// What a template's renders share with the call: the attribute values and filter results
+/// read so far, and those the last render asked for and did not have yet.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Resolved>>);
+
+#[derive(Default)]
+struct Resolved {
+    /// By instance and attribute name; `None`: the instance has no such attribute.
+    attributes: HashMap<(InstId, String), Option<minijinja::Value>>,
+    /// By filter name and arguments: the result, or the plugin's failure.
+    filters: HashMap<String, Result<minijinja::Value, String>>,
+    wanted_attributes: Vec<(InstId, String)>,
+    wanted_filters: Vec<FilterCall>,
+}
+
+/// A filter call a render made: its key (name and arguments), the filter, its arguments.
+type FilterCall = (String, String, Vec<minijinja::Value>);
+
+/// What a render uses in place of a value it does not have yet (its text is thrown away).
+fn placeholder() -> minijinja::Value {
+    minijinja::Value::from(())
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Resolved> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_wanted(&self) -> (Vec<(InstId, String)>, Vec<FilterCall>) {
+        let mut r = self.lock();
+        let mut attributes = std::mem::take(&mut r.wanted_attributes);
+        attributes.sort();
+        attributes.dedup();
+        let mut filters = std::mem::take(&mut r.wanted_filters);
+        filters.sort_by(|x, y| x.0.cmp(&y.0));
+        filters.dedup_by(|x, y| x.0 == y.0);
+        (attributes, filters)
+    }
+
+    fn attribute(&self, inst: InstId, name: &str) -> Option<minijinja::Value> {
+        let mut r = self.lock();
+        match r.attributes.get(&(inst, name.to_string())) {
+            Some(v) => v.clone(),
+            None => {
+                r.wanted_attributes.push((inst, name.to_string()));
+                Some(placeholder())
+            }
+        }
+    }
+
+    fn filter(
+        &self,
+        name: &str,
+        args: Vec<minijinja::Value>,
+    ) -> Result<minijinja::Value, minijinja::Error> {
+        let mut r = self.lock();
+        let key = format!("{name}{args:?}");
+        match r.filters.get(&key) {
+            Some(Ok(result)) => Ok(result.clone()),
+            Some(Err(message)) => Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                message.clone(),
+            )),
+            None => {
+                r.wanted_filters.push((key, name.to_string(), args));
+                Ok(placeholder())
+            }
+        }
+    }
+}
+
+/// An attribute a template reads, as the model reads it (waiting for its complete value);
+/// `None` when the instance has no attribute of that name (undefined in the template).
+fn read_attribute(c: &mut dyn Caller, inst: InstId, name: &str) -> Outcome<Option<Value>> {
+    let Some(sym) = c.program().syms.get(name) else {
+        return Ok(None);
+    };
+    let entity = c.instance_entity(inst);
+    if c.program().entity(entity).slot(sym).is_none() {
+        return Ok(None);
+    }
+    // an optional relation left empty reads as None
+    Ok(Some(
+        c.read_attr_or_empty(&Value::Instance(inst), sym, "value")?
+            .unwrap_or(Value::Null),
+    ))
+}
+
+/// The plugins a template may use as filters: those of the compile's namespaces whose dotted
+/// name (`std.key_sort`, `mymod.sub.f`) the source mentions.
+fn plugin_filters(c: &dyn Caller, source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for ns in &c.program().namespaces {
+        let prefix = ns.name.replace("::", ".");
+        if !source.contains(&format!("{prefix}.")) {
+            continue;
+        }
+        for (name, t) in &ns.types {
+            let dotted = format!("{prefix}.{name}");
+            if matches!(t, TypeRef::Plugin(_)) && source.contains(&dotted) {
+                names.push(dotted);
+            }
+        }
+    }
+    names
+}
+
+/// Call the plugin a filter names with the piped value and the filter's arguments. The inner
+/// `Err` is the plugin's failure as the template shows it.
+fn call_filter(
+    c: &mut dyn Caller,
+    a: &Args,
+    dotted: &str,
+    args: Vec<Value>,
+) -> Outcome<Result<Value, String>> {
+    let (ns, name) = dotted.rsplit_once('.').unwrap_or(("", dotted));
+    let ns = ns.replace('.', "::");
+    let id = c
+        .program()
+        .namespaces
+        .iter()
+        .find(|n| n.name == ns)
+        .and_then(|n| match n.types.get(name) {
+            Some(TypeRef::Plugin(id)) => Some(id.0 as usize),
+            _ => None,
+        });
+    let Some(id) = id else {
+        return Ok(Err(format!("no plugin {ns}::{name}")));
+    };
+    let builtin = super::all();
+    let outcome = match id.checked_sub(builtin.len()) {
+        Some(i) => {
+            let def = c.program().python_plugins[i].clone();
+            super::python::call(&def, c, args, Vec::new(), a.span)
+        }
+        None => {
+            let def = &builtin[id];
+            match super::bind(def, c, args, Vec::<(Rc<str>, Value)>::new(), a.span) {
+                Ok(Some(mut bound)) => super::invoke(def, c, &mut bound),
+                Ok(None) => Ok(Value::Unknown),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match outcome {
+        Ok(v) => Ok(Ok(v)),
+        Err(Stop::Err(d)) => Ok(Err(d.message.clone())),
+        Err(wait) => Err(wait),
     }
 }
 
@@ -119,7 +317,7 @@ fn lookup_path(c: &mut dyn Caller, parts: &[&str]) -> Outcome<Option<(String, Va
     Ok(Some((root, cur)))
 }
 
-fn to_jinja(c: &dyn Caller, v: &Value, depth: u32) -> minijinja::Value {
+fn to_jinja(c: &dyn Caller, v: &Value, shared: &Shared) -> minijinja::Value {
     match v {
         Value::Null | Value::Unknown => minijinja::Value::from(()),
         Value::Bool(b) => minijinja::Value::from(*b),
@@ -128,27 +326,50 @@ fn to_jinja(c: &dyn Caller, v: &Value, depth: u32) -> minijinja::Value {
         Value::Float(f) => minijinja::Value::from(*f),
         Value::Str(s) => minijinja::Value::from(s.to_string()),
         Value::List(l) => {
-            minijinja::Value::from(l.iter().map(|x| to_jinja(c, x, depth)).collect::<Vec<_>>())
+            minijinja::Value::from(l.iter().map(|x| to_jinja(c, x, shared)).collect::<Vec<_>>())
         }
         // in the model's order, as a Python dict iterates
         Value::Dict(d) => minijinja::Value::from(
             d.iter()
-                .map(|(k, x)| (minijinja::Value::from(&**k), to_jinja(c, x, depth)))
+                .map(|(k, x)| (minijinja::Value::from(&**k), to_jinja(c, x, shared)))
                 .collect::<IndexMap<_, _>>(),
         ),
-        Value::Instance(i) => instance_map(c, *i, depth),
+        Value::Instance(i) => minijinja::Value::from_object(TemplateInstance {
+            inst: *i,
+            text: c.names().inst_str(*i),
+            shared: shared.clone(),
+        }),
     }
 }
 
-fn instance_map(c: &dyn Caller, inst: InstId, depth: u32) -> minijinja::Value {
-    if depth == 0 {
-        return minijinja::Value::from(c.names().inst_str(inst));
+/// An instance in a template, as the reference's proxy: its attributes are read when the
+/// template reads them (the render asks the call for those it does not have yet), it shows
+/// as the instance's `str()`, and a plugin used as a filter gets the instance itself.
+struct TemplateInstance {
+    inst: InstId,
+    text: String,
+    shared: Shared,
+}
+
+impl std::fmt::Debug for TemplateInstance {
+    // the key of a filter call: which instance, not what has been read of it
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "instance {}", self.inst.0)
     }
-    let mut m: BTreeMap<String, minijinja::Value> = BTreeMap::new();
-    for (name, v) in c.attributes_so_far(inst) {
-        m.insert(name, to_jinja(c, &v, depth - 1));
+}
+
+impl Object for TemplateInstance {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
     }
-    minijinja::Value::from(m)
+
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        self.shared.attribute(self.inst, key.as_str()?)
+    }
+
+    fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
 }
 
 /// `{{ value }}` as Jinja2 shows the reference's values: `str()` of the value, which for the
@@ -160,15 +381,24 @@ fn python_formatter(
 ) -> Result<(), minijinja::Error> {
     let text = match value.as_str() {
         Some(s) => s.to_string(),
-        None => pyfmt::print_text(&from_jinja(value), &NoInstances),
+        None => {
+            let mut texts = HashMap::new();
+            let v = from_jinja(value, &mut texts);
+            pyfmt::print_text(&v, &InstanceTexts(texts))
+        }
     };
     out.write_str(&text)
         .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::WriteFailure, e.to_string()))
 }
 
-/// A template value back as a model value, to show it as Python would.
-fn from_jinja(v: &minijinja::Value) -> Value {
+/// A template value back as a model value (to pass to a plugin, or show as Python would),
+/// noting the text of each instance in it.
+fn from_jinja(v: &minijinja::Value, texts: &mut HashMap<InstId, String>) -> Value {
     use minijinja::value::ValueKind;
+    if let Some(i) = v.downcast_object_ref::<TemplateInstance>() {
+        texts.insert(i.inst, i.text.clone());
+        return Value::Instance(i.inst);
+    }
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => Value::Null,
         ValueKind::Bool => Value::Bool(v.is_true()),
@@ -187,28 +417,28 @@ fn from_jinja(v: &minijinja::Value) -> Value {
                         .as_str()
                         .map(str::to_string)
                         .unwrap_or_else(|| k.to_string());
-                    d.insert(key.into(), from_jinja(&item));
+                    d.insert(key.into(), from_jinja(&item, texts));
                 }
             }
             Value::Dict(std::rc::Rc::new(d))
         }
         ValueKind::Seq | ValueKind::Iterable => Value::list(
             v.try_iter()
-                .map(|it| it.map(|x| from_jinja(&x)).collect())
+                .map(|it| it.map(|x| from_jinja(&x, texts)).collect())
                 .unwrap_or_default(),
         ),
         _ => Value::string(v.to_string()),
     }
 }
 
-/// Template values hold no instances (they became maps of their attributes).
-struct NoInstances;
+/// The text of the instances in a value shown by a template.
+struct InstanceTexts(HashMap<InstId, String>);
 
-impl pyfmt::InstanceText for NoInstances {
-    fn inst_repr(&self, _: InstId) -> String {
-        String::new()
+impl pyfmt::InstanceText for InstanceTexts {
+    fn inst_repr(&self, inst: InstId) -> String {
+        self.inst_str(inst)
     }
-    fn inst_str(&self, _: InstId) -> String {
-        String::new()
+    fn inst_str(&self, inst: InstId) -> String {
+        self.0.get(&inst).cloned().unwrap_or_default()
     }
 }
