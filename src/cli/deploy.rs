@@ -102,8 +102,30 @@ async fn deploy(
         eprintln!("repair: verifying {} resources", r["scheduled"]);
     }
     let started = Instant::now();
-    let progress = follow(c, &env, number).await?;
+    let mut progress = follow(c, &env, number).await?;
+    if args.repair {
+        // the version is settled as soon as its resources are deployed, which unchanged ones
+        // are before the repair has run: wait for the agents to have nothing left either
+        wait_idle(c, &env).await?;
+        progress = follow(c, &env, number).await?;
+    }
     summary(c, &env, number, &progress, started.elapsed()).await
+}
+
+/// Wait until no agent of the environment has work queued or running.
+async fn wait_idle(c: &Client, env: &str) -> anyhow::Result<()> {
+    loop {
+        let agents = c.agents(env).await?;
+        let busy = agents["agents"].as_array().is_some_and(|list| {
+            list.iter().any(|a| {
+                a["queued"].as_u64().unwrap_or(0) > 0 || a["running"].as_u64().unwrap_or(0) > 0
+            })
+        });
+        if !busy {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
 }
 
 /// The environment of this project in the private server (created on first use).
