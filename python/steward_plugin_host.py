@@ -176,6 +176,25 @@ class Host:
             raise AttributeNotFound(None, attribute, answer["missing"])
         raise Exception(answer.get("err", "the compiler could not answer"))
 
+    def builtin(self, plugin: str, args: list, kwargs: dict) -> Any:
+        """Call one of the compiler's built-in plugins (`std::getfact`, ...)."""
+        from inmanta.execute.proxy import UnsetException
+        from inmanta.plugins import PluginException
+
+        answer = self.ask(
+            {
+                "q": "builtin",
+                "plugin": plugin,
+                "args": [self.encode(a) for a in args],
+                "kwargs": {k: self.encode(v) for k, v in kwargs.items()},
+            }
+        )
+        if "v" in answer:
+            return self.decode(answer["v"])
+        if "unset" in answer:
+            raise UnsetException(f"{plugin} needs a value that is not set yet")
+        raise PluginException(answer.get("err", f"{plugin} failed"))
+
     def module_file(self, module_dir: str, path: str) -> str:
         answer = self.ask({"q": "file", "dir": module_dir, "path": path})
         if "v" in answer:

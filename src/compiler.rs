@@ -226,7 +226,7 @@ fn python_of(
         if m.v2 {
             config.v2.insert(name.clone());
         }
-        imports.push(format!("inmanta_plugins.{name}"));
+        imports.extend(found.python_modules.iter().cloned());
         scanned.insert(name.clone(), found);
     }
     CompilePython {

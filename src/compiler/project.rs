@@ -23,7 +23,7 @@ use super::parser;
 use super::source::{SourceMap, Span};
 
 mod pyenv;
-pub use pyenv::PythonEnv;
+pub use pyenv::{PythonEnv, module_of_requirement};
 use pyenv::{dist_metadata, pinned_modules, requirement_lines};
 
 /// A built-in module file: (module, path inside the module, content).
@@ -249,6 +249,37 @@ pub struct ModuleInfo {
 }
 
 impl ModuleInfo {
+    /// The installed V2 package of module `name` beside this V2 module (in the same
+    /// site-packages), for when `name` is built in here but this module's Python imports the
+    /// real package's (the files module imports `inmanta_plugins.mitogen.abc`).
+    pub fn installed_beside(&self, name: &str) -> Option<ModuleInfo> {
+        let ModuleRoot::Dir(dir) = &self.root else {
+            return None;
+        };
+        if !self.v2 {
+            return None;
+        }
+        let sibling = dir.parent()?.join(name);
+        if !sibling.join("__init__.py").is_file() {
+            return None;
+        }
+        let dist = dist_metadata(&sibling, name);
+        Some(ModuleInfo {
+            name: name.to_string(),
+            version: dist.version.clone(),
+            root: ModuleRoot::Dir(sibling.clone()),
+            yml: ModuleYml {
+                name: Some(name.to_string()),
+                version: Some(serde_yaml_ng::Value::String(dist.version)),
+                ..Default::default()
+            },
+            python: Some(sibling),
+            requirements: dist.requires,
+            v2: true,
+            extra_python: dist.extra_python,
+        })
+    }
+
     /// The text of a file of this module, with its display name and absolute path.
     pub fn read(&self, rel: &str) -> Option<(String, String, String)> {
         match &self.root {

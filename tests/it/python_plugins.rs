@@ -110,6 +110,7 @@ pub(crate) fn venv() -> &'static Path {
             "inmanta-module-fs==1.1.2",
             "inmanta-module-exec==2.1.1",
             "inmanta-module-mitogen==0.2.5",
+            "inmanta-module-files==2.1.1",
             "inmanta-module-std==8.1.0",
             "inmanta-core==14.0.0",
             &wheel,
@@ -186,6 +187,27 @@ def sees_unknowns(x: "any") -> "string":
 @plugin
 def called(x: "any") -> "string":
     return "called"
+
+
+@plugin
+def through_std(ctx: Context, thing: "mymod::Thing") -> "list":
+    # std's plugins called from Python, as modules do (`std` is built in: they run in the
+    # compiler), the Context first where the reference's function declares one
+    import inmanta_plugins.std as std
+
+    fact = std.getfact(ctx, thing, "size")
+    try:
+        std.no_such_plugin(1)
+        missing = "no error"
+    except PluginException as e:
+        missing = str(e)
+    return [
+        std.count(thing.peers),
+        std.is_unknown(fact),
+        std.getfact(ctx, thing, "size", default_value="none yet"),
+        std.replace("a-b", "-", "+"),
+        missing,
+    ]
 "#;
 
 fn mymod(main: &str) -> tempfile::TempDir {
@@ -197,6 +219,45 @@ fn mymod(main: &str) -> tempfile::TempDir {
             ("libs/mymod/plugins/__init__.py", MYMOD_PY),
         ],
     )
+}
+
+/// `inmanta.util.dict_path` of the compatibility package (used by the files and fs modules'
+/// JSON handlers) against the table of cases recorded from inmanta-core 14.0.0.
+#[test]
+fn the_compatibility_dict_paths_behave_as_inmanta_core() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("tests/python/dict_path_check.py"))
+        .env("PYTHONPATH", root.join("python"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("dict_path cases pass"), "{text}");
+}
+
+#[test]
+fn python_plugins_call_the_built_in_std_plugins() {
+    // `through_std(a)` reads `a.peers` through std::count: the call waits for the relation
+    let dir = mymod(
+        r#"
+import mymod
+a = mymod::Thing(name="a")
+std::print(mymod::through_std(a))
+a.peers += mymod::Thing(name="b")
+a.peers += mymod::Thing(name="c")
+"#,
+    );
+    let r = run(dir.path(), &system_python(), false);
+    r.result.unwrap();
+    assert_eq!(
+        r.printed,
+        ["@[2, True, 'none yet', 'a+b', 'module std has no plugin no_such_plugin']"]
+    );
 }
 
 #[test]

@@ -5,6 +5,12 @@
 //! what the reference exports (`tests/python/real_fs/expected.json`, written by `inmanta
 //! export -j` of inmanta-core 14.0.0 with `REAL_FS_ROOT=/srv/real-fs`). Then `steward deploy`
 //! deploys it through the modules' own handlers (mitogen's local context) in executors.
+//!
+//! The same for the public `files` module with `mitogen` and `std` left built in
+//! (`tests/python/real_files`): its `@resource` classes live in submodules its package does not
+//! import, name their type by keyword, a typedef checks hostnames with a lookaround regex,
+//! and its handlers import the installed mitogen package's Python, `yaml` (which inmanta-core
+//! brings) and `inmanta.util.dict_path`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -66,14 +72,17 @@ fn expected(root: &str) -> BTreeMap<String, Value> {
     reference_export(&text)
 }
 
-fn steward_deploy(project: &Path, root: &Path) -> String {
+/// `steward deploy` of `project` with `options`, with `root` in the environment variable
+/// `root_var`.
+fn steward_deploy(project: &Path, root_var: &str, root: &Path, options: &[&str]) -> String {
     let python = venv();
     let o = Command::new(steward_bin())
         .arg("deploy")
+        .args(options)
         .arg("-p")
         .arg(project)
         .env("VIRTUAL_ENV", python.parent().unwrap().parent().unwrap())
-        .env("REAL_FS_ROOT", root)
+        .env(root_var, root)
         .output()
         .unwrap();
     let text = format!(
@@ -89,21 +98,13 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
 }
 
-#[test]
-fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
-    let python = venv();
-    let tmp = tempfile::tempdir().unwrap();
-    let project = tmp.path().join("project");
-    copy_dir(&fixture().join("project"), &project);
-
-    // the export, made where the reference made it
+/// Compile and export `project` with the test virtualenv and `var=value` in its environment.
+fn export(project: &Path, var: &str, value: &str) -> ExportFile {
     let opts = CompileOptions {
-        project_dir: project.clone(),
+        project_dir: project.to_path_buf(),
         export: true,
-        python: Some(python.to_path_buf()),
-        env: [("REAL_FS_ROOT".to_string(), REFERENCE_ROOT.to_string())]
-            .into_iter()
-            .collect(),
+        python: Some(venv().to_path_buf()),
+        env: [(var.to_string(), value.to_string())].into_iter().collect(),
         ..Default::default()
     };
     let started = std::time::Instant::now();
@@ -120,9 +121,21 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
         ),
     };
     eprintln!(
-        "real fs/exec/mitogen: compile + export in {:?}",
+        "{}: compile + export in {:?}",
+        project.display(),
         started.elapsed()
     );
+    x
+}
+
+#[test]
+fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    copy_dir(&fixture().join("project"), &project);
+
+    // the export, made where the reference made it
+    let x = export(&project, "REAL_FS_ROOT", REFERENCE_ROOT);
     assert_eq!(as_the_reference_writes(&x), expected(REFERENCE_ROOT));
     assert_eq!(x.metadata.modules["fs"], "1.1.2");
     assert_eq!(x.metadata.modules["exec"], "2.1.1");
@@ -131,7 +144,8 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
     // it, and the files the hash mappers uploaded
     let h = &x.handlers["fs::File"];
     let inm = h.inmanta.as_ref().unwrap();
-    assert_eq!(inm.requirements, ["mitogen"]);
+    // fs imports yaml, which inmanta-core would have installed
+    assert_eq!(inm.requirements, ["mitogen", "pyyaml~=6.0"]);
     for f in [
         "inmanta_plugins/fs/resources.py",
         "inmanta_plugins/exec/__init__.py",
@@ -150,7 +164,7 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
 
     // deployed by the modules' own handlers
     let root = tmp.path().join("out");
-    let first = steward_deploy(&project, &root);
+    let first = steward_deploy(&project, "REAL_FS_ROOT", &root, &[]);
     assert!(first.contains("8 deployed (8 created"), "{first}");
     let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
     assert_eq!(read("hello.txt"), "hello world\n");
@@ -168,14 +182,107 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
     );
 
     // nothing changed: nothing to do
-    let second = steward_deploy(&project, &root);
+    let second = steward_deploy(&project, "REAL_FS_ROOT", &root, &[]);
     assert!(second.contains("8 deployed (no changes)"), "{second}");
 
     // the file fs::file names changes: its hash changes and the real handler rewrites it
     std::fs::write(project.join("files/etc/motd"), "a new motd\n").unwrap();
     std::fs::set_permissions(root.join("motd"), std::fs::Permissions::from_mode(0o644)).unwrap();
-    let third = steward_deploy(&project, &root);
+    let third = steward_deploy(&project, "REAL_FS_ROOT", &root, &[]);
     assert!(third.contains("1 updated"), "{third}");
     assert_eq!(read("motd"), "a new motd\n");
     assert_eq!(mode(&root.join("motd")), 0o600);
+}
+
+#[test]
+fn real_files_module_exports_as_the_reference_and_deploys_with_mitogen_built_in() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/real_files");
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    copy_dir(&fixture.join("project"), &project);
+
+    let reference_root = "/srv/real-files";
+    let x = export(&project, "REAL_FILES_ROOT", reference_root);
+    let expected = std::fs::read_to_string(fixture.join("expected.json")).unwrap();
+    assert_eq!(as_the_reference_writes(&x), reference_export(&expected));
+    assert_eq!(x.metadata.modules["files"], "2.1.1");
+    // mitogen and std are Steward's own here; the files module's Python imports the installed
+    // mitogen package's, which ships with the handler code, as do the submodules its package
+    // does not import and the package its distribution installs beside it
+    let h = &x.handlers["files::TextFile"];
+    let inm = h.inmanta.as_ref().unwrap();
+    for module in ["inmanta_plugins.files", "inmanta_plugins.files.text"] {
+        assert!(inm.imports.iter().any(|i| i == module), "{:?}", inm.imports);
+    }
+    for r in ["mitogen", "pyyaml~=6.0"] {
+        assert!(
+            inm.requirements.iter().any(|x| x == r),
+            "{:?}",
+            inm.requirements
+        );
+    }
+    for f in [
+        "inmanta_plugins/files/text.py",
+        "inmanta_plugins/mitogen/abc.py",
+        "inmanta_files/__init__.py",
+    ] {
+        assert!(
+            h.files.contains_key(f),
+            "{f} not shipped: {:?}",
+            h.files.keys()
+        );
+    }
+
+    // deployed by the files module's own handlers
+    let root = tmp.path().join("out");
+    std::fs::create_dir(&root).unwrap();
+    let first = steward_deploy(&project, "REAL_FILES_ROOT", &root, &[]);
+    assert!(first.contains("6 deployed (6 created"), "{first}");
+    let hello = root.join("conf.d/hello.txt");
+    assert_eq!(
+        std::fs::read_to_string(&hello).unwrap(),
+        "hello from files\n"
+    );
+    assert_eq!(mode(&hello), 0o640);
+    assert_eq!(mode(&root.join("conf.d")), 0o755);
+    assert_eq!(
+        std::fs::read_to_string(root.join("motd")).unwrap(),
+        "welcome\n"
+    );
+    assert_eq!(std::fs::read_link(root.join("link")).unwrap(), hello);
+    // the JSON file's values placed by their dict paths (`peers[name=db]` merged into a list)
+    let app: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("conf.d/app.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        app,
+        serde_json::json!({
+            "settings": {"port": 8080, "tags": ["a", "b"]},
+            "peers": [{"name": "db", "port": 5432}],
+        })
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("hosts")).unwrap(),
+        "10.0.0.5 db.example.com\n"
+    );
+
+    // a drifted file: a dry-run (the handlers' read side) sees it and changes nothing, a
+    // repair puts it back and leaves the rest as it is
+    std::fs::write(&hello, "changed by hand\n").unwrap();
+    let dry = steward_deploy(&project, "REAL_FILES_ROOT", &root, &["--dry-run"]);
+    assert!(dry.contains("1 would change"), "{dry}");
+    assert!(
+        dry.contains(r#"content: "changed by hand\n" -> "hello from files\n""#),
+        "{dry}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&hello).unwrap(),
+        "changed by hand\n"
+    );
+    let repair = steward_deploy(&project, "REAL_FILES_ROOT", &root, &["--repair"]);
+    assert!(repair.contains("1 updated"), "{repair}");
+    assert_eq!(
+        std::fs::read_to_string(&hello).unwrap(),
+        "hello from files\n"
+    );
 }

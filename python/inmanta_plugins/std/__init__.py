@@ -1,6 +1,7 @@
 """Helpers of Inmanta's `std` module that other modules import (`from inmanta_plugins.std
 import get_file_content`), for when `std` is Steward's built-in module. Its plugins are the
-built-in ones (Rust); only the Python helpers live here."""
+built-in ones (Rust): any other name of this module is one of them, called in the compiler
+(`inmanta_plugins.std.getfact(context, resource, "name")`, `std.is_unknown(v)`)."""
 
 from typing import Any, Optional
 
@@ -29,3 +30,20 @@ class FileMarker(str):
         obj = str.__new__(cls, "imp-module-source:file://" + filename)
         obj.filename = filename  # type: ignore[attr-defined]
         return obj
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("_"):
+        raise AttributeError(name)
+
+    def builtin_plugin(*args: Any, **kwargs: Any) -> Any:
+        from inmanta.plugins import Context
+
+        # the reference's plugin functions take the Context first when they declare one
+        if args and isinstance(args[0], Context):
+            args = args[1:]
+        return _host().builtin("std::" + name, list(args), kwargs)
+
+    builtin_plugin.__name__ = name
+    builtin_plugin.__qualname__ = name
+    return builtin_plugin

@@ -238,16 +238,97 @@ fn plain(v: &Json, undefined: &mut bool) -> Json {
     }
 }
 
-/// A requirement that names a package Steward provides itself (the core, Inmanta modules).
-fn provided(req: &str) -> bool {
-    let name: String = req
-        .trim()
+/// The package a requirement names, normalised (`Inmanta_Core>=14` -> `inmanta-core`).
+fn requirement_name(req: &str) -> String {
+    req.trim()
         .chars()
         .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         .collect::<String>()
         .to_ascii_lowercase()
-        .replace('_', "-");
+        .replace('_', "-")
+}
+
+/// A requirement that names a package Steward provides itself (the core, Inmanta modules).
+fn provided(req: &str) -> bool {
+    let name = requirement_name(req);
     name == "inmanta-core" || name == "inmanta" || name.starts_with("inmanta-module-")
+}
+
+/// What inmanta-core 14 installs that modules import without requiring it themselves (the
+/// fs module's `json_file` and the files module import `yaml`), by import name. Inmanta runs
+/// every module where inmanta-core is installed; a handler environment gets those its code
+/// imports (inmanta-core itself would cost seconds per import).
+const FROM_INMANTA_CORE: &[(&str, &str)] = &[
+    ("dateutil", "python-dateutil~=2.0"),
+    ("jinja2", "jinja2~=3.0"),
+    ("more_itertools", "more-itertools>=8,<11"),
+    ("packaging", "packaging>=21.3"),
+    ("pydantic", "pydantic~=2.5"),
+    ("ruamel", "ruamel.yaml~=0.17"),
+    ("toml", "toml~=0.10"),
+    ("typing_inspect", "typing-inspect~=0.9"),
+    ("yaml", "pyyaml~=6.0"),
+];
+
+/// The requirements of [`FROM_INMANTA_CORE`] that Python source imports (`import yaml`,
+/// `from pydantic import ...`, also inside functions).
+fn core_packages_imported(source: &[u8]) -> Vec<&'static str> {
+    let text = String::from_utf8_lossy(source);
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        let modules: Vec<&str> = if let Some(rest) = line.strip_prefix("import ") {
+            rest.split(',').collect()
+        } else if let Some(rest) = line.strip_prefix("from ") {
+            rest.split_whitespace().take(1).collect()
+        } else {
+            continue;
+        };
+        for m in modules {
+            let top = m.trim().split(['.', ' ']).next().unwrap_or("");
+            if let Some((_, req)) = FROM_INMANTA_CORE.iter().find(|(name, _)| *name == top) {
+                found.push(*req);
+            }
+        }
+    }
+    found
+}
+
+/// The Python requirements of a module's handler environment, from its own.
+fn handler_requirements(own: &[String]) -> impl Iterator<Item = String> + '_ {
+    own.iter()
+        .filter(|r| !provided(r))
+        .map(|r| r.trim().to_string())
+}
+
+/// The installed packages of the modules the shipped Python requires but which are built in
+/// here (so have no Python of their own in this compile): the real fs module's handlers import
+/// `inmanta_plugins.mitogen`. Not `std`: the compatibility package has its helpers.
+fn companions(
+    modules: &BTreeMap<String, ModuleInfo>,
+    python: &BTreeMap<String, ModulePython>,
+) -> Vec<ModuleInfo> {
+    let mut seen: BTreeSet<String> = python.keys().cloned().collect();
+    seen.insert("std".into());
+    let mut todo: Vec<ModuleInfo> = python
+        .keys()
+        .filter_map(|n| modules.get(n).cloned())
+        .collect();
+    let mut found = Vec::new();
+    while let Some(m) = todo.pop() {
+        for r in &m.requirements {
+            let Some(dep) = crate::compiler::project::module_of_requirement(r) else {
+                continue;
+            };
+            if seen.insert(dep.clone())
+                && let Some(c) = m.installed_beside(&dep)
+            {
+                todo.push(c.clone());
+                found.push(c);
+            }
+        }
+    }
+    found
 }
 
 /// Resource type -> its handler code.
@@ -276,7 +357,11 @@ pub fn handlers(
     let mut code = BTreeMap::new();
     let mut requirements = BTreeSet::new();
     let mut imports = Vec::new();
+    let mut core_imports = BTreeSet::new();
     let mut ship = |path: String, content: &[u8]| {
+        if path.ends_with(".py") {
+            core_imports.extend(core_packages_imported(content));
+        }
         let hash = hex::encode(Sha256::digest(content));
         files.insert(
             path,
@@ -293,21 +378,33 @@ pub fn handlers(
         for (rel, abs) in &mp.files {
             ship(format!("inmanta_plugins/{name}/{rel}"), &read(abs)?);
         }
-        imports.push(format!("inmanta_plugins.{name}"));
+        imports.extend(mp.python_modules.iter().cloned());
         if let Some(m) = modules.get(name) {
             for (rel, abs) in &m.extra_python {
                 ship(rel.clone(), &read(abs)?);
             }
-            requirements.extend(
-                m.requirements
-                    .iter()
-                    .filter(|r| !provided(r))
-                    .map(|r| r.trim().to_string()),
-            );
+            requirements.extend(handler_requirements(&m.requirements));
         }
+    }
+    for m in companions(modules, python) {
+        let Some(dir) = &m.python else { continue };
+        for (rel, abs) in &crate::compiler::plugins::python::scan_module(&m.name, dir).files {
+            ship(format!("inmanta_plugins/{}/{rel}", m.name), &read(abs)?);
+        }
+        for (rel, abs) in &m.extra_python {
+            ship(rel.clone(), &read(abs)?);
+        }
+        requirements.extend(handler_requirements(&m.requirements));
     }
     for (sha1, content) in uploaded {
         ship(format!("_files/{sha1}"), content);
+    }
+    // what inmanta-core would have brought, unless a module asks for the package itself
+    for req in core_imports {
+        let name = requirement_name(req);
+        if !requirements.iter().any(|r| requirement_name(r) == name) {
+            requirements.insert(req.to_string());
+        }
     }
     let entry = files.keys().next().cloned().unwrap_or_default();
     let inmanta = InmantaCode {
@@ -333,4 +430,42 @@ pub fn handlers(
         );
     }
     Ok((out, code))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn imports_of_what_inmanta_core_brings_are_found() {
+        let src = br#"
+import os, yaml
+from ruamel.yaml import YAML
+import pydantic.v1 as p1
+
+def f():
+    from dateutil import parser  # inside a function too
+    import typing_inspect
+# import jinja2 (a comment is no import)
+x = "import toml"
+"#;
+        assert_eq!(
+            core_packages_imported(src),
+            [
+                "pyyaml~=6.0",
+                "ruamel.yaml~=0.17",
+                "pydantic~=2.5",
+                "python-dateutil~=2.0",
+                "typing-inspect~=0.9"
+            ]
+        );
+    }
+
+    #[test]
+    fn requirement_names_are_normalised() {
+        assert_eq!(requirement_name("PyYAML>=5"), "pyyaml");
+        assert_eq!(requirement_name("Inmanta_Core ~= 14.0"), "inmanta-core");
+        assert!(provided("inmanta-module-std"));
+        assert!(!provided("mitogen"));
+    }
 }

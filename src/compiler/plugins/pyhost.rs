@@ -53,6 +53,12 @@ pub trait PyModel {
     /// A module file (`dir` is `files` or `templates`, `path` is `<module>/<name>`):
     /// (content, absolute path).
     fn file(&mut self, dir: &str, path: &str) -> Result<(String, String), String>;
+    /// A built-in (Rust) plugin called from Python (`inmanta_plugins.std.getfact(...)` when
+    /// `std` is built in), with the arguments as the host sent them.
+    fn builtin(&mut self, plugin: &str, args: &Json, kwargs: &Json) -> Answer {
+        let _ = (args, kwargs);
+        Answer::Err(format!("{plugin} can not be called from Python here"))
+    }
 }
 
 /// The final reply to a request.
@@ -258,6 +264,17 @@ impl PyHost {
                         }
                         Ok((_, abs)) => json!({"v": abs}),
                         Err(e) => json!({"err": e}),
+                    }
+                }
+                "builtin" => {
+                    let plugin = reply.get("plugin").and_then(Json::as_str).unwrap_or("");
+                    let none = Json::Null;
+                    let args = reply.get("args").unwrap_or(&none);
+                    let kwargs = reply.get("kwargs").unwrap_or(&none);
+                    match model.builtin(plugin, args, kwargs) {
+                        Answer::Value(v) => json!({"v": self.encode(&v, model, false)}),
+                        Answer::Unset => json!({"unset": true}),
+                        Answer::Missing(m) | Answer::Err(m) => json!({"err": m}),
                     }
                 }
                 other => json!({"err": format!("unknown question {other}")}),

@@ -34,6 +34,11 @@ pub struct ModulePython {
     pub providers: Vec<String>,
     /// Every Python file of the package: (path relative to the package dir, absolute path).
     pub files: Vec<(String, PathBuf)>,
+    /// The Python modules of those files (`inmanta_plugins.files`,
+    /// `inmanta_plugins.files.directory`, …), the package first: as the reference, a compile
+    /// and a handler host import all of them, so what a submodule registers is there even when
+    /// the package's `__init__` does not import it.
+    pub python_modules: Vec<String>,
 }
 
 /// Read the package of module `name` in `dir` (its `__init__.py` and submodules).
@@ -57,7 +62,12 @@ pub fn scan_module(name: &str, dir: &Path) -> ModulePython {
         let namespace = parts.join("::");
         scan_source(&text, &namespace, &module, &mut out);
         out.files.push((rel, abs));
+        out.python_modules.push(module);
     }
+    // the package itself first (its `__init__` may set up what the submodules use)
+    let package = format!("inmanta_plugins.{name}");
+    out.python_modules.sort_by_key(|m| *m != package);
+    out.python_modules.dedup();
     out
 }
 
@@ -190,6 +200,21 @@ struct Decorator {
     args: Vec<String>,
 }
 
+impl Decorator {
+    /// The entity type a `@resource`/`@provider` decorator names: its first argument when
+    /// positional, else the one given as `keyword=`.
+    fn type_argument(&self, keyword: &str) -> Option<String> {
+        let first = self.args.first()?;
+        if let Some(t) = string_literal(first) {
+            return Some(t);
+        }
+        self.args.iter().find_map(|a| {
+            let (k, v) = a.split_once('=')?;
+            (k.trim() == keyword).then(|| string_literal(v.trim()))?
+        })
+    }
+}
+
 fn parse_decorator(text: &str) -> Decorator {
     let t = text.trim().trim_start_matches('@').trim();
     let (name, args) = match t.find('(') {
@@ -252,10 +277,11 @@ fn scan_source(text: &str, namespace: &str, module: &str, out: &mut ModulePython
             decorators.clear();
         } else if line.starts_with("class ") {
             for d in &decorators {
-                let first = d.args.first().and_then(|a| string_literal(a));
-                match (d.name.as_str(), first) {
-                    ("resource", Some(t)) => out.resources.push(t),
-                    ("provider", Some(t)) => out.providers.push(t),
+                // resource(name, id_attribute, agent) and provider(resource_type, name), the
+                // type positional or by keyword (`@resource(name="files::Directory", ...)`)
+                match d.name.as_str() {
+                    "resource" => out.resources.extend(d.type_argument("name")),
+                    "provider" => out.providers.extend(d.type_argument("resource_type")),
                     _ => {}
                 }
             }
@@ -473,6 +499,8 @@ fn args_error(msg: impl Into<String>, span: Span) -> Stop {
 /// The model as the plugin host sees it during one call.
 struct CallModel<'a> {
     caller: &'a mut dyn Caller,
+    /// The call site (of built-in plugins the Python code calls, too).
+    span: Span,
     wait: Option<Wait>,
     err: Option<Stop>,
 }
@@ -527,6 +555,43 @@ impl PyModel for CallModel<'_> {
         let path = path.trim_start_matches('/');
         let (module, rest) = path.split_once('/').unwrap_or(("", path));
         self.caller.host().module_file(module, dir, rest)
+    }
+
+    fn builtin(&mut self, plugin: &str, args: &Json, kwargs: &Json) -> Answer {
+        let (namespace, name) = plugin.rsplit_once("::").unwrap_or(("", plugin));
+        let Some(id) = super::find(namespace, name) else {
+            return Answer::Err(format!("module {namespace} has no plugin {name}"));
+        };
+        let def = &super::all()[id];
+        let instances = self.caller.instance_count();
+        let decode = |j: &Json| super::pyhost::decode(j, instances);
+        let positional = match args.as_array().map(|a| a.iter().map(decode).collect()) {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => return Answer::Err(e),
+            None => Vec::new(),
+        };
+        let mut named: Vec<(Rc<str>, Value)> = Vec::new();
+        for (k, v) in kwargs.as_object().into_iter().flatten() {
+            match decode(v) {
+                Ok(v) => named.push((Rc::from(k.as_str()), v)),
+                Err(e) => return Answer::Err(e),
+            }
+        }
+        let span = self.span;
+        let outcome = match super::bind(def, self.caller, positional, named, span) {
+            Ok(Some(mut args)) => super::invoke(def, self.caller, &mut args),
+            Ok(None) => Ok(Value::Unknown),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(v) => Answer::Value(v),
+            Err(Stop::Wait(w)) => {
+                self.wait = Some(w);
+                Answer::Unset
+            }
+            // Python gets the exception (and may handle it)
+            Err(Stop::Err(d)) => Answer::Err(d.message),
+        }
     }
 }
 
@@ -629,6 +694,7 @@ pub fn call(
     };
     let mut model = CallModel {
         caller,
+        span,
         wait: None,
         err: None,
     };
@@ -657,7 +723,9 @@ pub fn call(
         msg["positional"] = json!(def.positional_names);
     }
     let reply = host.request(&msg, &mut model);
-    let CallModel { caller, wait, err } = model;
+    let CallModel {
+        caller, wait, err, ..
+    } = model;
     caller.host().put_python(host);
     let fail = |text: String| -> Stop {
         Diagnostic::error(
@@ -740,5 +808,28 @@ class PosixRunHandler(HandlerABC[Run]):
         assert_eq!(out.providers, ["exec::Run"]);
         assert_eq!(code_part(r#"x = "a # b"  # c"#), r#"x = "a # b""#);
         assert_eq!(code_part(r"x = 'it\'s # here'"), r"x = 'it\'s # here'");
+    }
+
+    /// As the public files module writes them: the type given by keyword, over several lines.
+    #[test]
+    fn resource_and_provider_types_given_by_keyword() {
+        let src = r#"
+@inmanta.resources.resource(
+    name="files::Directory",
+    id_attribute="path",
+    agent="host.name",
+)
+class DirectoryResource(BaseFileResource):
+    fields = ("create_parents",)
+
+
+@inmanta.agent.handler.provider(resource_type="files::Directory", name="")
+class DirectoryHandler(BaseFileHandler[DirectoryResource]):
+    pass
+"#;
+        let mut out = ModulePython::default();
+        scan_source(src, "files", "inmanta_plugins.files.directory", &mut out);
+        assert_eq!(out.resources, ["files::Directory"]);
+        assert_eq!(out.providers, ["files::Directory"]);
     }
 }

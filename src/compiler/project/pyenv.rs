@@ -80,22 +80,23 @@ pub(super) fn pinned_modules(dir: &Path) -> HashSet<String> {
     let Ok(text) = std::fs::read_to_string(dir.join("requirements.txt")) else {
         return HashSet::new();
     };
-    text.lines()
-        .filter_map(|l| {
-            let l = l
-                .split('#')
-                .next()?
-                .trim()
-                .to_ascii_lowercase()
-                .replace('_', "-");
-            let rest = l.strip_prefix("inmanta-module-")?;
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-                .unwrap_or(rest.len());
-            Some(rest[..end].replace('-', "_"))
-        })
-        .filter(|n| !n.is_empty())
-        .collect()
+    text.lines().filter_map(module_of_requirement).collect()
+}
+
+/// The module a requirement line names (`inmanta-module-foo-bar>=1.0` -> `foo_bar`), if any.
+pub fn module_of_requirement(line: &str) -> Option<String> {
+    let l = line
+        .split('#')
+        .next()?
+        .trim()
+        .to_ascii_lowercase()
+        .replace('_', "-");
+    let rest = l.strip_prefix("inmanta-module-")?;
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .unwrap_or(rest.len());
+    let name = rest[..end].replace('-', "_");
+    (!name.is_empty()).then_some(name)
 }
 
 /// Requirement lines of a `requirements.txt` (comments, options and blanks left out).
