@@ -520,21 +520,14 @@ fn v1_example() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
 }
 
 fn steward_deploy(project: &Path, out: &Path, extra: &[&str]) -> String {
-    let o = std::process::Command::new(crate::support::steward_bin())
-        .arg("deploy")
-        .arg("-p")
-        .arg(project)
-        .args(extra)
-        .env("MOTD_PATH", out)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{text}");
-    text
+    crate::support::run_ok(
+        std::process::Command::new(crate::support::steward_bin())
+            .arg("deploy")
+            .arg("-p")
+            .arg(project)
+            .args(extra)
+            .env("MOTD_PATH", out),
+    )
 }
 
 #[test]

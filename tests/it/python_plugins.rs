@@ -226,16 +226,10 @@ fn mymod(main: &str) -> tempfile::TempDir {
 #[test]
 fn the_compatibility_dict_paths_behave_as_inmanta_core() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
-        .arg(root.join("tests/python/dict_path_check.py"))
-        .env("PYTHONPATH", root.join("python"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = crate::support::run_ok(
+        Command::new("python3")
+            .arg(root.join("tests/python/dict_path_check.py"))
+            .env("PYTHONPATH", root.join("python")),
     );
     assert!(text.contains("dict_path cases pass"), "{text}");
 }

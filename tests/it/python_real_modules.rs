@@ -22,7 +22,7 @@ use steward::compiler::{CompileOptions, compile};
 use steward::model::ExportFile;
 
 use crate::python_plugins::venv;
-use crate::support::{copy_dir, steward_bin};
+use crate::support::{copy_dir, run_ok, steward_bin};
 
 /// The root the expected export was made with.
 const REFERENCE_ROOT: &str = "/srv/real-fs";
@@ -76,22 +76,26 @@ fn expected(root: &str) -> BTreeMap<String, Value> {
 /// `root_var`.
 fn steward_deploy(project: &Path, root_var: &str, root: &Path, options: &[&str]) -> String {
     let python = venv();
-    let o = Command::new(steward_bin())
-        .arg("deploy")
-        .args(options)
-        .arg("-p")
-        .arg(project)
-        .env("VIRTUAL_ENV", python.parent().unwrap().parent().unwrap())
-        .env(root_var, root)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{text}");
-    text
+    run_ok(
+        Command::new(steward_bin())
+            .arg("deploy")
+            .args(options)
+            .arg("-p")
+            .arg(project)
+            .env("VIRTUAL_ENV", python.parent().unwrap().parent().unwrap())
+            .env(root_var, root),
+    )
+}
+
+/// Assert that the handler code ships each of `files`.
+fn assert_shipped(h: &steward::model::HandlerCode, files: &[&str]) {
+    for f in files {
+        assert!(
+            h.files.contains_key(*f),
+            "{f} not shipped: {:?}",
+            h.files.keys()
+        );
+    }
 }
 
 fn mode(p: &Path) -> u32 {
@@ -146,20 +150,17 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
     let inm = h.inmanta.as_ref().unwrap();
     // fs imports yaml, which inmanta-core would have installed
     assert_eq!(inm.requirements, ["mitogen", "pyyaml~=6.0"]);
-    for f in [
-        "inmanta_plugins/fs/resources.py",
-        "inmanta_plugins/exec/__init__.py",
-        "inmanta_plugins/mitogen/abc.py",
-        "inmanta_mitogen/__init__.py",
-        // sha1 of files/etc/motd, which fs::file names
-        "_files/a8b5339efd1cf927f2bc8042d4f66f2a7655ceaa",
-    ] {
-        assert!(
-            h.files.contains_key(f),
-            "{f} not shipped: {:?}",
-            h.files.keys()
-        );
-    }
+    assert_shipped(
+        h,
+        &[
+            "inmanta_plugins/fs/resources.py",
+            "inmanta_plugins/exec/__init__.py",
+            "inmanta_plugins/mitogen/abc.py",
+            "inmanta_mitogen/__init__.py",
+            // sha1 of files/etc/motd, which fs::file names
+            "_files/a8b5339efd1cf927f2bc8042d4f66f2a7655ceaa",
+        ],
+    );
     assert_eq!(x.handlers["exec::Run"].digest, h.digest);
 
     // deployed by the modules' own handlers
@@ -221,17 +222,14 @@ fn real_files_module_exports_as_the_reference_and_deploys_with_mitogen_built_in(
             inm.requirements
         );
     }
-    for f in [
-        "inmanta_plugins/files/text.py",
-        "inmanta_plugins/mitogen/abc.py",
-        "inmanta_files/__init__.py",
-    ] {
-        assert!(
-            h.files.contains_key(f),
-            "{f} not shipped: {:?}",
-            h.files.keys()
-        );
-    }
+    assert_shipped(
+        h,
+        &[
+            "inmanta_plugins/files/text.py",
+            "inmanta_plugins/mitogen/abc.py",
+            "inmanta_files/__init__.py",
+        ],
+    );
 
     // deployed by the files module's own handlers
     let root = tmp.path().join("out");

@@ -429,3 +429,16 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Run a command that must succeed; its stdout and stderr together (in the panic message
+/// when it fails).
+pub fn run_ok(command: &mut std::process::Command) -> String {
+    let o = command.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{command:?} failed:\n{text}");
+    text
+}
