@@ -249,6 +249,33 @@ pub fn fail(args: &Args, def_name: &str, msg: impl Into<String>) -> Stop {
     .into()
 }
 
+/// Call plugin `id` (numbered as [`crate::compiler::types::TypeRef::Plugin`] does: the
+/// built-in ones, then the compile's Python plugins) with these arguments, bound and checked as
+/// a call in the model is. For calls made by plugin code (template filters, Python calling a
+/// built-in plugin); the evaluator's own calls also replay results from its memo.
+pub fn call(
+    c: &mut dyn Caller,
+    id: usize,
+    positional: Vec<Value>,
+    kwargs: Vec<(Rc<str>, Value)>,
+    span: Span,
+) -> Outcome<Value> {
+    let builtin = all();
+    match id.checked_sub(builtin.len()) {
+        Some(i) => {
+            let def = c.program().python_plugins[i].clone();
+            python::call(&def, c, positional, kwargs, span)
+        }
+        None => {
+            let def = &builtin[id];
+            match bind(def, c, positional, kwargs, span)? {
+                Some(mut args) => invoke(def, c, &mut args),
+                None => Ok(Value::Unknown),
+            }
+        }
+    }
+}
+
 /// Plugins resolve by namespace: is there one with this name?
 pub fn find(namespace: &str, name: &str) -> Option<usize> {
     all()

@@ -562,7 +562,6 @@ impl PyModel for CallModel<'_> {
         let Some(id) = super::find(namespace, name) else {
             return Answer::Err(format!("module {namespace} has no plugin {name}"));
         };
-        let def = &super::all()[id];
         let instances = self.caller.instance_count();
         let decode = |j: &Json| super::pyhost::decode(j, instances);
         let positional = match args.as_array().map(|a| a.iter().map(decode).collect()) {
@@ -577,13 +576,7 @@ impl PyModel for CallModel<'_> {
                 Err(e) => return Answer::Err(e),
             }
         }
-        let span = self.span;
-        let outcome = match super::bind(def, self.caller, positional, named, span) {
-            Ok(Some(mut args)) => super::invoke(def, self.caller, &mut args),
-            Ok(None) => Ok(Value::Unknown),
-            Err(e) => Err(e),
-        };
-        match outcome {
+        match super::call(self.caller, id, positional, named, self.span) {
             Ok(v) => Answer::Value(v),
             Err(Stop::Wait(w)) => {
                 self.wait = Some(w);

@@ -18,7 +18,6 @@
 //! renders again, until a render needs nothing new. Its text is the last render's.
 
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use indexmap::IndexMap;
@@ -266,22 +265,7 @@ fn call_filter(
     let Some(id) = id else {
         return Ok(Err(format!("no plugin {ns}::{name}")));
     };
-    let builtin = super::all();
-    let outcome = match id.checked_sub(builtin.len()) {
-        Some(i) => {
-            let def = c.program().python_plugins[i].clone();
-            super::python::call(&def, c, args, Vec::new(), a.span)
-        }
-        None => {
-            let def = &builtin[id];
-            match super::bind(def, c, args, Vec::<(Rc<str>, Value)>::new(), a.span) {
-                Ok(Some(mut bound)) => super::invoke(def, c, &mut bound),
-                Ok(None) => Ok(Value::Unknown),
-                Err(e) => Err(e),
-            }
-        }
-    };
-    match outcome {
+    match super::call(c, id, args, Vec::new(), a.span) {
         Ok(v) => Ok(Ok(v)),
         Err(Stop::Err(d)) => Ok(Err(d.message.clone())),
         Err(wait) => Err(wait),
