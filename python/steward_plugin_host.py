@@ -222,7 +222,11 @@ class Host:
             mods[name] = cls(name, os.path.dirname(path) if not msg.get("v2", {}).get(name) else path)
         inmanta_module.Project.set(inmanta_module.Project(self.project_dir, mods))
         for name in msg.get("imports", []):
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except Exception as e:
+                # which of the modules' files failed: the error alone rarely says
+                raise ImportError(f"importing {name} failed: {type(e).__name__}: {e}") from e
         return None
 
     def op_call(self, msg: dict) -> Any:

@@ -350,6 +350,22 @@ fn python_plugin_errors_are_diagnostics_at_the_call_with_the_traceback() {
         let e = run(dir.path(), &system_python(), false).result.unwrap_err();
         assert!(e.contains(expect), "{main}: {e}");
     }
+
+    // every file of a module is imported, as the reference does: one that fails is named
+    let dir = project(
+        "import mymod\nx = mymod::is_even(2)\n",
+        &[
+            ("libs/mymod/module.yml", "name: mymod\nversion: 1.0.0\n"),
+            ("libs/mymod/model/_init.cf", MYMOD_CF),
+            ("libs/mymod/plugins/__init__.py", MYMOD_PY),
+            ("libs/mymod/plugins/extra.py", "import no_such_dependency\n"),
+        ],
+    );
+    let e = run(dir.path(), &system_python(), false).result.unwrap_err();
+    assert!(
+        e.contains("importing inmanta_plugins.mymod.extra failed: ModuleNotFoundError: No module named 'no_such_dependency'"),
+        "{e}"
+    );
 }
 
 /// Inmanta's rule: a plugin gets an unknown argument only when it says `allow_unknown=True`;
