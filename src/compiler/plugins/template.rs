@@ -156,7 +156,31 @@ type FilterCall = (String, String, Vec<minijinja::Value>);
 
 /// What a render uses in place of a value it does not have yet (its text is thrown away).
 fn placeholder() -> minijinja::Value {
-    minijinja::Value::from(())
+    minijinja::Value::from_object(Pending)
+}
+
+/// The placeholder's value: recognisable, so that no plugin is ever called with it.
+#[derive(Debug)]
+struct Pending;
+
+impl Object for Pending {}
+
+/// Does a value hold a placeholder (itself, or in a list or dict it holds)?
+fn is_pending(v: &minijinja::Value) -> bool {
+    use minijinja::value::ValueKind;
+    if v.downcast_object_ref::<Pending>().is_some() {
+        return true;
+    }
+    match v.kind() {
+        ValueKind::Seq | ValueKind::Map
+            if v.downcast_object_ref::<TemplateInstance>().is_none() =>
+        {
+            v.try_iter().is_ok_and(|mut items| {
+                items.any(|k| is_pending(&k) || v.get_item(&k).is_ok_and(|x| is_pending(&x)))
+            })
+        }
+        _ => false,
+    }
 }
 
 impl Shared {
@@ -191,6 +215,11 @@ impl Shared {
         name: &str,
         args: Vec<minijinja::Value>,
     ) -> Result<minijinja::Value, minijinja::Error> {
+        // a call on a value the render does not have yet waits for the next render, where it
+        // is made with the real value: a plugin never runs on a stand-in
+        if args.iter().any(is_pending) {
+            return Ok(placeholder());
+        }
         let mut r = self.lock();
         let key = format!("{name}{args:?}");
         match r.filters.get(&key) {
