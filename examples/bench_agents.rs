@@ -288,6 +288,10 @@ async fn run(n: usize) {
         json!({
             "agent_map": {AGENT: format!("ssh://{}@127.0.0.1:{port}", sshd.user)},
             "ssh": {"known_hosts": sshd.known_hosts, "identity": sshd.client_key},
+            "ssh_allowed": {
+                "targets": [format!("{}@127.0.0.1:*", sshd.user)],
+                "identities": [sshd.client_key],
+            },
             "agent_parallelism": parallel,
         })
     };

@@ -64,6 +64,11 @@ async fn run(n: usize) {
     )
     .await;
     steward::server::start::enable_git(&mut state, tmp.path().join("server"), me).await;
+    // the benchmark's repository is local (file://)
+    state.allow_local_git_sources = true;
+    if let Some(g) = &state.sources {
+        g.set_allow_local(true);
+    }
     let url = common::serve(state).await;
     let c = Client::new(&url, None);
 
@@ -105,6 +110,15 @@ async fn run(n: usize) {
         .unwrap()
         .id
         .to_string();
+    // the files are the environment's to write: as an operator gives a directory to the
+    // environment's executor user (a uid of its own when the server runs as root)
+    if let Some(id) =
+        steward::sandbox::identity(env.parse().unwrap(), steward::sandbox::Role::Executor).unwrap()
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::os::unix::fs::chown(&out, Some(id.uid), Some(id.gid)).unwrap();
+    }
     c.set_source(
         &env,
         &json!({"url": format!("file://{}", origin.display()), "branch": "main",

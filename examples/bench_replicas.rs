@@ -77,6 +77,8 @@ fn spawn_replica(db: &str) -> Replica {
     let child = Command::new(std::env::current_exe().unwrap())
         .args(["server", "--bind", &format!("127.0.0.1:{port}")])
         .args(["--database-url", db, "--advertise-url", &url])
+        // the benchmark's repositories are local (file://)
+        .arg("--allow-local-git-sources")
         .arg("--data-dir")
         .arg(data.path())
         .env("STEWARD_ADMIN_TOKEN", ADMIN)

@@ -19,6 +19,7 @@ pub mod model;
 pub mod pycompat;
 pub mod pyenv;
 pub mod replicas;
+pub mod sandbox;
 pub mod scheduler;
 pub mod server;
 pub mod sources;

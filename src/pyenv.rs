@@ -54,6 +54,8 @@ pub struct InstallOptions {
     /// Install wheels only (`--only-binary :all:`): installing then runs no code from the
     /// packages (an sdist's build would). The server always asks for it.
     pub only_binary: bool,
+    /// Run pip in a sandbox (the server does, for commits).
+    pub sandbox: Option<Sandboxed>,
 }
 
 impl Default for InstallOptions {
@@ -61,8 +63,21 @@ impl Default for InstallOptions {
         InstallOptions {
             base_python: "python3".into(),
             only_binary: false,
+            sandbox: None,
         }
     }
+}
+
+/// How pip runs when what it installs was chosen by someone the server does not trust (a
+/// commit's `requirements.txt`): jailed, with only the given environment, and, with an
+/// identity, as that identity; the finished environment is then given to root and left
+/// read-only to the identity's group, so no later compile can change what it holds.
+#[derive(Clone, Debug)]
+pub struct Sandboxed {
+    pub jail: crate::sandbox::Jail,
+    pub identity: Option<crate::sandbox::Identity>,
+    /// The whole environment pip sees (`HOME`, `TMPDIR` and `PIP_CACHE_DIR` included).
+    pub env: Vec<(String, std::ffi::OsString)>,
 }
 
 /// What [`ensure`] did.
@@ -128,15 +143,217 @@ pub fn key(requirements: &str, python_version: &str) -> String {
     let mut h = Sha256::new();
     h.update(python_version.as_bytes());
     h.update([0]);
-    for line in requirements
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-    {
+    for line in normalized(requirements) {
         h.update(line.as_bytes());
         h.update([b'\n']);
     }
     hex::encode(h.finalize())
+}
+
+/// The requirement lines of a requirements file as pip reads them: continuation lines
+/// joined, comments, blank lines and surrounding space dropped, inner space collapsed. Two
+/// files that differ only in those ways make the same environment.
+pub fn normalized(requirements: &str) -> Vec<String> {
+    logical_lines(requirements)
+        .into_iter()
+        .map(|(_, line)| {
+            without_comment(&line)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The lines of a requirements file as pip reads them, each with the number of its first
+/// physical line: a line ending in `\` continues on the next (joined first, as pip does).
+fn logical_lines(requirements: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut pending: Option<(usize, String)> = None;
+    for (i, raw) in requirements.lines().enumerate() {
+        let (first, mut text) = pending.take().unwrap_or((i + 1, String::new()));
+        let line = raw.trim_end();
+        match line.strip_suffix('\\') {
+            Some(cont) => {
+                text.push_str(cont);
+                text.push(' ');
+                pending = Some((first, text));
+            }
+            None => {
+                text.push_str(line);
+                out.push((first, text));
+            }
+        }
+    }
+    out.extend(pending);
+    out
+}
+
+/// `line` without its comment: a `#` at its start or after white space starts one (pip's
+/// rule).
+fn without_comment(line: &str) -> &str {
+    let at = line
+        .char_indices()
+        .find(|&(i, c)| c == '#' && (i == 0 || line[..i].ends_with(char::is_whitespace)))
+        .map(|(i, _)| i);
+    at.map_or(line, |i| &line[..i])
+}
+
+/// A line of a requirements file the server refuses.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "requirements.txt:{line}: {reason}; only plain requirements are accepted \
+     (name[extras] version-specifier ; marker, optionally --hash=...): `{text}`"
+)]
+pub struct RefusedRequirement {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// The line (cut at 120 characters).
+    pub text: String,
+    pub reason: &'static str,
+}
+
+/// Check that `requirements` holds only plain requirements (PEP 508 names with extras,
+/// version specifiers and markers, optionally `--hash=alg:hex` options): no pip options
+/// (`-r`, `-c`, `-e`, `--index-url`, `-f`, `--trusted-host`, …), no paths, no URLs, no VCS
+/// references. Whatever pip could be made to read, build or fetch beyond the configured index
+/// is refused here, before pip runs. The first refused line is named.
+pub fn check_plain(requirements: &str) -> Result<(), RefusedRequirement> {
+    for (line, text) in logical_lines(requirements) {
+        check_line(&text).map_err(|reason| RefusedRequirement {
+            line,
+            text: text.trim().chars().take(120).collect(),
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+/// Whether every word of a marker outside its quoted strings is a marker variable or
+/// operator (PEP 508).
+fn marker_words_known(marker: &str) -> bool {
+    const KNOWN: &[&str] = &[
+        "python_version",
+        "python_full_version",
+        "os_name",
+        "sys_platform",
+        "platform_release",
+        "platform_system",
+        "platform_version",
+        "platform_machine",
+        "platform_python_implementation",
+        "implementation_name",
+        "implementation_version",
+        "extra",
+        "and",
+        "or",
+        "in",
+        "not",
+    ];
+    let mut outside = String::new();
+    let mut quote = None;
+    for c in marker.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '\'' || c == '"' => quote = Some(c),
+            None => outside.push(c),
+        }
+    }
+    quote.is_none()
+        && outside
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic()))
+            .all(|w| KNOWN.contains(&w))
+}
+
+fn check_line(text: &str) -> Result<(), &'static str> {
+    let code = without_comment(text).trim();
+    if code.is_empty() {
+        return Ok(());
+    }
+    if code.starts_with('-') {
+        return Err("pip options are not accepted");
+    }
+    let mut words = code.split_whitespace().peekable();
+    let mut requirement = String::new();
+    // the requirement is everything before the first option (`--hash=...`)
+    while let Some(w) = words.peek() {
+        if w.starts_with("--") {
+            break;
+        }
+        requirement.push_str(words.next().expect("peeked"));
+        requirement.push(' ');
+    }
+    for option in words {
+        let Some(hash) = option.strip_prefix("--hash=") else {
+            return Err("the only option a requirement may carry is --hash");
+        };
+        let ok = hash.split_once(':').is_some_and(|(alg, hex)| {
+            matches!(alg, "sha256" | "sha384" | "sha512")
+                && !hex.is_empty()
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        });
+        if !ok {
+            return Err("a --hash must be sha256:, sha384: or sha512: and hex digits");
+        }
+    }
+    let requirement = requirement.trim();
+    if requirement.contains("://") || requirement.contains('@') {
+        return Err("URL and VCS requirements are not accepted");
+    }
+    let (spec, marker) = match requirement.split_once(';') {
+        Some((s, m)) => (s.trim(), Some(m.trim())),
+        None => (requirement, None),
+    };
+    if let Some(m) = marker
+        && !m
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || " _.<>=!~'\"()-*".contains(c))
+    {
+        return Err("the environment marker has characters markers do not use");
+    }
+    if let Some(m) = marker
+        && !marker_words_known(m)
+    {
+        return Err("the environment marker names something markers do not have");
+    }
+    // name: letters, digits, and . _ - inside (PEP 508)
+    let name_end = spec
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .unwrap_or(spec.len());
+    let name = &spec[..name_end];
+    let valid_name = !name.is_empty()
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid_name || name.contains("..") {
+        return Err("this is not a package name (paths and archives are not accepted)");
+    }
+    let mut rest = spec[name_end..].trim_start();
+    if let Some(after) = rest.strip_prefix('[') {
+        let Some((extras, after)) = after.split_once(']') else {
+            return Err("an extras list is not closed");
+        };
+        if !extras
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || " ,._-".contains(c))
+        {
+            return Err("extras are package-style names");
+        }
+        rest = after.trim_start();
+    }
+    let rest = rest.trim_start_matches('(').trim_end_matches(')');
+    if !rest
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || " <>=!~.*,+".contains(c))
+    {
+        return Err("the version specifier has characters specifiers do not use");
+    }
+    if !rest.is_empty() && !rest.trim_start().starts_with(['<', '>', '=', '!', '~']) {
+        return Err("a version specifier starts with a comparison (==, >=, ~=, …)");
+    }
+    Ok(())
 }
 
 /// Make (or reuse) the environment for `requirements` under `envs`, named by its key: what
@@ -209,7 +426,20 @@ pub fn ensure(
         pip.args(["--only-binary", ":all:"]);
     }
     pip.arg("-r").arg(&req_file).current_dir(base);
+    if let Some(sandboxed) = &opts.sandbox {
+        // pip reads nothing but the copy of the requirements in the environment, runs in its
+        // own directory, and sees only the environment it is given
+        pip.current_dir(dir).env_clear().envs(sandboxed.env.clone());
+        if let Some(id) = sandboxed.identity {
+            crate::sandbox::chown_tree(dir, id).map_err(io("handing over", dir))?;
+        }
+        sandboxed.jail.apply_std(&mut pip);
+    }
     run(&mut pip, "pip install -r requirements.txt", &mut output)?;
+    if let Some(id) = opts.sandbox.as_ref().and_then(|s| s.identity) {
+        // what pip made, no later compile may change
+        crate::sandbox::share_read_only(dir, id).map_err(io("sharing", dir))?;
+    }
     let marker = dir.join(MARKER);
     let mut f = std::fs::File::create(&marker).map_err(io("writing", &marker))?;
     f.write_all(key.as_bytes())
@@ -222,6 +452,25 @@ pub fn ensure(
     })
 }
 
+/// Output of a venv or pip run kept for reports and errors: its last this many bytes.
+const KEEP_OUTPUT: usize = 16 << 10;
+
+/// `text` cut to its last [`KEEP_OUTPUT`] bytes (where pip says what failed), saying so.
+fn bounded(text: &str) -> String {
+    if text.len() <= KEEP_OUTPUT {
+        return text.to_string();
+    }
+    let mut start = text.len() - KEEP_OUTPUT;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!(
+        "… ({} bytes of output left out) …\n{}",
+        start,
+        &text[start..]
+    )
+}
+
 fn run(cmd: &mut Command, what: &str, output: &mut String) -> Result<(), PyEnvError> {
     let out = cmd
         .stdin(Stdio::null())
@@ -232,8 +481,9 @@ fn run(cmd: &mut Command, what: &str, output: &mut String) -> Result<(), PyEnvEr
             code: None,
             output: e.to_string(),
         })?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text = bounded(
+        &(String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)),
+    );
     output.push_str(&format!("$ {what}\n{text}"));
     if !out.status.success() {
         return Err(PyEnvError::Failed {
@@ -263,6 +513,58 @@ mod tests {
         assert_ne!(
             a,
             key("pyyaml==6.0.2\ninmanta-module-yaml", "Python 3.12.1")
+        );
+    }
+
+    #[test]
+    fn only_plain_requirements_pass() {
+        let ok = "# modules\n\ninmanta-module-std==8.1.0\ninmanta-module-fs>=1.1,<2 ; python_version >= \"3.9\"\n\
+                  PyYAML[extra1, extra2] ~= 6.0  # a comment\n\
+                  requests==2.32.3 \\\n    --hash=sha256:0123abcdef\npydantic (>=2)\nsix\n";
+        assert_eq!(check_plain(ok), Ok(()));
+        for (text, line) in [
+            ("six\n./evil\n", 2),
+            ("-r /etc/shadow\n", 1),
+            ("--index-url https://evil.example/simple\n", 1),
+            ("--extra-index-url=https://x\n", 1),
+            ("six\n\n--trusted-host x\n", 3),
+            ("-f /tmp/wheels\n", 1),
+            ("-c constraints.txt\n", 1),
+            ("-e git+https://x/y.git#egg=y\n", 1),
+            ("git+https://example.com/x.git\n", 1),
+            ("evil @ file:///srv/evil\n", 1),
+            ("https://example.com/x-1.0-py3-none-any.whl\n", 1),
+            ("/abs/path/x.whl\n", 1),
+            ("../up\n", 1),
+            ("x.tar.gz/\n", 1),
+            ("six --install-option=--prefix=/\n", 1),
+            ("six==1.0 --hash=md5:abc\n", 1),
+            ("six ; os.system('x')\n", 1),
+            ("six \\\n  -r /etc/shadow\n", 1),
+        ] {
+            let e = check_plain(text).expect_err(text);
+            assert_eq!(e.line, line, "{text}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("requirements.txt:{line}: ")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn comments_and_spacing_make_no_new_environment() {
+        let a = key("inmanta-module-std==8.1.0\nsix\n", "Python 3.11.7");
+        assert_eq!(
+            a,
+            key(
+                "# pinned\ninmanta-module-std==8.1.0   # std\n\n  six  \n",
+                "Python 3.11.7"
+            )
+        );
+        assert_eq!(
+            normalized("a \\\n  --hash=sha256:00\n# x\nb"),
+            vec!["a --hash=sha256:00".to_string(), "b".to_string()]
         );
     }
 

@@ -51,6 +51,10 @@ pub struct ReplicaConfig {
     pub heartbeat: Duration,
     /// How long a lease lasts without renewal: a dead replica's environments move after this.
     pub lease_ttl: Duration,
+    /// Send the replica secret to other replicas over plain `http://` even when their
+    /// advertised address is not a loopback one (off: such calls are refused, see
+    /// [`Replica::may_send_secret_to`]).
+    pub allow_plain_http_links: bool,
 }
 
 impl ReplicaConfig {
@@ -153,7 +157,6 @@ struct Inner {
     stopping: AtomicBool,
     /// serializes ticks and the graceful stop; holds when the last tick went through
     turn: tokio::sync::Mutex<Option<Instant>>,
-    secret: String,
 }
 
 /// This replica (cheap to clone).
@@ -161,10 +164,13 @@ struct Inner {
 pub struct Replica(Arc<Inner>);
 
 impl Replica {
-    /// Join: read the shared secret (made by the first replica). Workers are added next,
-    /// then [`Replica::run`] starts taking environments.
+    /// Join: make sure there is a shared secret (the first replica makes it). Workers are
+    /// added next, then [`Replica::run`] starts taking environments.
     pub async fn new(pool: PgPool, config: ReplicaConfig) -> Result<Replica, StoreError> {
-        let secret = store::replicas::secret(&pool).await?;
+        store::replicas::secret(&pool).await?;
+        if !config.allow_plain_http_links && !may_carry_secret(&config.advertise_url) {
+            tracing::warn!(url = %config.advertise_url, "this replica is advertised over plain http:// at an address that is not a loopback one: the other replicas will not send it owner-only calls (the replica secret would cross the network in clear); serve TLS, or start every replica with --allow-plain-http-replica-links on a network you trust");
+        }
         Ok(Replica(Arc::new(Inner {
             config,
             pool,
@@ -174,7 +180,6 @@ impl Replica {
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
             turn: tokio::sync::Mutex::new(None),
-            secret,
         })))
     }
 
@@ -190,9 +195,27 @@ impl Replica {
         &self.0.config
     }
 
-    /// The secret replicas show each other on owner-only calls.
-    pub fn secret(&self) -> &str {
-        &self.0.secret
+    /// The secret replicas show each other on owner-only calls: the current one, read at
+    /// each call so that a rotation (`steward server rotate-replica-secret`) takes effect at
+    /// once.
+    pub async fn secret(&self) -> Result<String, StoreError> {
+        store::replicas::current_secret(&self.0.pool).await
+    }
+
+    /// Whether `given` is a secret replicas accept now (the current one, or a rotated one in
+    /// its grace period), compared in constant time.
+    pub async fn accepts(&self, given: &str) -> Result<bool, StoreError> {
+        use subtle::ConstantTimeEq;
+        let accepted = store::replicas::accepted_secrets(&self.0.pool).await?;
+        Ok(accepted.iter().fold(false, |ok, s| {
+            ok | bool::from(s.as_bytes().ct_eq(given.as_bytes()))
+        }))
+    }
+
+    /// May the secret be sent to a replica advertised at `url`? Over https, or to a loopback
+    /// address, always; over plain http elsewhere only with `allow_plain_http_links`.
+    pub fn may_send_secret_to(&self, url: &str) -> bool {
+        self.0.config.allow_plain_http_links || may_carry_secret(url)
     }
 
     /// This replica's tenure of `env`, if it owns it.
@@ -481,6 +504,25 @@ fn score(replica: &str, env: Uuid) -> u64 {
     u64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
+/// Whether a URL keeps the replica secret off the open network: https, or plain http to a
+/// loopback address (`localhost`, 127.0.0.0/8, ::1).
+pub fn may_carry_secret(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return url.starts_with("https://");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or("");
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The replica id kept in `data_dir` (made on first start), and a lock that keeps a second
 /// server off the same data dir while this one runs.
 pub fn identity(data_dir: &std::path::Path) -> std::io::Result<(String, std::fs::File)> {
@@ -532,6 +574,29 @@ pub fn identity(data_dir: &std::path::Path) -> std::io::Result<(String, std::fs:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_secret_goes_over_plain_http_only_to_loopback() {
+        for ok in [
+            "https://app1.internal:8888",
+            "http://127.0.0.1:8888",
+            "http://127.3.4.5",
+            "http://localhost:1/",
+            "http://[::1]:8888",
+        ] {
+            assert!(may_carry_secret(ok), "{ok}");
+        }
+        for no in [
+            "http://app1.internal:8888",
+            "http://10.0.0.5:8888",
+            "http://[fe80::1]:8888",
+            "http://127.0.0.1.evil.example:80",
+            "http://localhost@10.0.0.5/",
+            "ftp://127.0.0.1",
+        ] {
+            assert!(!may_carry_secret(no), "{no}");
+        }
+    }
 
     fn shares(e: usize, held: &[(&str, usize)]) -> Vec<usize> {
         let live: Vec<String> = held.iter().map(|(id, _)| id.to_string()).collect();

@@ -57,6 +57,10 @@ pub struct AppState {
     pub replica: Option<crate::replicas::Replica>,
     /// For calls to other replicas.
     pub http: reqwest::Client,
+    /// Git sources may be local repositories (`file://`, an absolute path): off unless the
+    /// operator starts the server with `--allow-local-git-sources`, since such a source
+    /// reads the server's own disk (other environments' mirrors, any repository it can open).
+    pub allow_local_git_sources: bool,
 }
 
 /// Largest accepted request body of most routes: settings, names, decisions, tokens.
@@ -198,6 +202,13 @@ pub struct ServerConfig {
     pub tls: Option<tls::TlsFiles>,
     /// Where the other replicas reach this one (None: from the bound address).
     pub advertise_url: Option<String>,
+    /// Send the replica secret over plain http:// to replicas advertised at addresses that
+    /// are not loopback ones.
+    pub allow_plain_http_replica_links: bool,
+    /// Accept git sources on the server's own disk (`file://`, absolute paths).
+    pub allow_local_git_sources: bool,
+    /// Where pip finds the packages commits' requirements name.
+    pub pip_sources: crate::sources::compile::PipSources,
     /// Replicas: time between heartbeats, and how long a lease lasts without one.
     pub heartbeat: std::time::Duration,
     pub lease_time: std::time::Duration,

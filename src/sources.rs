@@ -95,6 +95,12 @@ struct Inner {
     /// With replicas: the environments this replica owns (only their sources are followed
     /// here). None: this process follows every source.
     tenures: Option<Mutex<HashMap<Uuid, Tenure>>>,
+    /// Fetch from repositories on this machine's disk (`file://`, absolute paths): off
+    /// unless the operator allows it (`steward server --allow-local-git-sources`); the API
+    /// refuses such sources too, this also stops ones stored before that rule.
+    allow_local: std::sync::atomic::AtomicBool,
+    /// Where pip finds the packages commits' requirements name (the operator's choice).
+    pip_sources: Mutex<compile::PipSources>,
 }
 
 /// Handle on the git side of a server (cheap to clone).
@@ -139,6 +145,8 @@ impl GitSources {
             workers: Mutex::new(HashMap::new()),
             mirror_locks: Mutex::new(HashMap::new()),
             tenures: replica.then(|| Mutex::new(HashMap::new())),
+            allow_local: std::sync::atomic::AtomicBool::new(false),
+            pip_sources: Mutex::new(compile::PipSources::default()),
         }));
         let events = notifier.subscribe();
         if replica {
@@ -193,14 +201,44 @@ impl GitSources {
         s
     }
 
-    /// The bare mirror of a repository URL.
-    pub fn mirror_of(&self, url: &str) -> PathBuf {
+    /// The bare mirror of environment `env`'s repository. One per environment, never shared
+    /// by URL: two environments following the same URL each fetch into their own, so one
+    /// environment's credentials, refs or a poisoned object never serve another.
+    pub fn mirror_of(&self, env: Uuid, url: &str) -> PathBuf {
         use sha2::Digest;
-        let digest = hex::encode(sha2::Sha256::digest(url.as_bytes()));
+        let digest = hex::encode(
+            sha2::Sha256::new()
+                .chain_update(env.as_bytes())
+                .chain_update(url.as_bytes())
+                .finalize(),
+        );
         self.0
             .data_dir
             .join("git")
             .join(format!("{}.git", &digest[..16]))
+    }
+
+    /// Allow (or not) sources on this machine's disk.
+    pub fn set_allow_local(&self, allow: bool) {
+        self.0
+            .allow_local
+            .store(allow, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Where pip finds packages for commits' requirements (`--pip-index-url`,
+    /// `--pip-find-links`); without them, pip's own configuration of the server's user.
+    pub fn set_pip_sources(&self, pip: compile::PipSources) {
+        *self.0.pip_sources.lock().unwrap() = pip;
+    }
+
+    /// Why `url` is not fetched here, if it is not.
+    fn refused(&self, url: &str) -> Option<git::GitError> {
+        let local = url.starts_with("file://") || url.starts_with('/');
+        (local && !self.0.allow_local.load(std::sync::atomic::Ordering::Relaxed)).then(|| {
+            git::GitError::Other(format!(
+                "'{url}' is a repository on the server's own disk: this server does not follow local repositories (its operator can allow them with --allow-local-git-sources)"
+            ))
+        })
     }
 
     fn mirror_lock(&self, mirror: &Path) -> Arc<tokio::sync::Mutex<()>> {
@@ -479,6 +517,9 @@ impl GitSources {
         mirror: &Path,
         commit: &str,
     ) -> Result<(), git::GitError> {
+        if let Some(e) = self.refused(&src.url) {
+            return Err(e);
+        }
         let guard = self.mirror_lock(mirror).lock_owned().await;
         let (mirror, url, auth, commit) = (
             mirror.to_path_buf(),
@@ -505,7 +546,7 @@ impl GitSources {
         commit: Option<String>,
     ) -> Result<Triggered, SourceError> {
         let env = src.environment_id;
-        let mirror = self.mirror_of(&src.url);
+        let mirror = self.mirror_of(src.environment_id, &src.url);
         let started = Utc::now();
         let t = Instant::now();
         let fetched = {
@@ -518,8 +559,12 @@ impl GitSources {
                 git::Auth::of(src),
                 src.branch.clone(),
             );
+            let refused = self.refused(&url);
             tokio::task::spawn_blocking(move || -> Result<Option<String>, git::GitError> {
                 let _guard = guard;
+                if let Some(e) = refused {
+                    return Err(e);
+                }
                 git::ensure_mirror(&mirror, &url, &auth)?;
                 git::resolve_branch(&mirror, &branch)
             })
@@ -783,19 +828,23 @@ impl GitSources {
             .await?;
             tx.commit().await.map_err(StoreError::from)?;
         }
-        let mirror = self.mirror_of(&src.url);
+        let mirror = self.mirror_of(src.environment_id, &src.url);
         // a compile queued by another replica (which fetched into its own mirror) or
         // before this data dir was new: fetch here first
         if let Err(e) = self.fetch_commit(&src, &mirror, &job.commit).await {
             tracing::warn!(environment = %env, commit = %job.commit, error = %e, "fetching the commit to compile failed; the compile reports it");
         }
+        let pip_sources = self.0.pip_sources.lock().unwrap().clone();
         let r = compile::run(
             pool,
             &job,
             &src,
             &mirror,
             &self.0.steward_bin,
-            &self.0.data_dir.join("python-envs"),
+            compile::Python {
+                envs: &self.0.data_dir.join("python-envs"),
+                pip: &pip_sources,
+            },
             self.fence(env).as_ref(),
         )
         .await;

@@ -277,6 +277,10 @@ async fn drive(
     let faults_out = root.join("faults-out");
     for d in follows.iter().map(|f| &f.out).chain([&faults_out]) {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        // handlers run as their environment's own uid when the server runs as root (the
+        // sandbox): the directories they write are open to them, as an operator would
+        // give a directory to the environments that manage it
+        open_to_handlers(root, d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
     let failing_path = faults_out.join("no-such-dir").join("never");
     let data_dir = root.join("server");
@@ -628,6 +632,23 @@ async fn drive(
         say(cfg, started, &format!("left behind: {pid} {cmd}"));
         figures.left_behind.push(cmd);
         procs::kill9(pid);
+    }
+    Ok(())
+}
+
+/// Let the handlers' sandbox uids reach `dir` under `root`: every directory from `root` down
+/// traversable by others, `dir` itself writable by all (sticky, as /tmp).
+fn open_to_handlers(root: &std::path::Path, dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        let mode = std::fs::metadata(d)?.permissions().mode() & 0o7777;
+        let wanted = if d == dir { 0o1777 } else { mode | 0o001 };
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(wanted))?;
+        if d == root {
+            break;
+        }
+        at = d.parent();
     }
     Ok(())
 }

@@ -67,6 +67,8 @@ impl Server {
         }
         let child = cmd
             .arg("server")
+            // the harness's repositories are local (file://)
+            .arg("--allow-local-git-sources")
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--bind")
@@ -239,13 +241,21 @@ pub fn children_of(parent: u32) -> Vec<(u32, String)> {
     out
 }
 
-/// The `… executor` children of the server.
+/// The `… executor` processes the server started: its children, or, where the sandbox puts
+/// go-betweens and a namespace's init in between (docs/isolation.md), their descendants.
 pub fn executors_of(server: u32) -> Vec<u32> {
-    children_of(server)
-        .into_iter()
-        .filter(|(_, cmd)| cmd.split_whitespace().nth(1) == Some("executor"))
-        .map(|(pid, _)| pid)
-        .collect()
+    let mut found = Vec::new();
+    let mut parents = vec![(server, 0)];
+    while let Some((parent, depth)) = parents.pop() {
+        for (pid, cmd) in children_of(parent) {
+            if cmd.split_whitespace().nth(1) == Some("executor") {
+                found.push(pid);
+            } else if depth < 3 {
+                parents.push((pid, depth + 1));
+            }
+        }
+    }
+    found
 }
 
 /// VmRSS and VmHWM of a process, in KiB.

@@ -39,6 +39,12 @@ pub struct DeployArgs {
 use crate::store::state::FAILED;
 
 pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
+    // one user configuring their own machine: handlers run as that user, not in a sandbox
+    // uid (compiles here are this process's own)
+    crate::sandbox::configure(crate::sandbox::Config {
+        executor_user: crate::sandbox::ExecutorUser::Server,
+        ..Default::default()
+    });
     let project = args
         .project
         .canonicalize()
@@ -135,15 +141,24 @@ async fn environment(c: &Client, project: &str) -> anyhow::Result<String> {
     } else {
         project
     };
+    // the user running `steward deploy` is the operator of this private server: the SSH
+    // targets and keys their model names are theirs to use (a shared server's environments
+    // get an allow-list from its administrator instead)
+    let ssh_allowed = json!({"targets": ["*@*:*", "*:*"], "identities": ["default", "/**"]});
     let envs = c.environments().await?;
     if let Some(e) = envs
         .iter()
         .find(|e| e.project == project && e.name == "local")
     {
-        return Ok(e.id.to_string());
+        let id = e.id.to_string();
+        if serde_json::to_value(&e.settings.ssh_allowed)? != ssh_allowed {
+            c.update_settings(&id, &json!({"ssh_allowed": ssh_allowed}))
+                .await?;
+        }
+        return Ok(id);
     }
     // released by this command (never by upload), so a dry-run can look at a version first
-    let settings = json!({"auto_release": false});
+    let settings = json!({"auto_release": false, "ssh_allowed": ssh_allowed});
     Ok(c.create_environment(project, "local", Some(settings))
         .await?
         .id

@@ -68,6 +68,8 @@ fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let opts = InstallOptions {
         base_python: args.python,
         only_binary: args.only_binary,
+        // the user's own machine and project: pip runs as they run it
+        sandbox: None,
     };
     eprintln!("installing {} into {}", req_path.display(), dir.display());
     let started = std::time::Instant::now();

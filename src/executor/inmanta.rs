@@ -100,6 +100,8 @@ pub fn python_for(base: &Path, requirements: &[String]) -> Result<PathBuf, Strin
     let opts = crate::pyenv::InstallOptions {
         base_python: python,
         only_binary: false,
+        // the executor runs in its environment's sandbox already
+        sandbox: None,
     };
     let made = crate::pyenv::ensure_shared(&base.join("_venv"), &reqs.join("\n"), base, &opts)
         .map_err(|e| {

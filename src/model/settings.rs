@@ -143,6 +143,137 @@ impl Default for SshSettings {
     }
 }
 
+/// Which SSH targets and keys an environment may use: chosen by a server administrator (only
+/// a global admin token may change it), because whoever picks them picks which machines the
+/// server's keys log in to. Empty (the default): no `ssh://` agent connects at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SshAllowed {
+    /// `user@host:port` patterns an `ssh://` agent (from `agent_map` or the model's
+    /// `std::AgentConfig`) may point at. `*` matches any run of characters in the user or the
+    /// host, and any port as the port; a pattern without `user@` matches only targets
+    /// without a user (OpenSSH's default user), one without `:port` only port 22. IPv6
+    /// addresses in brackets: `deploy@[fd00::5]:22`.
+    pub targets: Vec<String>,
+    /// The key files `ssh.identity` may name: absolute paths, `*` matching any run of
+    /// characters except `/`, a final `/**` any file below a directory (`/**`: any file). The word `default` allows no `ssh.identity` at all, which
+    /// means the default keys and agent of the server's user.
+    pub identities: Vec<String>,
+}
+
+impl SshAllowed {
+    /// Whether `[user@]host:port` is one of [`SshAllowed::targets`].
+    pub fn allows_target(&self, user: Option<&str>, host: &str, port: u16) -> bool {
+        self.targets.iter().any(|p| match target_pattern(p) {
+            Ok((pu, ph, pp)) => {
+                let user_ok = match (pu, user) {
+                    (None, None) => true,
+                    (Some("*"), _) => true,
+                    (Some(pu), Some(u)) => glob(pu, u, None),
+                    _ => false,
+                };
+                let port_ok = match pp {
+                    None => port == 22,
+                    Some("*") => true,
+                    Some(pp) => pp.parse::<u16>() == Ok(port),
+                };
+                user_ok
+                    && port_ok
+                    && glob(&ph.to_ascii_lowercase(), &host.to_ascii_lowercase(), None)
+            }
+            Err(_) => false,
+        })
+    }
+
+    /// Whether `identity` (`None`: the default keys) is one of [`SshAllowed::identities`].
+    pub fn allows_identity(&self, identity: Option<&str>) -> bool {
+        match identity {
+            None => self.identities.iter().any(|p| p == "default"),
+            Some(path) => {
+                path.starts_with('/')
+                    && !path.split('/').any(|c| c == "." || c == "..")
+                    && self.identities.iter().any(|p| {
+                        p.starts_with('/')
+                            && match p.strip_suffix("/**") {
+                                // a whole tree
+                                Some(dir) => path
+                                    .strip_prefix(dir)
+                                    .is_some_and(|rest| rest.starts_with('/')),
+                                None => glob(p, path, Some('/')),
+                            }
+                    })
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for t in &self.targets {
+            target_pattern(t).map_err(|e| format!("ssh_allowed.targets: '{t}': {e}"))?;
+        }
+        for i in &self.identities {
+            if i != "default" && !i.starts_with('/') {
+                return Err(format!(
+                    "ssh_allowed.identities: '{i}' is neither an absolute path nor 'default'"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `[user@]host[:port]` → (user, host, port), IPv6 in brackets.
+fn target_pattern(p: &str) -> Result<(Option<&str>, &str, Option<&str>), String> {
+    let (user, rest) = match p.rsplit_once('@') {
+        Some((u, r)) => (Some(u), r),
+        None => (None, p),
+    };
+    let (host, port) = if let Some(inner) = rest.strip_prefix('[') {
+        let (h, after) = inner
+            .split_once(']')
+            .ok_or("an IPv6 address in brackets misses its ']'")?;
+        match after {
+            "" => (h, None),
+            a => (
+                h,
+                Some(a.strip_prefix(':').ok_or("only ':port' may follow ']'")?),
+            ),
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        }
+    };
+    if host.is_empty() || user == Some("") {
+        return Err("expected user@host:port".into());
+    }
+    if let Some(p) = port
+        && p != "*"
+        && p.parse::<u16>().is_err()
+    {
+        return Err(format!("'{p}' is not a port"));
+    }
+    Ok((user, host, port))
+}
+
+/// `pattern` with `*` (any run of characters, not crossing `stop`) matches all of `text`.
+fn glob(pattern: &str, text: &str, stop: Option<char>) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, tail)) => {
+            let Some(rest) = text.strip_prefix(head) else {
+                return false;
+            };
+            // the star takes rest[..i]
+            rest.char_indices()
+                .map(|(i, _)| i)
+                .chain([rest.len()])
+                .take_while(|&i| stop.is_none_or(|s| !rest[..i].contains(s)))
+                .any(|i| glob(tail, &rest[i..], stop))
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSettings {
@@ -178,6 +309,9 @@ pub struct EnvSettings {
     pub agent_map: std::collections::BTreeMap<String, String>,
     /// How `ssh://` agents are reached.
     pub ssh: SshSettings,
+    /// The SSH targets and key files this environment may use (only a global admin changes
+    /// it); none by default.
+    pub ssh_allowed: SshAllowed,
 }
 
 impl Default for EnvSettings {
@@ -196,6 +330,7 @@ impl Default for EnvSettings {
             retention: Retention::default(),
             agent_map: std::collections::BTreeMap::new(),
             ssh: SshSettings::default(),
+            ssh_allowed: SshAllowed::default(),
         }
     }
 }
@@ -268,6 +403,7 @@ impl EnvSettings {
                 return Err(format!("{what} must be an absolute path on the server"));
             }
         }
+        self.ssh_allowed.validate()?;
         if self.ssh.connect_timeout == 0 || self.ssh.connect_timeout > 300 {
             return Err("ssh.connect_timeout must be between 1 and 300 seconds".into());
         }
@@ -304,6 +440,54 @@ mod tests {
         );
         assert!(Interval::parse("61 * * * *").is_err());
         assert!(Interval::parse("soon").is_err());
+    }
+
+    #[test]
+    fn ssh_allow_lists_match_targets_and_keys() {
+        let a = SshAllowed {
+            targets: vec![
+                "deploy@web*.example.com".into(),
+                "*@10.0.0.5:2222".into(),
+                "root@[::1]:*".into(),
+                "db1".into(),
+            ],
+            identities: vec!["/etc/steward/keys/shop/*".into()],
+        };
+        assert!(a.allows_target(Some("deploy"), "web1.example.com", 22));
+        assert!(a.allows_target(Some("deploy"), "WEB1.example.com", 22));
+        assert!(!a.allows_target(Some("deploy"), "web1.example.com", 2222));
+        assert!(!a.allows_target(Some("root"), "web1.example.com", 22));
+        assert!(!a.allows_target(Some("deploy"), "web1.example.com.evil", 22));
+        assert!(!a.allows_target(None, "web1.example.com", 22));
+        assert!(a.allows_target(Some("anyone"), "10.0.0.5", 2222));
+        assert!(a.allows_target(None, "10.0.0.5", 2222));
+        assert!(!a.allows_target(Some("x"), "10.0.0.50", 2222));
+        assert!(a.allows_target(Some("root"), "::1", 2200));
+        assert!(a.allows_target(None, "db1", 22));
+        assert!(!a.allows_target(Some("root"), "db1", 22));
+        assert!(!SshAllowed::default().allows_target(None, "db1", 22));
+
+        assert!(a.allows_identity(Some("/etc/steward/keys/shop/id_ed25519")));
+        assert!(!a.allows_identity(Some("/etc/steward/keys/shop/../other/id")));
+        assert!(!a.allows_identity(Some("/etc/steward/keys/shop/sub/id")));
+        assert!(!a.allows_identity(Some("/etc/steward/keys/other/id")));
+        assert!(!a.allows_identity(None), "the default keys need 'default'");
+        let d = SshAllowed {
+            identities: vec!["default".into()],
+            ..SshAllowed::default()
+        };
+        assert!(d.allows_identity(None));
+        assert!(!d.allows_identity(Some("/root/.ssh/id_ed25519")));
+
+        let s = EnvSettings::default();
+        assert!(
+            s.patched(&serde_json::json!({"ssh_allowed": {"targets": ["u@h:x"]}}))
+                .is_err()
+        );
+        assert!(
+            s.patched(&serde_json::json!({"ssh_allowed": {"identities": ["id_rsa"]}}))
+                .is_err()
+        );
     }
 
     #[test]

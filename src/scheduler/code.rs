@@ -45,6 +45,13 @@ impl CodeCache {
                     self.dir.display()
                 )
             })?;
+            // Steward's Python package too: executors that may not write here find it
+            crate::pycompat::materialize(&self.dir).map_err(|e| {
+                format!(
+                    "writing Steward's Python package under {}: {e}",
+                    self.dir.display()
+                )
+            })?;
             self.helper_written = true;
         }
         // looked at every time (one stat): the reaper may have removed a directory whose code
@@ -166,7 +173,7 @@ fn age(path: &Path) -> Option<Duration> {
 pub struct Reaper {
     dir: PathBuf,
     grace: Duration,
-    unused_since: HashMap<String, Instant>,
+    unused_since: HashMap<PathBuf, Instant>,
 }
 
 impl Reaper {
@@ -186,19 +193,41 @@ impl Reaper {
     /// executor never sees one half-removed.
     pub fn pass(&mut self, live: &HashSet<String>) -> std::io::Result<Reaped> {
         let mut reaped = Reaped::default();
-        let entries = match std::fs::read_dir(&self.dir) {
+        let mut seen = HashSet::new();
+        let root = self.dir.clone();
+        self.pass_dir(&root, live, &mut reaped, &mut seen, true)?;
+        // forget what is used again or gone
+        self.unused_since.retain(|path, _| seen.contains(path));
+        Ok(reaped)
+    }
+
+    /// One pass over `dir`: the code root (`top`), whose `env-<uuid>/` directories (each
+    /// environment's code, see `env/isolation.rs`) are passed over the same way, or one of
+    /// those.
+    fn pass_dir(
+        &mut self,
+        dir: &Path,
+        live: &HashSet<String>,
+        reaped: &mut Reaped,
+        seen: &mut HashSet<PathBuf>,
+        top: bool,
+    ) -> std::io::Result<()> {
+        let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(reaped),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
         let now = Instant::now();
         let grace = self.grace;
         let old = |p: &Path| age(p).is_some_and(|a| a > grace);
-        let mut seen = HashSet::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             let path = entry.path();
             if name.starts_with('_') || !path.is_dir() {
+                continue;
+            }
+            if top && name.starts_with("env-") {
+                self.pass_dir(&path, live, reaped, seen, false)?;
                 continue;
             }
             let leftover = name.starts_with(".tmp-") || name.starts_with(".reap-");
@@ -216,27 +245,23 @@ impl Reaper {
             } else if live.contains(&name) {
                 None
             } else {
-                seen.insert(name.clone());
-                let since = *self.unused_since.entry(name.clone()).or_insert(now);
+                seen.insert(path.clone());
+                let since = *self.unused_since.entry(path.clone()).or_insert(now);
                 (now.duration_since(since) >= grace).then_some(&mut reaped.unused)
             };
             let Some(count) = kind else { continue };
             let doomed = if leftover {
                 path
             } else {
-                let doomed = self
-                    .dir
-                    .join(format!(".reap-{name}-{}", uuid::Uuid::new_v4()));
+                let doomed = dir.join(format!(".reap-{name}-{}", uuid::Uuid::new_v4()));
                 std::fs::rename(&path, &doomed)?;
-                self.unused_since.remove(&name);
+                self.unused_since.remove(&path);
                 doomed
             };
             std::fs::remove_dir_all(&doomed)?;
             *count += 1;
         }
-        // forget what is used again or gone
-        self.unused_since.retain(|name, _| seen.contains(name));
-        Ok(reaped)
+        Ok(())
     }
 }
 

@@ -16,6 +16,7 @@ use uuid::Uuid;
 mod control;
 mod dispatch;
 mod intents;
+mod isolation;
 mod persist;
 mod timing;
 
@@ -122,6 +123,10 @@ pub struct EnvScheduler {
     /// resource type -> module handler code, for the model's version
     handlers: BTreeMap<String, HandlerCode>,
     code: CodeCache,
+    /// Where every environment's handler code goes (this one's is a directory in it).
+    code_root: PathBuf,
+    /// The executors' sandbox is prepared ([`EnvScheduler::prepare_sandbox`]).
+    sandboxed: bool,
     next_deploy_sweep: Option<DateTime<Utc>>,
     next_repair_sweep: Option<DateTime<Utc>>,
     /// a repair sweep was pre-empted by new intent: run it again once that deployed
@@ -170,7 +175,9 @@ impl EnvScheduler {
             dryruns: HashMap::new(),
             tombstones: HashMap::new(),
             handlers: BTreeMap::new(),
-            code: CodeCache::new(code_dir),
+            code: CodeCache::new(code_dir.clone()),
+            code_root: code_dir,
+            sandboxed: false,
             next_deploy_sweep: None,
             next_repair_sweep: None,
             repair_pending: false,
@@ -178,9 +185,14 @@ impl EnvScheduler {
             tenure,
         };
         // the database may be away at start: keep trying
+        // (and the executors' sandbox must be ready before any of them starts)
         let mut delay = Duration::from_millis(200);
         loop {
-            match s.restore().await {
+            let started = match s.prepare_sandbox().await {
+                Ok(()) => s.restore().await.map_err(|e| e.to_string()),
+                Err(e) => Err(format!("preparing the executors' sandbox: {e}")),
+            };
+            match started {
                 Ok(()) => break,
                 Err(e) => {
                     tracing::warn!(environment = %env, error = %e, "scheduler start failed; retrying");
@@ -255,6 +267,25 @@ impl EnvScheduler {
             wake = wake.min(r.deadline);
         }
         wake
+    }
+
+    /// Who this environment's executors run as, and where their code goes
+    /// ([`isolation::prepare`]); once per scheduler.
+    async fn prepare_sandbox(&mut self) -> Result<(), String> {
+        if self.sandboxed {
+            return Ok(());
+        }
+        let (root, env) = (self.code_root.clone(), self.env);
+        let sb = tokio::task::spawn_blocking(move || isolation::prepare(&root, env))
+            .await
+            .map_err(|e| format!("crashed: {e}"))??;
+        if sb.killed_rounds > 0 {
+            tracing::warn!(environment = %self.env, "processes left by earlier executors of this environment were killed");
+        }
+        self.code = CodeCache::new(sb.code_dir);
+        self.executors.set_sandbox(sb.jail, sb.home);
+        self.sandboxed = true;
+        Ok(())
     }
 
     async fn restore(&mut self) -> Result<(), store::StoreError> {

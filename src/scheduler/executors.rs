@@ -83,6 +83,9 @@ pub struct Pool {
     ssh_targets: HashMap<String, SshState>,
     /// the environment's agent_parallelism, which an external agent process enforces
     parallelism: usize,
+    /// how executors on this machine are confined, and their HOME
+    jail: crate::sandbox::Jail,
+    home: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +122,11 @@ impl Pool {
                 ssh_options: SshOptions::default(),
                 ssh_targets: HashMap::new(),
                 parallelism: 1,
+                jail: crate::sandbox::Jail {
+                    die_with_parent: true,
+                    ..Default::default()
+                },
+                home: None,
             },
             rx,
         )
@@ -129,6 +137,13 @@ impl Pool {
         hub.attach(env, self.tx.clone());
         self.hub = Some((hub, env));
         self
+    }
+
+    /// Run the executors started on this machine from now on in `jail`, with `home` as their
+    /// HOME (the environment's sandbox, see `env/isolation.rs`).
+    pub fn set_sandbox(&mut self, jail: crate::sandbox::Jail, home: PathBuf) {
+        self.jail = jail;
+        self.home = Some(home);
     }
 
     /// How many actions of one agent run at once (the environment's `agent_parallelism`).
@@ -176,7 +191,8 @@ impl Pool {
     pub fn set_ssh_options(&mut self, opts: SshOptions) {
         let same = self.ssh_options.known_hosts == opts.known_hosts
             && self.ssh_options.identity == opts.identity
-            && self.ssh_options.connect_timeout == opts.connect_timeout;
+            && self.ssh_options.connect_timeout == opts.connect_timeout
+            && self.ssh_options.allowed == opts.allowed;
         if !same {
             self.ssh_targets.clear();
             self.ssh_options = opts;
@@ -382,6 +398,15 @@ impl Pool {
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit());
+                if let Some(home) = &self.home {
+                    command.env("HOME", home).current_dir(home);
+                }
+                if let Some(id) = self.jail.identity {
+                    let name = format!("steward-{}", id.uid);
+                    command.env("USER", &name).env("LOGNAME", &name);
+                }
+                // who it runs as, what it sees, and that it dies with the server
+                self.jail.apply(&mut command);
                 self.spawn(agent, command, None)
             }
         }
@@ -433,10 +458,12 @@ impl Pool {
                             }
                         }
                         Err(e) => {
-                            let _ = tx.send(PoolEvent::Exited(
-                                id,
-                                format!("executor sent an unreadable line: {e}"),
-                            ));
+                            // an SSH target that refused to start it says why in that line
+                            let why = match line.strip_prefix("steward-refused ") {
+                                Some(why) => why.chars().take(500).collect(),
+                                None => format!("executor sent an unreadable line: {e}"),
+                            };
+                            let _ = tx.send(PoolEvent::Exited(id, why));
                             return;
                         }
                     },

@@ -26,7 +26,11 @@
 //! known_hosts file is only read), nothing prompts (`BatchMode`), only keys authenticate, and
 //! nothing is forwarded (no agent: code on the target must not reach the server's keys). A
 //! known_hosts file given in the options is the only one trusted (the system-wide one is not
-//! read then). Control sockets live in a private directory (mode 700, checked).
+//! read then). Control sockets live in a private directory (mode 700, checked). Only targets
+//! and key files on the environment's allow-list ([`SshOptions::allowed`], set by a global
+//! admin) are connected to; anything else is refused before `ssh` runs. The shipped executor
+//! is trusted by its content: checked by sha256 at every start, from directories only the
+//! SSH user can write (see `START_EXECUTOR` and `ship.rs`).
 //!
 //! **On the target**, under `$HOME/.cache/steward/`: `bin/steward-<first 16 hex of the
 //! sha256>` (written to a temporary name, size and sha256 checked, started once with
@@ -38,7 +42,8 @@
 //! against (the binary links only libc, libm and libgcc_s dynamically; a build on Debian 12
 //! needs glibc ≥ 2.34: Debian 12, Ubuntu 22.04 or newer), a POSIX login shell that prints
 //! nothing when not interactive, `/bin/sh`, coreutils (`mkdir`, `mv -T`, `chmod`, `cat`, `wc`,
-//! `mktemp`; `sha256sum` is used when there), `tar`, `/proc`, `setsid` (util-linux; used only
+//! `mktemp`, `stat -c`, `id`; and `sha256sum`, else `shasum` or `openssl`: without one the
+//! executor can not be verified and is refused), `tar`, `/proc`, `setsid` (util-linux; used only
 //! where sshd does not start commands as session leaders), an executable `$HOME` (not mounted
 //! noexec), and `python3` only for Python module handlers. All of these are on a stock Debian
 //! or Ubuntu.
@@ -52,6 +57,44 @@
 //! once. The scheduler's pool gives each remote executor up to `SSH_DEPTH` actions at once
 //! (`scheduler/executors.rs`): they wait in the channel while it works on one, so the round
 //! trips overlap the work.
+
+/// Shell functions every remote script that touches the cache starts with. `refuse` ends the
+/// script with exit status 4 (an [`SshError::Untrusted`]); `check PATH KIND [root-ok]` refuses
+/// a path that is not a KIND (`directory`, `regular file`; a symbolic link is neither), not
+/// owned by this user (or root, with `root-ok`), or writable by group or others; `private
+/// ROOT SUB` makes (mode 700) and checks `$HOME`, `$HOME/.cache`, ROOT and ROOT/SUB, each
+/// before the next is made; `sha256` prints the sha256 of its stdin with the first of
+/// `sha256sum`, `shasum` or `openssl` found (status 2 when there is none).
+macro_rules! remote_prelude {
+    () => {
+        r#"me=$(id -u) || exit 1
+refuse() { echo "steward-refused $*"; echo "$*" >&2; exit 4; }
+check() {
+  s=$(stat -c '%u %a %F' -- "$1" 2>/dev/null) || refuse "can not read $1"
+  u=${s%% *}; r=${s#* }; a=${r%% *}; k=${r#* }
+  [ "$k" = "$2" ] || refuse "$1 is a $k, not a $2"
+  if [ "$u" != "$me" ] && { [ "${3-}" != root-ok ] || [ "$u" != 0 ]; }; then refuse "$1 is owned by uid $u, not by this user (uid $me)"; fi
+  [ $(( 0$a & 022 )) -eq 0 ] || refuse "$1 has mode $a: others can write to it"
+}
+private() {
+  h=${1%/*}; h=${h%/*}
+  check "$h" directory root-ok
+  for p in "${1%/*}" "$1" "$1/$2"; do
+    if [ ! -e "$p" ] && [ ! -L "$p" ]; then mkdir -m 700 "$p" 2>/dev/null || [ -d "$p" ] || refuse "can not create $p"; fi
+    if [ "$p" = "${1%/*}" ]; then check "$p" directory root-ok; else check "$p" directory; fi
+  done
+}
+sha256() {
+  if command -v sha256sum > /dev/null 2>&1; then x=$(sha256sum) || return 1
+  elif command -v shasum > /dev/null 2>&1; then x=$(shasum -a 256) || return 1
+  elif command -v openssl > /dev/null 2>&1; then x=$(openssl dgst -sha256 -r) || return 1
+  else return 2; fi
+  printf '%s\n' "${x%% *}"
+}
+nohash="none of sha256sum, shasum or openssl is on the PATH there, so the executor can not be verified"
+"#
+    };
+}
 
 mod error;
 mod ship;
@@ -67,6 +110,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+pub use crate::model::settings::SshAllowed;
 pub use error::SshError;
 pub use target::SshTarget;
 
@@ -100,6 +144,9 @@ pub struct SshOptions {
     /// A private directory for the control sockets. Keep its path short: a socket path must
     /// fit in 108 bytes, and OpenSSH needs room for a temporary name beside it.
     pub control_dir: PathBuf,
+    /// The targets and key files a connection may use (the environment's `ssh_allowed`,
+    /// chosen by a server administrator); the default allows nothing.
+    pub allowed: SshAllowed,
 }
 
 impl Default for SshOptions {
@@ -111,6 +158,7 @@ impl Default for SshOptions {
             identity: None,
             connect_timeout: Duration::from_secs(5),
             control_dir: std::env::temp_dir().join(format!("steward-ssh-{uid}")),
+            allowed: SshAllowed::default(),
         }
     }
 }
@@ -145,6 +193,9 @@ struct Link {
     master: Mutex<Child>,
     master_log: Arc<Mutex<String>>,
     remote: RemoteInfo,
+    /// The sha256 of each executor [`SshLink::ensure_executor`] shipped or found, by remote
+    /// path: what [`SshLink::executor_command`] checks the file against before running it.
+    executors: Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for SshLink {
@@ -164,11 +215,28 @@ const MAX_CONTROL_PATH: usize = 90;
 
 const PROBE: &str = r#"printf 'steward-probe\t%s\t%s\t%s\n' "$HOME" "$(uname -s)" "$(uname -m)""#;
 
-/// `$1 executor --agent $2`, leading its own process group: sshd makes the session's
-/// first process a session leader, which the exec keeps; when it did not, `setsid` does.
-const START_EXECUTOR: &str = r#"read -r _ _ _ _ group _ < /proc/$$/stat
-if [ "$group" = "$$" ]; then exec "$1" executor --agent "$2"; fi
-exec setsid -w "$1" executor --agent "$2""#;
+/// `$1 executor --agent $2`, after checking that `$1` is the file shipped with sha256 `$3`,
+/// in a directory only this user can write: it is opened once, hashed through that open
+/// file, and that same file is executed (`/proc/self/fd/3`), so a file swapped in after the
+/// check is not what runs. It leads its own process group: sshd makes the session's first
+/// process a session leader, which the exec keeps; when it did not, `setsid` does.
+const START_EXECUTOR: &str = concat!(
+    remote_prelude!(),
+    r#"[ -n "$3" ] || refuse "$1 was not shipped over this connection, so its hash is not known"
+d=${1%/*}; root=${d%/*}
+case "$d" in */bin) ;; *) refuse "$1 is not in a bin directory of the cache" ;; esac
+private "$root" bin
+check "$1" "regular file"
+[ -r "$1" ] || refuse "can not read $1"
+exec 3< "$1"
+s=$(sha256 <&3); st=$?
+[ "$st" -ne 2 ] || refuse "$nohash"
+[ "$st" -eq 0 ] || refuse "can not hash $1"
+[ "$s" = "$3" ] || refuse "$1 is not the executor shipped there (its sha256 is $s, not $3): refusing to run it"
+read -r _ _ _ _ group _ < /proc/$$/stat
+if [ "$group" = "$$" ]; then exec /proc/self/fd/3 executor --agent "$2"; fi
+exec setsid -w /proc/self/fd/3 executor --agent "$2""#
+);
 
 /// `kill -9` of a process group that exists (pid > 1 checked by the caller).
 const KILL: &str = r#"if kill -0 "-$1" 2>/dev/null; then kill -9 "-$1"; fi"#;
@@ -176,7 +244,9 @@ const KILL: &str = r#"if kill -0 "-$1" 2>/dev/null; then kill -9 "-$1"; fi"#;
 impl SshLink {
     /// Connect to `target` and check the channel is usable: within `connect_timeout`, with
     /// the host key checked against known_hosts (never learned), never prompting.
+    /// A target or key that `opts.allowed` does not list is refused before anything runs.
     pub async fn connect(target: &SshTarget, opts: &SshOptions) -> Result<SshLink, SshError> {
+        check_allowed(target, opts)?;
         for (what, p) in [
             ("the control directory", Some(&opts.control_dir)),
             ("the known_hosts file", opts.known_hosts.as_ref()),
@@ -284,6 +354,7 @@ impl SshLink {
             master: Mutex::new(master),
             master_log,
             remote: RemoteInfo::default(),
+            executors: Mutex::new(Default::default()),
         };
         link.remote = link.probe().await?;
         Ok(SshLink(Arc::new(link)))
@@ -326,8 +397,21 @@ impl SshLink {
     /// inherited. The remote executor leads its own process group (see
     /// [`SshLink::kill_remote`]). Its environment is already [`SSH_ENVIRONMENT`]: add to it,
     /// don't clear it.
+    ///
+    /// `remote_binary` must be what [`SshLink::ensure_executor`] returned on this link: the
+    /// file is checked against that sha256 (and its directory for who can write to it) right
+    /// before it runs, and one that changed is refused: the command then prints
+    /// `steward-refused <why>` instead of the executor's `Ready` and exits.
     pub fn executor_command(&self, remote_binary: &str, agent: &str) -> Command {
-        let mut c = self.0.script(START_EXECUTOR, &[remote_binary, agent]);
+        let sha = self
+            .0
+            .executors
+            .lock()
+            .expect("executors")
+            .get(remote_binary)
+            .cloned()
+            .unwrap_or_default();
+        let mut c = self.0.script(START_EXECUTOR, &[remote_binary, agent, &sha]);
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -477,6 +561,43 @@ impl Drop for Link {
             }
         }
         let _ = std::fs::remove_file(&self.control);
+    }
+}
+
+/// The target and the key must be on the allow-list a server administrator gave.
+fn check_allowed(target: &SshTarget, opts: &SshOptions) -> Result<(), SshError> {
+    let a = &opts.allowed;
+    if !a.allows_target(target.user.as_deref(), &target.host, target.port) {
+        return Err(SshError::NotAllowed {
+            target: target.to_string(),
+            detail: format!(
+                "it is not in this environment's ssh_allowed.targets ({}), which only a global admin can change",
+                shown(&a.targets)
+            ),
+        });
+    }
+    let identity = opts.identity.as_ref().map(|p| p.to_string_lossy());
+    if !a.allows_identity(identity.as_deref()) {
+        return Err(SshError::NotAllowed {
+            target: target.to_string(),
+            detail: format!(
+                "{} is not in this environment's ssh_allowed.identities ({}), which only a global admin can change",
+                match &identity {
+                    Some(p) => format!("the key file {p}"),
+                    None => "the server's default keys ('default')".into(),
+                },
+                shown(&a.identities)
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn shown(list: &[String]) -> String {
+    if list.is_empty() {
+        "empty".into()
+    } else {
+        list.join(", ")
     }
 }
 

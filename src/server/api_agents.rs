@@ -59,14 +59,7 @@ pub async fn open(
     let env = environment(&state, &caller, &key).await?;
     hub_for(&state, &caller, env.id)?;
     let agents: Vec<String> = hello.agents.clone();
-    let reply = owner::agent_open(
-        &state,
-        env.id,
-        caller.token_id,
-        caller.agents.clone(),
-        hello,
-    )
-    .await?;
+    let reply = owner::agent_open(&state, &caller, env.id, hello).await?;
     store::deploy::ensure_agents(&state.pool, env.id, &agents).await?;
     Ok(Json(reply))
 }
@@ -106,7 +99,7 @@ pub async fn poll(
         r.result.sanitize();
     }
     Ok(Json(
-        owner::agent_poll(&state, env_id, instance, caller.token_id, poll).await?,
+        owner::agent_poll(&state, &caller, env_id, instance, poll).await?,
     ))
 }
 
@@ -121,7 +114,7 @@ pub async fn close(
     let env = environment(&state, &caller, &key).await?;
     hub_for(&state, &caller, env.id)?;
     let instance = parse_uuid("session", &id)?;
-    owner::agent_close(&state, env.id, instance, caller.token_id).await?;
+    owner::agent_close(&state, &caller, env.id, instance).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -144,7 +137,19 @@ pub async fn code(
     Path((key, digest)): Path<(String, String)>,
 ) -> ApiResult<Json<CodeBundle>> {
     let env = environment(&state, &caller, &key).await?;
-    caller.require(Perm::Read, Some(env.id))?;
+    if caller.role == Role::Agent {
+        caller.require(Perm::Report, Some(env.id))?;
+        // an agent token naming its agents gets the code of their resources only
+        if let Some(agents) = &caller.agents
+            && !store::code::used_by_agents(&state.pool, env.id, &digest, agents).await?
+        {
+            return Err(ApiError::forbidden(
+                "this handler code serves no resource of the agents this token hosts",
+            ));
+        }
+    } else {
+        caller.require(Perm::Read, Some(env.id))?;
+    }
     let code = store::code::by_digest(&state.pool, env.id, &digest).await?;
     let hashes: Vec<String> = code.files.values().map(|f| f.hash.clone()).collect();
     let blobs = store::code::blobs(&state.pool, &hashes).await?;

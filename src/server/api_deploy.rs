@@ -88,6 +88,7 @@ async fn trigger(
     let kind = if repair { "repair" } else { "deploy" };
     let n = owner::trigger(
         &state,
+        &caller,
         env.id,
         repair,
         body.agent.clone(),
@@ -183,7 +184,7 @@ pub async fn start_dryrun(
         &caller.name,
     )
     .await?;
-    owner::dryrun(&state, env.id, id, version).await?;
+    owner::dryrun(&state, &caller, env.id, id, version).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(DryrunStarted {
@@ -283,12 +284,14 @@ pub async fn list_agents(
     // live figures from the scheduler when it runs; the stored flags otherwise
     let live = match &state.schedulers {
         Some(_) if versions::active(&state.pool, env.id).await?.is_some() => {
-            owner::status(&state, env.id).await.ok()
+            owner::status(&state, &caller, env.id).await.ok()
         }
         _ => None,
     };
     let sessions = match &state.schedulers {
-        Some(_) => owner::sessions(&state, env.id).await.unwrap_or_default(),
+        Some(_) => owner::sessions(&state, &caller, env.id)
+            .await
+            .unwrap_or_default(),
         None => Vec::new(),
     };
     let last_results = store::deploy::last_results_by_agent(&state.pool, env.id).await?;
@@ -363,7 +366,7 @@ async fn set_pause(
     }
     store::deploy::set_paused(&state.pool, env.id, &agent, paused).await?;
     if state.schedulers.is_some() {
-        owner::pause(&state, env.id, agent.clone(), paused).await?;
+        owner::pause(&state, &caller, env.id, agent.clone(), paused).await?;
     }
     let what = if paused {
         "agent.pause"
@@ -424,7 +427,7 @@ async fn set_halt(
     caller.require(Perm::Manage, Some(env.id))?;
     store::environments::set_halted(&state.pool, env.id, halted).await?;
     if state.schedulers.is_some() && versions::active(&state.pool, env.id).await?.is_some() {
-        owner::halt(&state, env.id, halted).await?;
+        owner::halt(&state, &caller, env.id, halted).await?;
     }
     let what = if halted {
         "environment.halt"

@@ -402,6 +402,9 @@ pub async fn update_settings(
         .settings
         .patched(&patch)
         .map_err(ApiError::bad_request)?;
+    if !caller.is_global() {
+        ssh_choices_of_a_scoped_admin(&patch, &new)?;
+    }
     store::environments::set_settings(&mut *tx, env.id, &new).await?;
     audit::record(
         &mut *tx,
@@ -417,4 +420,42 @@ pub async fn update_settings(
         environment: env.id,
     });
     Ok(Json(json!(new)))
+}
+
+/// Which SSH targets and keys an environment uses is a server administrator's choice (they
+/// pick which machines the server's keys log in to): an environment's own admin may not
+/// change `ssh_allowed`, nor set an `ssh.identity` or an `ssh://` agent outside it.
+fn ssh_choices_of_a_scoped_admin(patch: &serde_json::Value, new: &EnvSettings) -> ApiResult<()> {
+    if patch.get("ssh_allowed").is_some() {
+        return Err(ApiError::forbidden(
+            "ssh_allowed (the SSH targets and keys of the environment) can only be changed with a global admin token",
+        ));
+    }
+    let allowed = &new.ssh_allowed;
+    // null (the default keys) included: that needs 'default' in the list
+    if patch.pointer("/ssh/identity").is_some()
+        && !allowed.allows_identity(new.ssh.identity.as_deref())
+    {
+        return Err(ApiError::forbidden(format!(
+            "ssh.identity {} is not in ssh_allowed.identities, which only a global admin can change",
+            new.ssh.identity.as_deref().unwrap_or("(the default keys)")
+        )));
+    }
+    if let Some(serde_json::Value::Object(map)) = patch.get("agent_map") {
+        for (agent, uri) in map {
+            let Some(uri) = uri.as_str() else { continue };
+            if let Ok(crate::model::placement::Placement::Ssh(uri)) =
+                crate::model::placement::Placement::parse(uri)
+            {
+                let ok = crate::scheduler::ssh::SshTarget::parse(&uri)
+                    .is_ok_and(|t| allowed.allows_target(t.user.as_deref(), &t.host, t.port));
+                if !ok {
+                    return Err(ApiError::forbidden(format!(
+                        "agent_map: agent '{agent}': {uri} is not in ssh_allowed.targets, which only a global admin can change"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }

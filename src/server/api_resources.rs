@@ -13,6 +13,7 @@ use super::auth::{Caller, Perm};
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, environment};
 use super::openapi::{EnvPath, RESOURCES, ResourcePath};
+use crate::model::Role;
 use crate::store::actions::ActionRecord;
 use crate::store::{self, StoreError, versions};
 
@@ -218,9 +219,10 @@ pub async fn list_actions(
     Ok(Json(json!(rows)))
 }
 
-/// An executor (agent token) reports an action record: inserted at start, completed at end.
-/// Report an action record (admin or agent token): inserted at start, completed at end.
-/// `environment_id` is taken from the path.
+/// Report an action record (admin tokens): inserted at start, completed at end.
+/// `environment_id` is taken from the path. Agent tokens report through their agent
+/// sessions, which check the agent, the primary's term and the owner's lease; they are
+/// refused here (this route has none of those checks).
 #[utoipa::path(post, path = "/api/v1/environments/{env}/actions", tag = RESOURCES, params(EnvPath), request_body = ActionRecord,
     responses((status = 204, description = "Recorded")))]
 pub async fn report_action(
@@ -232,6 +234,11 @@ pub async fn report_action(
     // who may report is settled before the body is read
     let env = environment(&state, &caller, &key).await?;
     caller.require(Perm::Report, Some(env.id))?;
+    if caller.role == Role::Agent {
+        return Err(ApiError::forbidden(
+            "agent tokens report results through their agent sessions",
+        ));
+    }
     let ApiJson(mut record) = ApiJson::<ActionRecord>::from_request(request, &state).await?;
     record.environment_id = env.id;
     versions::get(&state.pool, env.id, record.version).await?;

@@ -103,7 +103,7 @@ pub struct SourceBody {
     pub notify_secret: Option<String>,
 }
 
-fn validate(mut b: SourceBody) -> ApiResult<SourceSpec> {
+fn validate(mut b: SourceBody, allow_local: bool) -> ApiResult<SourceSpec> {
     let (url, secret) = crate::model::urls::split_credentials(b.url.trim());
     if let Some(secret) = secret {
         if url.starts_with("ssh://") {
@@ -121,6 +121,11 @@ fn validate(mut b: SourceBody) -> ApiResult<SourceSpec> {
     if !known_scheme {
         return Err(ApiError::bad_request(format!(
             "'{url}' is not a repository URL this server follows (file://, https://, http://, ssh://, or an absolute path)"
+        )));
+    }
+    if !allow_local && (url.starts_with("file://") || url.starts_with('/')) {
+        return Err(ApiError::bad_request(format!(
+            "'{url}' is a repository on the server's own disk: this server does not follow local repositories (its operator can allow them with --allow-local-git-sources)"
         )));
     }
     let branch = b.branch.unwrap_or_else(|| "main".into()).trim().to_string();
@@ -268,7 +273,7 @@ async fn store_source(
     body: SourceBody,
 ) -> ApiResult<Json<serde_json::Value>> {
     sources(state)?;
-    let spec = validate(body)?;
+    let spec = validate(body, state.allow_local_git_sources)?;
     let mut tx = state.pool.begin().await.map_err(store::StoreError::from)?;
     store::sources::upsert_source(&mut *tx, env.id, &spec).await?;
     let mut settings = env.settings.clone();
@@ -287,7 +292,7 @@ async fn store_source(
     state.notifier.send(Event::Settings {
         environment: env.id,
     });
-    owner::source_restart(state, env.id).await?;
+    owner::source_restart(state, caller, env.id).await?;
     let row = store::sources::get_source(&state.pool, env.id)
         .await?
         .ok_or_else(|| ApiError::internal("source vanished"))?;
@@ -336,7 +341,7 @@ pub async fn delete_source(
     .await?;
     tx.commit().await.map_err(store::StoreError::from)?;
     if state.sources.is_some() {
-        owner::source_stop(&state, env.id).await?;
+        owner::source_stop(&state, &caller, env.id).await?;
     }
     state.notifier.send(Event::Settings {
         environment: env.id,
@@ -374,7 +379,7 @@ pub async fn trigger(
             "'{c}' is not a commit id (4 to 64 hex digits)"
         )));
     }
-    let t = owner::source_trigger(&state, env.id, "api", body.commit.clone()).await?;
+    let t = owner::source_trigger(&state, &caller, env.id, "api", body.commit.clone()).await?;
     audit::record(
         &state.pool,
         &caller.name,
@@ -503,8 +508,17 @@ pub async fn webhook(
     } else {
         "webhook"
     };
-    // the owner's fetcher takes it (on another replica, the call goes there)
-    owner::source_hint(&state, env_id, kind).await?;
+    // the owner's fetcher takes it (on another replica, the call goes there, with the signed
+    // delivery for the owner to check again)
+    let signed: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(k, _)| {
+            *k != axum::http::header::AUTHORIZATION && *k != axum::http::header::COOKIE
+        })
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let caller = Caller::webhook(env_id, signed, &body);
+    owner::source_hint(&state, &caller, env_id, kind).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(WebhookAnswer {
@@ -513,6 +527,27 @@ pub async fn webhook(
             ..WebhookAnswer::new("accepted")
         }),
     ))
+}
+
+/// Check a webhook forwarded by another replica against `env`'s source, as [`webhook`] did.
+pub async fn verify_signed(
+    state: &AppState,
+    env: uuid::Uuid,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> ApiResult<()> {
+    let unauthorized = || ApiError::unauthorized("a forwarded webhook that is not signed");
+    let src = store::sources::get_source(&state.pool, env)
+        .await?
+        .ok_or_else(unauthorized)?;
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    webhook::verify(header, body, src.webhook_secret.as_deref()).map_err(|_| unauthorized())?;
+    Ok(())
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -600,7 +635,7 @@ pub async fn get_compile(
     let source_lines = match (&state.sources, source) {
         (Some(g), Some(src)) if report.diagnostics.as_array().is_some_and(|d| !d.is_empty()) => {
             let (mirror, commit, diagnostics) = (
-                g.mirror_of(&src.url),
+                g.mirror_of(env.id, &src.url),
                 report.commit.clone(),
                 report.diagnostics.clone(),
             );

@@ -39,6 +39,45 @@ pub fn allowed(role: Role, global: bool, perm: Perm) -> bool {
     }
 }
 
+/// The only routes an agent token reaches: what `steward agent run` calls. Everything an
+/// agent process needs (its work, the handler code, where to report) comes through its
+/// sessions, which hand out only the agents the token names; every other route (resource
+/// lists, attributes, action logs and the older action report) is refused, so a token for
+/// `web1` can neither read nor report `db1`'s resources.
+pub const AGENT_ROUTES: [&str; 4] = [
+    "/api/v1/environments/{env}/agent-sessions",
+    "/api/v1/environments/{env}/agent-sessions/{id}/poll",
+    "/api/v1/environments/{env}/agent-sessions/{id}",
+    "/api/v1/environments/{env}/code/{digest}",
+];
+
+/// What a caller showed to be let in, kept so that an owner-only call forwarded to another
+/// replica can carry it: the owner authenticates and authorizes it again, exactly as a direct
+/// call, so the replicas' shared secret alone grants nothing (`server::owner`).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Credential {
+    /// an API token's secret (`Authorization: Bearer`)
+    Bearer { secret: String },
+    /// a console session's cookie
+    Session { secret: String },
+    /// a signed webhook: the headers and the body (hex) its signature covers
+    Webhook {
+        headers: Vec<(String, String)>,
+        body: String,
+    },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credential::Bearer { .. } => "Bearer(…)",
+            Credential::Session { .. } => "Session(…)",
+            Credential::Webhook { .. } => "Webhook(…)",
+        })
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub token_id: Option<Uuid>,
@@ -49,6 +88,8 @@ pub struct Caller {
     pub environment: Option<Uuid>,
     /// An agent token's agents (None: any agent).
     pub agents: Option<Vec<String>>,
+    /// What it showed (None: `--no-auth`).
+    pub credential: Option<Credential>,
 }
 
 impl Caller {
@@ -59,6 +100,40 @@ impl Caller {
             role: Role::Admin,
             environment: None,
             agents: None,
+            credential: None,
+        }
+    }
+
+    /// The caller a token's secret authenticates as, with no route restriction (the owner of
+    /// an environment checks a forwarded call with this).
+    pub async fn of_token(state: &AppState, secret: &str) -> ApiResult<Caller> {
+        let token = store::tokens::authenticate(&state.pool, secret)
+            .await?
+            .ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))?;
+        Ok(Caller {
+            token_id: Some(token.id),
+            name: token.name,
+            role: token.role,
+            environment: token.environment_id,
+            agents: token.agents,
+            credential: Some(Credential::Bearer {
+                secret: secret.to_string(),
+            }),
+        })
+    }
+
+    /// A signed webhook for `env` (it may only hint the owner's fetcher to look).
+    pub fn webhook(env: Uuid, headers: Vec<(String, String)>, body: &[u8]) -> Caller {
+        Caller {
+            token_id: None,
+            name: "webhook".into(),
+            role: Role::Viewer,
+            environment: Some(env),
+            agents: Some(Vec::new()),
+            credential: Some(Credential::Webhook {
+                headers,
+                body: hex::encode(body),
+            }),
         }
     }
 
@@ -123,16 +198,19 @@ impl FromRequestParts<AppState> for Caller {
             .ok_or_else(|| {
                 ApiError::unauthorized("the Authorization header must be 'Bearer <token>'")
             })?;
-        let token = store::tokens::authenticate(&state.pool, secret)
-            .await?
-            .ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))?;
-        Ok(Caller {
-            token_id: Some(token.id),
-            name: token.name,
-            role: token.role,
-            environment: token.environment_id,
-            agents: token.agents,
-        })
+        let caller = Caller::of_token(state, secret).await?;
+        if caller.role == Role::Agent {
+            let route = parts
+                .extensions
+                .get::<axum::extract::MatchedPath>()
+                .map(|m| m.as_str());
+            if !route.is_some_and(|r| AGENT_ROUTES.contains(&r)) {
+                return Err(ApiError::forbidden(
+                    "an agent token only hosts its agents (agent sessions and handler code); it reads and reports nothing else",
+                ));
+            }
+        }
+        Ok(caller)
     }
 }
 

@@ -110,13 +110,16 @@ pub async fn health(State(state): State<AppState>) -> Response {
 }
 
 /// The server replicas sharing this database, the environments each owns with their lease
-/// terms and ages. A token scoped to one environment sees only that environment's lease.
+/// terms and ages, and where each is reached: global admin tokens only.
 #[utoipa::path(get, operation_id = "list_replicas", path = "/api/v1/replicas", tag = super::openapi::OPS,
-    responses((status = 200, description = "Replicas and ownership", body = Replicas)))]
+    responses((status = 200, description = "Replicas and ownership", body = Replicas),
+              (status = 403, description = "Not a global admin token")))]
 pub async fn replicas(
     State(state): State<AppState>,
     caller: super::auth::Caller,
 ) -> Result<Json<Replicas>, ApiError> {
+    // internal URLs and the layout of the cluster are the operator's business
+    caller.require(super::auth::Perm::Global, None)?;
     let ttl_s = state
         .replica
         .as_ref()
@@ -147,6 +150,7 @@ pub async fn replicas(
         this: state.replica.as_ref().map(|r| r.id().to_string()),
         replicas: views,
         unowned,
+        isolation: Some(crate::sandbox::describe()),
     }))
 }
 

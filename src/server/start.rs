@@ -154,6 +154,7 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
             .timeout(std::time::Duration::from_secs(330))
             .build()
             .unwrap_or_default(),
+        allow_local_git_sources: false,
     }
 }
 
@@ -196,6 +197,16 @@ pub async fn enable_git(
 
 /// Run the server until SIGINT/SIGTERM.
 pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    let isolation = crate::sandbox::describe();
+    tracing::info!(
+        compiles = %isolation.compiles,
+        executors = %isolation.executors,
+        namespaces = isolation.namespaces,
+        "isolation of compiles and handlers"
+    );
+    for w in &isolation.warnings {
+        tracing::warn!("{w}");
+    }
     // a certificate or key that can not be used stops the server before anything starts
     let tls = match &config.tls {
         Some(files) => Some(super::tls::server_config(files)?),
@@ -210,6 +221,30 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         }
     }
     result
+}
+
+/// `steward server rotate-replica-secret`: a new replica secret in the server's database;
+/// the old one is still accepted for `grace`, so replicas calling each other right now are
+/// not cut off (each reads the current secret at every call).
+pub async fn rotate_replica_secret(
+    config: &ServerConfig,
+    grace: std::time::Duration,
+) -> Result<(), ServerError> {
+    // a private cluster the server runs is reused and left running; one this command had to
+    // start is stopped again
+    let was_running = config.database_url.is_some()
+        || PgCluster::new(&config.data_dir.join("pg")).is_ok_and(|c| c.is_running());
+    let db = database(config).await?;
+    let pool = store::connect(&db.url, 2).await?;
+    store::migrate(&pool).await?;
+    let rotated = store::replicas::rotate_secret(&pool, grace).await;
+    pool.close().await;
+    if let Some(cluster) = db.cluster
+        && !was_running
+    {
+        let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
+    }
+    Ok(rotated?)
 }
 
 async fn serve(
@@ -251,6 +286,7 @@ async fn serve(
                 advertise_url,
                 heartbeat: config.heartbeat,
                 lease_ttl: config.lease_time,
+                allow_plain_http_links: config.allow_plain_http_replica_links,
             },
         )
         .await?;
@@ -268,6 +304,9 @@ async fn serve(
             &state.notifier,
         )
         .await;
+        // before the replica adopts environments and their fetchers start
+        sources.set_allow_local(config.allow_local_git_sources);
+        sources.set_pip_sources(config.pip_sources.clone());
         r.add_worker(Arc::new(schedulers.clone()));
         r.add_worker(Arc::new(sources.clone()));
         crate::replicas::bridge::start(pool.clone(), &state.notifier, r.clone());
@@ -280,6 +319,7 @@ async fn serve(
     }
     // the console's cookie goes only over TLS when the server speaks it
     state.secure_cookies = tls.is_some();
+    state.allow_local_git_sources = config.allow_local_git_sources;
     let schedulers = state.schedulers.clone();
     let pruner = tokio::spawn(store::retention::run(
         state.pool.clone(),

@@ -13,6 +13,7 @@ use tokio::io::AsyncReadExt;
 
 use super::git;
 use crate::model::ExportFile;
+use crate::sandbox;
 use crate::store::sources::{CompileRow, SourceRow};
 use crate::store::{self, versions};
 
@@ -25,8 +26,37 @@ const MAX_EXPORT: u64 = 256 << 20;
 const COMPILE_MEMORY: u64 = 4 << 30;
 const COMPILE_FILE_SIZE: u64 = 512 << 20;
 const COMPILE_OPEN_FILES: u64 = 256;
-/// The user compiles run as when the server runs as root.
-const COMPILE_USER: &str = "nobody";
+
+/// Where pip finds the packages that commits' requirements name: the operator's choice
+/// (`steward server --pip-index-url`, `--pip-find-links`), never the commit's. Unset, pip
+/// uses what the server's own environment says (`PIP_INDEX_URL`, …) or its default index.
+#[derive(Clone, Debug, Default)]
+pub struct PipSources {
+    pub index_url: Option<String>,
+    /// Directories or URLs of wheels (a directory must be readable by compiles).
+    pub find_links: Vec<String>,
+}
+
+impl PipSources {
+    fn add_to(&self, env: &mut Vec<(String, std::ffi::OsString)>) {
+        if let Some(url) = &self.index_url {
+            env.retain(|(k, _)| k != "PIP_INDEX_URL");
+            env.push(("PIP_INDEX_URL".into(), url.into()));
+        }
+        if !self.find_links.is_empty() {
+            env.retain(|(k, _)| k != "PIP_FIND_LINKS");
+            env.push(("PIP_FIND_LINKS".into(), self.find_links.join(" ").into()));
+        }
+    }
+}
+
+/// Where commits' Python environments go, and where pip finds what they name.
+#[derive(Clone, Copy)]
+pub struct Python<'a> {
+    /// `<data dir>/python-envs`
+    pub envs: &'a Path,
+    pub pip: &'a PipSources,
+}
 
 pub struct CompileResult {
     pub success: bool,
@@ -91,9 +121,10 @@ pub async fn run(
     source: &SourceRow,
     mirror: &Path,
     steward_bin: &Path,
-    python_envs: &Path,
+    python: Python<'_>,
     fence: Option<&crate::store::leases::Fence>,
 ) -> CompileResult {
+    let (python_envs, pip_sources) = (python.envs, python.pip);
     let mut report = Report {
         stages: job.stages.as_array().cloned().unwrap_or_default(),
         result: CompileResult {
@@ -111,13 +142,48 @@ pub async fn run(
 
     // checkout
     let at = begin();
+    // who the compile runs as: a uid of the environment's own when the server is root
+    let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
+    let env_id = job.environment_id;
+    let jail = match tokio::task::spawn_blocking(move || compile_jail(env_id, timeout)).await {
+        Ok(Ok(j)) => j,
+        Ok(Err(e)) => {
+            return report.failed("checkout", at, format!("no sandbox for the compile: {e}"));
+        }
+        Err(e) => return report.failed("checkout", at, format!("no sandbox for the compile: {e}")),
+    };
+    // under the data directory (`compiles/`), not the machine's /tmp: the compile gets a
+    // /tmp of its own, empty, gone with it
+    let compiles = python_envs
+        .parent()
+        .map(|d| d.join("compiles"))
+        .unwrap_or_else(std::env::temp_dir);
+    let prepared = match python_envs.parent() {
+        Some(data_dir) if sandbox::is_root() => sandbox::open_data_dir(data_dir),
+        _ => std::fs::create_dir_all(&compiles),
+    };
+    if let Err(e) = prepared {
+        return report.failed("checkout", at, format!("can not make a workdir: {e}"));
+    }
+    let mut jail = jail;
+    jail.private_tmp = true;
     let workdir = match tempfile::Builder::new()
         .prefix("steward-compile-")
-        .tempdir()
+        .tempdir_in(&compiles)
     {
         Ok(d) => d,
         Err(e) => return report.failed("checkout", at, format!("can not make a workdir: {e}")),
     };
+    // private to the compile: no other environment's compile (nor anyone else) can enter it
+    if let Err(e) = sandbox::private_dir(workdir.path(), None) {
+        return report.failed("checkout", at, format!("can not make a workdir: {e}"));
+    }
+    // a data directory under /tmp: the workdir stays visible under the private /tmp
+    jail.keep_visible = vec![workdir.path().to_path_buf()];
+    // the compiler's own binary, should it live under /tmp (a build in a temporary clone)
+    if let Some(dir) = steward_bin.parent() {
+        jail.keep_visible.push(dir.to_path_buf());
+    }
     let project = workdir.path().join("project");
     let subpath = (!source.path.is_empty()).then(|| source.path.clone());
     let checkout = {
@@ -150,22 +216,47 @@ pub async fn run(
         Err(e) => return report.failed("checkout", at, format!("checkout crashed: {e}")),
     }
 
-    // the project's Python environment (V2 modules, plugins' dependencies), shared by every
-    // commit with the same requirements
+    // the project's Python environment (V2 modules, plugins' dependencies), shared by the
+    // environment's commits with the same requirements
     let mut virtual_env = None;
     let requirements = project.join("requirements.txt");
     if requirements.is_file() {
         let at = begin();
-        let (envs, project2) = (python_envs.to_path_buf(), project.clone());
+        let (envs, project2, mut jail2) =
+            (python_envs.to_path_buf(), project.clone(), jail.clone());
+        // pip reads the operator's --pip-find-links directories, wherever they are
+        jail2.private_tmp = false;
+        let pip_sources = pip_sources.clone();
+        let tmp = workdir.path().join("pip-tmp");
         let made = tokio::task::spawn_blocking(move || {
-            open_to_compiles(&envs)
-                .map_err(|e| format!("can not open {} to compiles: {e}", envs.display()))?;
-            let text = std::fs::read_to_string(project2.join("requirements.txt"))
-                .map_err(|e| format!("can not read requirements.txt: {e}"))?;
+            let text = read_requirements(&project2.join("requirements.txt"))?;
+            // before pip runs: nothing but plain requirements
+            crate::pyenv::check_plain(&text).map_err(|e| e.to_string())?;
+            let envs = environment_envs(&envs, env_id, jail2.identity)?;
+            sandbox::private_dir(&tmp, jail2.identity).map_err(|e| e.to_string())?;
+            let cache = envs.join(".pip-cache");
+            sandbox::private_dir(&cache, jail2.identity).map_err(|e| e.to_string())?;
+            let mut env = crate::executor::passed_environment();
+            // the environment's own cache: a cache shared between environments would let
+            // one place files another installs
+            env.retain(|(k, _)| k != "PIP_CACHE_DIR" && k != "HOME" && k != "TMPDIR");
+            env.extend([
+                ("HOME".to_string(), tmp.clone().into_os_string()),
+                ("TMPDIR".to_string(), tmp.into_os_string()),
+                ("PIP_CACHE_DIR".to_string(), cache.into_os_string()),
+                ("LANG".to_string(), "C.UTF-8".into()),
+                ("PIP_NO_INPUT".to_string(), "1".into()),
+            ]);
+            pip_sources.add_to(&mut env);
             let opts = crate::pyenv::InstallOptions {
                 // wheels only: installing runs no code the commit chose
                 only_binary: true,
-                base_python: base_python(),
+                base_python: base_python(jail2.identity.is_some()),
+                sandbox: Some(crate::pyenv::Sandboxed {
+                    identity: jail2.identity,
+                    jail: jail2,
+                    env,
+                }),
             };
             crate::pyenv::ensure_shared(&envs, &text, &project2, &opts).map_err(|e| e.to_string())
         })
@@ -176,18 +267,13 @@ pub async fn run(
                     "python environment",
                     at,
                     &if env.created {
-                        format!(
-                            "made {} from requirements.txt\n{}",
-                            env.dir.display(),
-                            env.output
-                        )
+                        format!("made for requirements.txt\n{}", env.output)
                     } else {
-                        format!(
-                            "{} (made before for the same requirements)",
-                            env.dir.display()
-                        )
+                        "made before for the same requirements".to_string()
                     },
                 );
+                // under a private /tmp too, when the data directory is there
+                jail.keep_visible.push(env.dir.clone());
                 virtual_env = Some(env.dir);
             }
             Ok(Err(e)) => {
@@ -206,17 +292,21 @@ pub async fn run(
     // compile, in a child process
     let at = begin();
     let export_file = workdir.path().join("export.json");
-    let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
-    let out = match run_compiler(
+    let ran = run_compiler(
         steward_bin,
+        &jail,
         workdir.path(),
         &project,
         &export_file,
         timeout,
         virtual_env.as_deref(),
     )
-    .await
-    {
+    .await;
+    // nothing the compile started outlives it, whatever session or group it moved to
+    if let Some(id) = jail.identity {
+        let _ = tokio::task::spawn_blocking(move || sandbox::kill_all(id.uid)).await;
+    }
+    let out = match ran {
         Ok(out) => out,
         Err(e) => return report.failed("compile", at, e),
     };
@@ -470,46 +560,71 @@ async fn read_capped(mut r: impl tokio::io::AsyncRead + Unpin, keep: usize) -> S
     s
 }
 
-/// The uid and gid compiles run as: [`COMPILE_USER`] when the server runs as root.
-fn compile_user() -> Option<(libc::uid_t, libc::gid_t)> {
-    // SAFETY: geteuid(2) can not fail
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    let name = std::ffi::CString::new(COMPILE_USER).expect("no NUL");
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0 as libc::c_char; 4096];
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwnam_r with buffers we own, of the sizes given
-    let rc = unsafe {
-        libc::getpwnam_r(
-            name.as_ptr(),
-            &mut pw,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut found,
-        )
-    };
-    (rc == 0 && !found.is_null() && pw.pw_uid != 0).then_some((pw.pw_uid, pw.pw_gid))
+/// The jail of the compiles of environment `env`: its compile identity,
+/// a PID namespace where the kernel gives one, and the limits of docs/isolation.md.
+fn compile_jail(
+    env: uuid::Uuid,
+    timeout: Duration,
+) -> Result<sandbox::Jail, sandbox::SandboxError> {
+    let cpu = timeout.as_secs().max(1);
+    Ok(sandbox::Jail::for_environment(env, sandbox::Role::Compile)?
+        .limit(libc::RLIMIT_CPU, cpu, cpu + 5)
+        .limit(libc::RLIMIT_AS, COMPILE_MEMORY, COMPILE_MEMORY)
+        .limit(libc::RLIMIT_FSIZE, COMPILE_FILE_SIZE, COMPILE_FILE_SIZE)
+        .limit(libc::RLIMIT_NOFILE, COMPILE_OPEN_FILES, COMPILE_OPEN_FILES)
+        .limit(libc::RLIMIT_CORE, 0, 0))
 }
 
-/// Hand `dir` and everything in it to `uid`/`gid` (symlinks themselves, not their targets).
-fn chown_tree(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
-    if std::fs::symlink_metadata(dir)?.is_dir() {
-        for e in std::fs::read_dir(dir)? {
-            chown_tree(&e?.path(), uid, gid)?;
-        }
+/// Largest requirements.txt the server reads.
+const MAX_REQUIREMENTS: u64 = 1 << 20;
+
+fn read_requirements(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("can not read requirements.txt: {e}"))?;
+    if !meta.is_file() {
+        return Err("requirements.txt is not a regular file".into());
     }
-    Ok(())
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_REQUIREMENTS + 1).read_to_string(&mut text))
+        .map_err(|e| format!("can not read requirements.txt: {e}"))?;
+    if text.len() as u64 > MAX_REQUIREMENTS {
+        return Err(format!(
+            "requirements.txt is over {} KiB",
+            MAX_REQUIREMENTS >> 10
+        ));
+    }
+    Ok(text)
+}
+
+/// The directory of the Python environments of environment `env` (`<python-envs>/<env>/`): reachable by its compiles only (group of `identity`), never
+/// by another environment's.
+fn environment_envs(
+    envs: &Path,
+    env: uuid::Uuid,
+    identity: Option<sandbox::Identity>,
+) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    // (the data directory, `envs` included, was opened to compiles when this one began)
+    let own = envs.join(env.to_string());
+    let io = |e: std::io::Error| format!("can not make {}: {e}", own.display());
+    std::fs::create_dir_all(&own).map_err(io)?;
+    if let Some(id) = identity {
+        std::os::unix::fs::lchown(&own, Some(0), Some(id.gid)).map_err(io)?;
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o750)).map_err(io)?;
+    } else {
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    }
+    Ok(own)
 }
 
 /// The interpreter environments are made with: `python3` from `PATH`, unless compiles run as
 /// another user who could not run it (an interpreter under the server user's home, such as
 /// a pyenv shim): then the first system one that user can run.
-fn base_python() -> String {
+fn base_python(other_user: bool) -> String {
     use std::os::unix::fs::PermissionsExt;
-    if compile_user().is_none() {
+    if !other_user {
         return "python3".into();
     }
     // every directory on the way and the file itself open to others
@@ -535,45 +650,12 @@ fn base_python() -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
-/// Let the compile user reach the Python environments in `envs` (under the data directory)
-/// and nothing else there: when compiles run as another user, the data directory becomes
-/// traversable (not listable) by others, every other entry in it closed to them, and `envs`
-/// open for reading.
-fn open_to_compiles(envs: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(envs)?;
-    std::fs::set_permissions(envs, std::fs::Permissions::from_mode(0o755))?;
-    let Some(data_dir) = envs.parent() else {
-        return Ok(());
-    };
-    if compile_user().is_none() {
-        return Ok(());
-    }
-    for entry in std::fs::read_dir(data_dir)? {
-        let entry = entry?;
-        if entry.path() == envs {
-            continue;
-        }
-        let meta = std::fs::symlink_metadata(entry.path())?;
-        let mode = meta.permissions().mode();
-        if !meta.file_type().is_symlink() && mode & 0o007 != 0 {
-            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & !0o007))?;
-        }
-    }
-    // traversable, never listable or writable, by others: whatever it was made with
-    let mode = std::fs::metadata(data_dir)?.permissions().mode() & 0o7777;
-    let wanted = (mode & !0o006) | 0o001;
-    if wanted != mode {
-        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(wanted))?;
-    }
-    Ok(())
-}
-
-/// `steward compile --json --export FILE -p DIR`, isolated from the server: a clean
-/// environment, a private TMPDIR inside `workdir`, resource limits, its own process group,
-/// and an unprivileged user when the server runs as root (see docs/isolation.md).
+/// `steward compile --json --export FILE -p DIR`, isolated from the server and from every
+/// other compile by `jail` (its identity, namespaces and limits: see docs/isolation.md), with
+/// a clean environment and a private TMPDIR inside `workdir`.
 async fn run_compiler(
     bin: &Path,
+    jail: &sandbox::Jail,
     workdir: &Path,
     project: &Path,
     export: &PathBuf,
@@ -582,12 +664,10 @@ async fn run_compiler(
 ) -> Result<Ran, String> {
     let tmp = workdir.join("tmp");
     std::fs::create_dir(&tmp).map_err(|e| format!("can not make {}: {e}", tmp.display()))?;
-    let user = compile_user();
-    if let Some((uid, gid)) = user {
-        chown_tree(workdir, uid, gid)
-            .map_err(|e| format!("can not hand the workdir to {COMPILE_USER}: {e}"))?;
+    if let Some(id) = jail.identity {
+        sandbox::chown_tree(workdir, id)
+            .map_err(|e| format!("can not hand the workdir to the compile's user: {e}"))?;
     }
-    let cpu = timeout.as_secs().max(1);
     let mut cmd = tokio::process::Command::new(bin);
     cmd.arg("compile")
         .arg("--json")
@@ -607,44 +687,15 @@ async fn run_compiler(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .process_group(0);
-    if user.is_some() {
-        cmd.env("USER", COMPILE_USER).env("LOGNAME", COMPILE_USER);
+    if let Some(id) = jail.identity {
+        let name = format!("steward-{}", id.uid);
+        cmd.env("USER", &name).env("LOGNAME", &name);
     }
     if let Some(venv) = virtual_env {
         // the compiler finds V2 modules and runs plugins in the project's environment
         cmd.env("VIRTUAL_ENV", venv);
     }
-    // SAFETY: only async-signal-safe calls (prctl, setrlimit, setgroups, setgid, setuid) on
-    // values computed before the fork
-    unsafe {
-        cmd.pre_exec(move || {
-            let limit = |resource, soft: u64, hard: u64| {
-                let l = libc::rlimit {
-                    rlim_cur: soft as libc::rlim_t,
-                    rlim_max: hard as libc::rlim_t,
-                };
-                if libc::setrlimit(resource, &l) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            };
-            limit(libc::RLIMIT_CPU, cpu, cpu + 5)?;
-            limit(libc::RLIMIT_AS, COMPILE_MEMORY, COMPILE_MEMORY)?;
-            limit(libc::RLIMIT_FSIZE, COMPILE_FILE_SIZE, COMPILE_FILE_SIZE)?;
-            limit(libc::RLIMIT_NOFILE, COMPILE_OPEN_FILES, COMPILE_OPEN_FILES)?;
-            limit(libc::RLIMIT_CORE, 0, 0)?;
-            if let Some((uid, gid)) = user
-                && (libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0)
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            // after the user switch: changing credentials clears the parent-death signal
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    jail.apply(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("can not start the compiler {}: {e}", bin.display()))?;
@@ -740,8 +791,11 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let env = uuid::Uuid::new_v4();
+        let jail = compile_jail(env, Duration::from_secs(7)).unwrap();
         let ran = run_compiler(
             &bin,
+            &jail,
             work.path(),
             &project,
             &work.path().join("export.json"),
@@ -754,7 +808,10 @@ mod tests {
         let tmp = work.path().join("tmp");
         let root = unsafe { libc::geteuid() } == 0;
         let uid = if root {
-            compile_user().expect("nobody exists").0
+            sandbox::identity(env, sandbox::Role::Compile)
+                .unwrap()
+                .unwrap()
+                .uid
         } else {
             unsafe { libc::geteuid() }
         };

@@ -180,6 +180,27 @@ pub async fn by_digest(e: impl PgExecutor<'_>, env: Uuid, digest: &str) -> Resul
     Ok(handler_code(module, entry, files, digest, inmanta))
 }
 
+/// Whether handler code `digest` serves a resource of one of `agents` in some version of
+/// `env` (what an agent token naming those agents may fetch).
+pub async fn used_by_agents(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    digest: &str,
+    agents: &[String],
+) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM version_handlers h JOIN version_resources r \
+           ON r.environment_id = h.environment_id AND r.version = h.version \
+           AND r.resource_type = h.resource_type \
+         WHERE h.environment_id = $1 AND h.digest = $2 AND r.agent = ANY($3))",
+    )
+    .bind(env)
+    .bind(digest)
+    .bind(agents)
+    .fetch_one(e)
+    .await?)
+}
+
 /// resource type, module, entry, files, digest, inmanta.
 type HandlerRow = (
     String,

@@ -115,16 +115,80 @@ pub async fn environment_ids(e: impl PgExecutor<'_>) -> Result<Vec<Uuid>> {
     )
 }
 
-/// The secret replicas show each other, made by the first replica that asks.
+/// The secret replicas show each other now (the current one), made by the first replica
+/// that asks. Read on every call a replica sends, so a rotation takes effect at once.
 pub async fn secret(e: &sqlx::PgPool) -> Result<String> {
     let fresh = crate::store::tokens::new_secret();
+    // one current secret (a unique index): two replicas racing here make one
+    sqlx::query(
+        "INSERT INTO replica_secrets (secret) SELECT $1 \
+         WHERE NOT EXISTS (SELECT 1 FROM replica_secrets WHERE retire_at IS NULL) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&fresh)
+    .execute(e)
+    .await?;
+    // replicas of the previous release read this table
     sqlx::query("INSERT INTO replica_secret (secret) VALUES ($1) ON CONFLICT (id) DO NOTHING")
         .bind(&fresh)
         .execute(e)
         .await?;
-    Ok(sqlx::query_scalar("SELECT secret FROM replica_secret")
-        .fetch_one(e)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT secret FROM replica_secrets WHERE retire_at IS NULL")
+            .fetch_one(e)
+            .await?,
+    )
+}
+
+/// The current secret (made when there is none).
+pub async fn current_secret(e: &sqlx::PgPool) -> Result<String> {
+    let current: Option<String> =
+        sqlx::query_scalar("SELECT secret FROM replica_secrets WHERE retire_at IS NULL")
+            .fetch_optional(e)
+            .await?;
+    match current {
+        Some(s) => Ok(s),
+        None => secret(e).await,
+    }
+}
+
+/// The secrets a replica accepts now: the current one and those still in their grace period.
+pub async fn accepted_secrets(e: impl PgExecutor<'_>) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT secret FROM replica_secrets WHERE retire_at IS NULL OR retire_at > now()",
+    )
+    .fetch_all(e)
+    .await?)
+}
+
+/// Make a new current secret; the old one is accepted for `grace` more, then refused.
+/// Secrets retired for over a day are forgotten.
+pub async fn rotate_secret(e: &sqlx::PgPool, grace: std::time::Duration) -> Result<()> {
+    let fresh = crate::store::tokens::new_secret();
+    let mut tx = e.begin().await?;
+    sqlx::query(
+        "UPDATE replica_secrets SET retire_at = now() + make_interval(secs => $1) \
+         WHERE retire_at IS NULL",
+    )
+    .bind(grace.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("INSERT INTO replica_secrets (secret) VALUES ($1)")
+        .bind(&fresh)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO replica_secret (secret) VALUES ($1) \
+         ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret",
+    )
+    .bind(&fresh)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM replica_secrets WHERE retire_at < now() - interval '1 day'")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// One environment's lease as `steward server status` shows it.
@@ -174,4 +238,8 @@ pub struct Replicas {
     pub replicas: Vec<ReplicaView>,
     /// environments whose lease no live replica holds right now (moving, or never owned)
     pub unowned: Vec<OwnershipRow>,
+    /// how the replica that answered isolates compiles and handlers (absent from older
+    /// replicas)
+    #[serde(default)]
+    pub isolation: Option<crate::sandbox::Isolation>,
 }

@@ -15,7 +15,7 @@ use crate::support::{TestServer, eventually, exec_run, fs_file, steward_bin, wai
 const WEB: &str = "web";
 
 /// A `steward agent run` process hosting `names`, its log in `log`.
-fn spawn_agent(
+pub fn spawn_agent(
     srv: &TestServer,
     token: &str,
     env: &str,

@@ -17,10 +17,12 @@ enum Needs {
 
 fn role_may(role: Role, needs: Needs) -> bool {
     match needs {
-        Needs::Read => true,
+        // agent tokens reach only their agent sessions and handler code (attacker::tokens)
+        Needs::Read => role != Role::Agent,
         Needs::Upload => matches!(role, Role::Admin | Role::Compiler),
         Needs::Release => matches!(role, Role::Admin | Role::Approver),
-        Needs::Report => matches!(role, Role::Admin | Role::Agent),
+        // the action report route; agents report through their sessions
+        Needs::Report => role == Role::Admin,
         Needs::Manage => role == Role::Admin,
         Needs::Global => false, // environment tokens never may
     }

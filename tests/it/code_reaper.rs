@@ -12,17 +12,19 @@ use serde_json::json;
 use crate::python_handlers::{DEMO, inmanta_code, resource, upload, with_code};
 use crate::support::{TestServer, wait_deployed};
 
-/// The code directories (named by digest) under `dir`.
+/// The code directories (named by digest) under `dir` and its environments' directories
+/// (`env-<uuid>/`, where schedulers write their environment's code).
 fn code_dirs(dir: &Path) -> HashSet<String> {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().to_string())
-                .filter(|n| n.bytes().all(|b| b.is_ascii_hexdigit()))
-                .collect()
-        })
-        .unwrap_or_default()
+    let mut found = HashSet::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("env-") {
+            found.extend(code_dirs(&e.path()));
+        } else if name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            found.insert(name);
+        }
+    }
+    found
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -146,8 +148,14 @@ async fn unused_code_directories_are_reaped_while_new_code_keeps_deploying() {
     assert!(!code_dir.join(".tmp-deadbeef-1").exists());
     assert!(!code_dir.join("0badc0de").exists());
     assert!(!older.exists());
-    assert!(code_dir.join("_lib").is_dir());
-    assert!(code_dir.join(steward::pycompat::dir_name()).is_dir());
+    // the environment's own directory keeps its helper
+    assert!(code_dir.join(format!("env-{env}/_lib")).is_dir());
+    assert!(
+        code_dir
+            .join(format!("env-{env}"))
+            .join(steward::pycompat::dir_name())
+            .is_dir()
+    );
     eprintln!(
         "{round} rounds, at most {most_dirs} code directories, unused ones seen for up to {latest_removal:?}, {reverted_after_reap} reverts to reaped code"
     );

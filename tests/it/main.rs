@@ -4,6 +4,7 @@ mod agents;
 mod api;
 mod api_auth;
 mod api_durability;
+mod attacker;
 mod browser;
 mod builtin_modules;
 mod chaos;

@@ -37,6 +37,25 @@ pub fn demo_wheel(out: &Path, version: &str) -> PathBuf {
     out.join(format!("inmanta_module_demo-{version}-py3-none-any.whl"))
 }
 
+/// A directory of wheels the server's pip may install from, as an operator gives one
+/// (`steward server --pip-find-links DIR`): readable by compiles, which run as other users
+/// when the server is root. Holds the demo module at `version`.
+pub fn wheel_dir(srv: &TestServer, version: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wheel = demo_wheel(dir.path(), version);
+    std::fs::set_permissions(&wheel, std::fs::Permissions::from_mode(0o644)).unwrap();
+    srv.sources
+        .as_ref()
+        .expect("a deploying server")
+        .set_pip_sources(steward::sources::compile::PipSources {
+            index_url: None,
+            find_links: vec![dir.path().display().to_string()],
+        });
+    dir
+}
+
 fn steward(dir: &Path, args: &[&str]) -> (bool, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_steward"))
         .args(args)
@@ -111,10 +130,10 @@ async fn the_server_installs_requirements_once_per_set_and_fails_commits_it_can_
     let srv = TestServer::start_deploying().await;
     let c = srv.admin_client();
     let repo = Repo::new();
-    demo_wheel(&repo.work.join("wheels"), "1.0.0");
+    let _wheels = wheel_dir(&srv, "1.0.0");
     std::fs::write(
         repo.work.join("requirements.txt"),
-        "./wheels/inmanta_module_demo-1.0.0-py3-none-any.whl\n",
+        "inmanta-module-demo==1.0.0\n",
     )
     .unwrap();
     // the model imports the V2 module the requirements install
@@ -158,11 +177,7 @@ async fn the_server_installs_requirements_once_per_set_and_fails_commits_it_can_
 
     // requirements pip can not install: the commit fails with pip's reason, no version
     let versions_before = c.versions(&env).await.unwrap().len();
-    std::fs::write(
-        repo.work.join("requirements.txt"),
-        "./wheels/nothing-here-1.0-py3-none-any.whl\n",
-    )
-    .unwrap();
+    std::fs::write(repo.work.join("requirements.txt"), "nothing-here==1.0\n").unwrap();
     let third = repo.commit("std::print(\"three\")\n", "broken requirements");
     repo.push_ok();
     c.trigger_compile(&env, Some(&third)).await.unwrap();
@@ -170,15 +185,15 @@ async fn the_server_installs_requirements_once_per_set_and_fails_commits_it_can_
     assert_eq!(r["status"], "failed", "{r:#}");
     let error = r["error"].as_str().unwrap();
     assert!(
-        error.contains("installing requirements.txt failed") && error.contains("nothing-here-1.0"),
+        error.contains("installing requirements.txt failed") && error.contains("nothing-here==1.0"),
         "{error}"
     );
     assert_eq!(c.versions(&env).await.unwrap().len(), versions_before);
     git_ok(&repo.work, &["status"]);
 }
 
-/// A commit's Python plugin is the commit's code: in a server compile (as `nobody` when the
-/// server runs as root) it sees the shared environment it runs in, but not the rest of the
+/// A commit's Python plugin is the commit's code: in a server compile (as its environment's
+/// compile uid when the server runs as root) it sees the shared environment it runs in, but not the rest of the
 /// data directory, nor the server's environment.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_commits_python_plugin_can_not_read_the_servers_data_or_environment() {
@@ -189,10 +204,10 @@ async fn a_commits_python_plugin_can_not_read_the_servers_data_or_environment() 
     let srv = TestServer::start_deploying().await;
     let c = srv.admin_client();
     let repo = Repo::new();
-    demo_wheel(&repo.work.join("wheels"), "1.0.0");
+    let _wheels = wheel_dir(&srv, "1.0.0");
     std::fs::write(
         repo.work.join("requirements.txt"),
-        "./wheels/inmanta_module_demo-1.0.0-py3-none-any.whl\n",
+        "inmanta-module-demo==1.0.0\n",
     )
     .unwrap();
     let m = repo.work.join("libs/probe");
@@ -215,7 +230,8 @@ def attempt(what, f):
 
 @plugin
 def probe() -> "string":
-    envs = os.path.dirname(os.environ["VIRTUAL_ENV"])
+    own = os.path.dirname(os.environ["VIRTUAL_ENV"])
+    envs = os.path.dirname(own)
     data = os.path.dirname(envs)
     server = os.getppid()
     with open(f"/proc/{server}/status") as f:
@@ -223,6 +239,7 @@ def probe() -> "string":
     lines = [
         attempt("data dir", lambda: os.listdir(data)),
         attempt("server environ", lambda: open(f"/proc/{server}/environ").read()[:40]),
+        attempt("own", lambda: sorted(os.listdir(own))[:1] and "listed"),
         attempt("envs", lambda: sorted(os.listdir(envs))[:1] and "listed"),
     ]
     for name in ("code", "mirrors", "pg", "secret"):
@@ -241,9 +258,12 @@ def probe() -> "string":
     let r = compiled(&c, &env, &commit, 120).await;
     assert_eq!(r["status"], "success", "{r:#}");
     let out = r["stdout"].as_str().unwrap();
-    assert!(out.contains("envs: read 'listed'"), "{out}");
+    // the environments of all environments: not listable (each one's own is closed to others)
+    // (its own directory: listable where the data directory is; under a private /tmp, as
+    // here, only the path to its environment is there, and nothing is listed)
+    assert!(out.contains("envs: refused PermissionError"), "{out}");
     for line in out.lines() {
-        if !line.starts_with("envs:") && !line.contains("FileNotFoundError") {
+        if !line.starts_with("own:") && !line.contains("FileNotFoundError") {
             assert!(line.contains("refused PermissionError"), "{out}");
         }
     }

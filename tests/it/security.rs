@@ -16,13 +16,15 @@ const AGENT: &str = "localhost";
 #[tokio::test(flavor = "multi_thread")]
 async fn a_scoped_token_cannot_read_server_secrets_through_handlers_or_compiles() {
     let db = new_database();
-    let data = tempfile::tempdir().unwrap();
+    // not under /tmp: compiles get a /tmp of their own
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let admin = "stw_admin_secret_that_must_not_leak_0123456789";
     // the secrets come in through the environment, as an operator would give them
     let mut child = std::process::Command::new(crate::support::steward_bin())
         .args(["server", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--allow-local-git-sources")
         .arg("--data-dir")
         .arg(data.path())
         .env("STEWARD_ADMIN_TOKEN", admin)
@@ -63,12 +65,95 @@ async fn a_scoped_token_cannot_read_server_secrets_through_handlers_or_compiles(
         assert!(!log.contains(secret), "{secret} reached a handler: {log}");
     }
 
+    // the server's /proc files (it re-executed itself: the same pid) and its data dir. Not
+    // root: the handler runs as the server's user, and the server being non-dumpable is what
+    // keeps its environ from it; root: another uid in a PID namespace
+    let pid = child.id();
+    let d = data.path().display();
+    let probe = format!(
+        "sh -c 'for f in /proc/{pid}/environ /proc/{pid}/cmdline /proc/{pid}/mem; do \
+         if head -c 4096 $f >/dev/null 2>&1; then echo \"RE\"\"AD $f: $(tr \"\\0\" \" \" < $f)\"; \
+         else echo \"refused $f\"; fi; done; \
+         if ls {d} >/dev/null 2>&1; then echo \"LIS\"\"TED data\"; else echo \"refused data\"; fi'"
+    );
+    let run = exec_run(AGENT, &probe, json!({}), &[]);
+    let rid = run.id.0.clone();
+    let v = compiler
+        .upload(&env, &crate::support::export_of(vec![run]), json!({}))
+        .await
+        .unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    wait_deployed(&compiler, &env, v, 30).await;
+    let acts = compiler.actions(&env, Some(&rid), 10).await.unwrap();
+    let seen = serde_json::to_string(&acts).unwrap();
+    assert!(
+        seen.contains(&format!("refused /proc/{pid}/environ")),
+        "the handler read the server's environ: {seen}"
+    );
+    assert!(!seen.contains(&format!("AD /proc/{pid}/mem")), "{seen}");
+    for secret in [
+        admin,
+        "STEWARD_ADMIN_TOKEN",
+        "STEWARD_DATABASE_URL",
+        db.as_str(),
+    ] {
+        assert!(!seen.contains(secret), "{secret} reached a handler: {seen}");
+    }
+    if crate::attacker::is_root() {
+        assert!(
+            seen.contains("refused data"),
+            "the handler listed the data dir: {seen}"
+        );
+        assert!(
+            seen.contains(&format!("refused /proc/{pid}/cmdline")),
+            "the handler sees the server's process: {seen}"
+        );
+    } else {
+        crate::attacker::skipped(
+            "a_scoped_token_cannot_read_server_secrets_through_handlers_or_compiles (data dir)",
+            "not root: handlers run as the server's user, who owns the data dir",
+        );
+    }
+
     // and through a compile of a commit
     let repo = Repo::new();
     let genv = follow(&c, "compile", &repo, json!({})).await;
+    // a plugin reads the server's /proc files and lists its data dir
+    let m = repo.work.join("libs/peek");
+    std::fs::create_dir_all(m.join("model")).unwrap();
+    std::fs::create_dir_all(m.join("plugins")).unwrap();
+    std::fs::write(m.join("module.yml"), "name: peek\nversion: 1.0.0\n").unwrap();
+    std::fs::write(m.join("model/_init.cf"), "").unwrap();
+    std::fs::write(
+        m.join("plugins/__init__.py"),
+        format!(
+            r#"import os
+from inmanta.plugins import plugin
+
+
+def attempt(what, f):
+    try:
+        return f"{{what}}: READ {{f()!r}}"
+    except OSError as e:
+        return f"{{what}}: refused {{type(e).__name__}}"
+
+
+@plugin
+def peek() -> "string":
+    return "\n".join([
+        attempt("server environ", lambda: open("/proc/{pid}/environ").read()),
+        attempt("server cmdline", lambda: open("/proc/{pid}/cmdline").read()),
+        attempt("data dir", lambda: os.listdir({d:?})),
+    ])
+"#,
+            d = d.to_string()
+        ),
+    )
+    .unwrap();
     let model = repo.model(
         &[("f", "1")],
-        "std::print(std::get_env(\"STEWARD_ADMIN_TOKEN\", \"none\"))\nstd::print(std::get_env(\"STEWARD_DATABASE_URL\", \"none\"))\n",
+        "import peek\nstd::print(peek::peek())\nstd::print(std::get_env(\"STEWARD_ADMIN_TOKEN\", \"none\"))\nstd::print(std::get_env(\"STEWARD_DATABASE_URL\", \"none\"))\n",
     );
     let commit = repo.commit(&model, "peek");
     repo.push_ok();
@@ -83,6 +168,20 @@ async fn a_scoped_token_cannot_read_server_secrets_through_handlers_or_compiles(
         !text.contains(&db),
         "the database URL reached a compile: {text}"
     );
+    let out = report["stdout"].as_str().unwrap_or_default();
+    assert!(
+        out.contains("server environ: refused"),
+        "a compile read the server's environ: {report:#}"
+    );
+    if crate::attacker::is_root() {
+        assert!(out.contains("data dir: refused"), "{report:#}");
+        assert!(out.contains("server cmdline: refused"), "{report:#}");
+    } else {
+        crate::attacker::skipped(
+            "a_scoped_token_cannot_read_server_secrets_through_handlers_or_compiles (compile: data dir)",
+            "not root: compiles run as the server's user, who owns the data dir",
+        );
+    }
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -117,11 +216,12 @@ async fn one_environment_cannot_rewrite_another_ones_action_log() {
     let v = upload(&c, &env_a, vec![f]).await;
     wait_deployed(&c, &env_a, v, 30).await;
     let victim = deploy_actions(&c, &env_a, &rid).await.remove(0);
-    // environment B's agent token reports a record with A's action id
+    // environment B's admin reports a record with A's action id (agent tokens may not use
+    // this route at all: attacker::tokens)
     let env_b = crate::deploy::env_with(&c, "attacker", json!({})).await;
     let vb = upload(&c, &env_b, vec![]).await;
     let t = c
-        .create_token("agent-b", "agent", Some(&env_b))
+        .create_token("admin-b", "admin", Some(&env_b))
         .await
         .unwrap();
     let agent_b = Client::new(&srv.url, Some(t["secret"].as_str().unwrap().into()));

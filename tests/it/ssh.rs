@@ -10,7 +10,7 @@ use serde_json::json;
 use steward::executor::protocol::{
     ActionKind, Change, ExternalHandler, Outcome, Reply, Request, WorkItem, WorkResult,
 };
-use steward::scheduler::ssh::{SshError, SshLink, SshOptions, SshTarget};
+use steward::scheduler::ssh::{SshAllowed, SshError, SshLink, SshOptions, SshTarget};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
@@ -261,6 +261,10 @@ async fn ssh_unreachable_hosts_fail_within_the_connect_timeout() {
     let ctl = tempfile::tempdir().unwrap();
     let opts = SshOptions {
         control_dir: ctl.path().join("c"),
+        allowed: SshAllowed {
+            targets: vec!["nobody@127.0.0.1:*".into()],
+            identities: vec!["default".into()],
+        },
         ..SshOptions::default()
     };
     let started = Instant::now();
@@ -485,17 +489,16 @@ async fn ssh_remote_executor_applies_work_items_one_round_trip_each() {
         .split_whitespace()
         .collect();
     assert_eq!(fields[2], ex.pid.to_string(), "pgid == pid: {stat}");
+    // the shipped file runs, through the descriptor its hash was checked on
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", ex.pid)).unwrap();
     assert!(
-        cmdline.starts_with(
-            format!(
-                "{}\0executor\0--agent\0web 1 'quoted'\0",
-                shipped.remote_path
-            )
-            .as_bytes()
-        ),
+        cmdline.starts_with(b"/proc/self/fd/3\0executor\0--agent\0web 1 'quoted'\0"),
         "{}",
         String::from_utf8_lossy(&cmdline)
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/exe", ex.pid)).unwrap(),
+        Path::new(&shipped.remote_path)
     );
     let sessions = sshd.sessions();
 

@@ -18,6 +18,8 @@ fn settings(uri: &str, sshd: &Sshd, known_hosts: &std::path::Path) -> serde_json
     json!({
         "agent_map": {WEB: uri},
         "ssh": {"known_hosts": known_hosts, "identity": sshd.client_key},
+        // as an operator allows them, with a global admin token
+        "ssh_allowed": sshd.allowed(),
         "retry_backoff": {"initial": 60, "factor": 1.0, "max": 60},
     })
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use steward::scheduler::ssh::{SshOptions, SshTarget};
+use steward::scheduler::ssh::{SshAllowed, SshOptions, SshTarget};
 
 const SSHD: &str = "/usr/sbin/sshd";
 
@@ -67,6 +67,11 @@ pub fn keygen(path: &Path) -> String {
 
 impl Sshd {
     pub fn start() -> Sshd {
+        Sshd::start_with_path(None)
+    }
+
+    /// An sshd whose sessions get `PATH=<path>` (what a target with fewer tools looks like).
+    pub fn start_with_path(path: Option<&Path>) -> Sshd {
         assert!(
             Path::new(SSHD).is_file(),
             "{SSHD} is missing: the SSH tests need Debian's openssh-server; run scripts/test, which installs it"
@@ -96,11 +101,14 @@ impl Sshd {
                      StrictModes no\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nAuthenticationMethods publickey\n\
                      X11Forwarding no\nPrintMotd no\nAcceptEnv LANG LC_*\n\
-                     SetEnv HOME={home}\nLogLevel DEBUG1\n",
+                     SetEnv HOME={home}{path}\nLogLevel DEBUG1\n",
                     hk = d.join("host_key").display(),
                     pid = d.join("sshd.pid").display(),
                     ak = d.join("authorized_keys").display(),
                     home = home.display(),
+                    path = path
+                        .map(|p| format!(" PATH={}", p.display()))
+                        .unwrap_or_default(),
                 ),
             )
             .unwrap();
@@ -159,13 +167,25 @@ impl Sshd {
         SshTarget::parse(&format!("ssh://{}@127.0.0.1:{}", self.user, self.port)).unwrap()
     }
 
-    /// Options trusting this server's key and authenticating with the authorised key.
+    /// Options trusting this server's key and authenticating with the authorised key, with
+    /// the allow-list an operator would give: this user on 127.0.0.1, the keys in the
+    /// temporary directory.
     pub fn options(&self) -> SshOptions {
         SshOptions {
             known_hosts: Some(self.known_hosts.clone()),
             identity: Some(self.client_key.clone()),
             control_dir: self.dir.path().join("ctl"),
+            allowed: self.allowed(),
             ..SshOptions::default()
+        }
+    }
+
+    /// The `ssh_allowed` setting for this server: its user on 127.0.0.1 (any port: the tests
+    /// also point at closed and silent ports there), the key files in its directory.
+    pub fn allowed(&self) -> SshAllowed {
+        SshAllowed {
+            targets: vec![format!("{}@127.0.0.1:*", self.user)],
+            identities: vec![format!("{}/*", self.dir.path().display())],
         }
     }
 

@@ -47,6 +47,8 @@ pub struct TestServer {
     pub pool: sqlx::PgPool,
     /// Secret of a global admin token (unless --no-auth).
     pub admin: Option<String>,
+    /// The git side, when the server deploys (to set what an operator sets by flags).
+    pub sources: Option<steward::sources::GitSources>,
     /// The server's data dir (git mirrors).
     _data: tempfile::TempDir,
 }
@@ -75,6 +77,14 @@ impl TestServer {
                 .with_test_writer()
                 .try_init();
         }
+        // handlers of the in-process servers run as the test's own user, so that deploy tests
+        // can write into the test's temp dirs; the isolation of executors (a uid per
+        // environment) is tried against real `steward server` processes with the default
+        // (tests/it/attacker/)
+        steward::sandbox::configure(steward::sandbox::Config {
+            executor_user: steward::sandbox::ExecutorUser::Server,
+            ..Default::default()
+        });
         let pool = steward::store::connect(&db_url, 8).await.expect("connect");
         steward::store::migrate(&pool).await.expect("migrate");
         let admin = if no_auth {
@@ -93,7 +103,7 @@ impl TestServer {
             Some(secret)
         };
         let data = tempfile::tempdir().expect("server data dir");
-        let state = if deploying {
+        let mut state = if deploying {
             let mut s = server::start::app_state_with_schedulers(
                 pool.clone(),
                 no_auth,
@@ -106,6 +116,12 @@ impl TestServer {
         } else {
             server::start::app_state(pool.clone(), no_auth)
         };
+        // the tests' repositories are local (file://)
+        state.allow_local_git_sources = true;
+        if let Some(g) = &state.sources {
+            g.set_allow_local(true);
+        }
+        let sources = state.sources.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -119,6 +135,7 @@ impl TestServer {
             db_url,
             pool,
             admin,
+            sources,
             _data: data,
         }
     }
@@ -342,6 +359,11 @@ pub fn spawn_server_with(
         ])
         .arg("--data-dir")
         .arg(data)
+        // the tests' repositories are local (file://)
+        .arg("--allow-local-git-sources")
+        // handlers write into the tests' temp dirs (the attacker tests start servers with the
+        // default: a uid per environment)
+        .env("STEWARD_EXECUTOR_USER", "server")
         .args(extra)
         .env("STEWARD_ADMIN_TOKEN", admin)
         .stdout(std::process::Stdio::null())
@@ -441,4 +463,112 @@ pub fn run_ok(command: &mut std::process::Command) -> String {
     );
     assert!(o.status.success(), "{command:?} failed:\n{text}");
     text
+}
+
+/// A real `steward server` child started as an operator starts one (for the attacker tests):
+/// its secrets in its environment (`STEWARD_ADMIN_TOKEN`, and `STEWARD_DATABASE_URL` unless
+/// it runs its private PostgreSQL under the data dir), and the default sandbox — a uid of
+/// each environment's own when it runs as root, never `STEWARD_EXECUTOR_USER=server`. Its log
+/// goes to `log` (0600, outside the data dir); killed when dropped.
+#[allow(dead_code)]
+pub struct Operated {
+    pub child: std::process::Child,
+    pub url: String,
+    pub port: u16,
+    /// The database URL given in its environment (`None`: its private cluster).
+    pub db: Option<String>,
+    pub admin: String,
+    pub data: tempfile::TempDir,
+    _logs: tempfile::TempDir,
+    pub log: PathBuf,
+    pub client: Client,
+}
+
+#[allow(dead_code)]
+impl Operated {
+    /// Start one on the test cluster's database `db` (or its private cluster with `None`),
+    /// with more flags in `extra`.
+    pub async fn start(admin: &str, db: Option<String>, extra: &[&str]) -> Operated {
+        use std::os::unix::fs::OpenOptionsExt;
+        // not under /tmp: an operator's data dir is not there, and sandboxed processes get
+        // a /tmp of their own
+        let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("server.log");
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let mut cmd = std::process::Command::new(steward_bin());
+        cmd.args(["server", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(data.path())
+            .arg("--allow-local-git-sources")
+            .args(extra)
+            .env_remove("STEWARD_EXECUTOR_USER")
+            .env("STEWARD_ADMIN_TOKEN", admin)
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(&log)
+                    .expect("log file"),
+            );
+        match &db {
+            Some(db) => cmd.env("STEWARD_DATABASE_URL", db),
+            None => cmd.env_remove("STEWARD_DATABASE_URL"),
+        };
+        let child = cmd.spawn().expect("spawn steward server");
+        let client = Client::new(&url, Some(admin.into()));
+        let srv = Operated {
+            child,
+            url,
+            port,
+            db,
+            admin: admin.into(),
+            data,
+            _logs: logs,
+            log,
+            client,
+        };
+        let c = Client::new(&srv.url, None);
+        for _ in 0..600 {
+            if c.health().await.is_ok() {
+                return srv;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!(
+            "server at {} did not become healthy: {}",
+            srv.url,
+            std::fs::read_to_string(&srv.log).unwrap_or_default()
+        );
+    }
+
+    /// Its pid (the same after it re-executed itself without its secrets).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What it logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A client with a new token of `role` scoped to `env`.
+    pub async fn scoped(&self, role: &str, env: &str) -> Client {
+        let t = self
+            .client
+            .create_token(role, role, Some(env))
+            .await
+            .unwrap();
+        Client::new(&self.url, Some(t["secret"].as_str().unwrap().into()))
+    }
+}
+
+impl Drop for Operated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

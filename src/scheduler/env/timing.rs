@@ -48,6 +48,7 @@ impl EnvScheduler {
                 known_hosts: ssh.known_hosts.as_ref().map(Into::into),
                 identity: ssh.identity.as_ref().map(Into::into),
                 connect_timeout: std::time::Duration::from_secs(ssh.connect_timeout),
+                allowed: self.settings.ssh_allowed.clone(),
                 ..Default::default()
             });
     }

@@ -41,6 +41,10 @@ pub enum SshError {
         "the login shell of {target} printed text before running a command ({noise:?}): the executor protocol needs a clean channel, so make the shell's startup files (~/.bashrc, …) silent when not interactive"
     )]
     NoisyShell { target: String, noise: String },
+    #[error("refusing to connect to {target}: {detail}")]
+    NotAllowed { target: String, detail: String },
+    #[error("{target}: refusing to use what is shipped there: {detail}")]
+    Untrusted { target: String, detail: String },
     #[error("{target} can not run this executor: {detail}")]
     Platform { target: String, detail: String },
     #[error("{what} on {target} failed: {detail}")]

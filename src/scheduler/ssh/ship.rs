@@ -18,36 +18,49 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use super::{Link, Shipped, SshError};
 
-/// `$1` cache root, `$2` sha256, `$3` size, `$4` name suffix. Exit 3: the binary does not run
-/// there (its error on stderr).
-const EXECUTOR: &str = r#"d="$1/bin"; f="$d/steward-$4"
-if [ -x "$f" ]; then printf 'steward-have %s\n' "$f"; exit 0; fi
+/// `$1` cache root, `$2` sha256, `$3` size, `$4` name suffix. The file there is used only when
+/// its content has that sha256 (a file that differs is replaced); what arrives is checked for
+/// size and sha256 before it is renamed into place; the directories are made with mode 700
+/// and refused when someone else can write to them. Exit 3: the binary does not run there
+/// (its error on stderr); exit 4: refused (no way to hash, a directory others can write).
+const EXECUTOR: &str = concat!(
+    remote_prelude!(),
+    r#"sha256 < /dev/null > /dev/null; [ $? -ne 2 ] || refuse "$nohash"
+private "$1" bin
+f="$1/bin/steward-$4"
+if [ -e "$f" ] || [ -L "$f" ]; then
+  check "$f" "regular file"
+  s=$(sha256 < "$f") || refuse "can not hash $f"
+  if [ "$s" = "$2" ]; then printf 'steward-have %s\n' "$f"; exit 0; fi
+  echo "$f does not have the sha256 of this executor: replacing it" >&2
+fi
 umask 077
-mkdir -p "$d" || exit 1
-t="$d/.steward-$4.$$.tmp"
+t="$1/bin/.steward-$4.$$.tmp"
 trap 'rm -f "$t"' EXIT
 printf 'steward-send %s\n' "$f"
 cat > "$t" || exit 1
 n=$(wc -c < "$t") || exit 1
 if [ "$n" -ne "$3" ]; then echo "received $n of $3 bytes" >&2; exit 1; fi
-if command -v sha256sum > /dev/null 2>&1; then
-  s=$(sha256sum < "$t") || exit 1
-  if [ "${s%% *}" != "$2" ]; then echo "what arrived does not have the sha256 sent" >&2; exit 1; fi
-fi
-chmod 700 "$t" || exit 1
+s=$(sha256 < "$t") || exit 1
+if [ "$s" != "$2" ]; then echo "what arrived does not have the sha256 sent" >&2; exit 1; fi
+chmod 500 "$t" || exit 1
 if ! out=$("$t" --version 2>&1 < /dev/null); then echo "it does not start there: $out" >&2; exit 3; fi
 mv -f "$t" "$f" || exit 1
 printf 'steward-done %s\n' "$f"
-"#;
+"#
+);
 
 /// `$1` cache root, `$2` code digest, `$3` hash of the helper library ('' = none). Receives a
-/// tar of `<digest>/` and/or `_lib/` files, as `steward-send` asked.
-const CODE: &str = r#"c="$1/code"; need=""
+/// tar of `<digest>/` and/or `_lib/` files, as `steward-send` asked. The directories are
+/// checked as for the executor (exit 4: refused).
+const CODE: &str = concat!(
+    remote_prelude!(),
+    r#"private "$1" code
+c="$1/code"; need=""
 [ -f "$c/$2/.complete" ] || need="code"
 if [ -n "$3" ] && [ "$(cat "$c/_lib/.complete" 2>/dev/null)" != "$3" ]; then need="$need lib"; fi
 if [ -z "$need" ]; then printf 'steward-have %s\n' "$c/$2"; exit 0; fi
 umask 077
-mkdir -p "$c" || exit 1
 t=$(mktemp -d "$c/.tmp-XXXXXXXX") || exit 1
 trap 'rm -rf "$t"' EXIT
 printf 'steward-send %s\n' "$need"
@@ -66,7 +79,8 @@ if [ -d "$t/_lib" ]; then
   printf '%s' "$3" > "$t/.lib" && mv -f "$t/.lib" "$c/_lib/.complete" || exit 1
 fi
 printf 'steward-done %s\n' "$c/$2"
-"#;
+"#
+);
 
 pub(super) async fn ensure_executor(link: &Link, local: &Path) -> Result<Shipped, SshError> {
     let path = local.to_path_buf();
@@ -88,6 +102,7 @@ pub(super) async fn ensure_executor(link: &Link, local: &Path) -> Result<Shipped
     let (word, path) = x.marker().await?;
     if word == "have" {
         x.finish().await?;
+        remember(link, &path, &sha);
         return Ok(Shipped {
             remote_path: path,
             bytes_uploaded: 0,
@@ -103,6 +118,7 @@ pub(super) async fn ensure_executor(link: &Link, local: &Path) -> Result<Shipped
     let sent = x.send_from(&mut file).await?;
     let (_, path) = x.marker().await?;
     x.finish().await?;
+    remember(link, &path, &sha);
     Ok(Shipped {
         remote_path: path,
         bytes_uploaded: sent,
@@ -177,6 +193,14 @@ pub(super) async fn ensure_code(
     })
 }
 
+/// What [`super::SshLink::executor_command`] checks `path` against before it runs it.
+fn remember(link: &Link, path: &str, sha: &str) {
+    link.executors
+        .lock()
+        .expect("executors")
+        .insert(path.to_string(), sha.to_string());
+}
+
 fn link_root(link: &Link) -> String {
     format!(
         "{}/{}",
@@ -236,6 +260,10 @@ impl<'a> Exchange<'a> {
                     if let Some(m) = line.strip_prefix("steward-")
                         && let Some((word, rest)) = m.split_once(' ')
                     {
+                        if word == "refused" {
+                            // its reason is on stderr too, and it exits 4
+                            return Err(self.failed().await);
+                        }
                         return Ok((word.to_string(), rest.to_string()));
                     }
                 }
@@ -279,6 +307,12 @@ impl<'a> Exchange<'a> {
             stdout: Vec::new(),
             stderr: stderr.into_bytes(),
         };
+        if output.status.code() == Some(4) {
+            return SshError::Untrusted {
+                target: self.link.target.to_string(),
+                detail: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            };
+        }
         if output.status.code() == Some(3) {
             return SshError::Platform {
                 target: self.link.target.to_string(),

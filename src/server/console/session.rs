@@ -120,6 +120,9 @@ impl FromRequestParts<AppState> for Visitor {
                 role: t.role,
                 environment: t.environment_id,
                 agents: t.agents.clone(),
+                credential: Some(crate::server::auth::Credential::Session {
+                    secret: secret.clone(),
+                }),
             },
             (None, true) => Caller::local(),
             // a --no-auth session presented to a server that now checks tokens
