@@ -101,7 +101,10 @@ async fn commit_status_and_signed_events_follow_the_pipeline() {
         assert_eq!(h["authorization"], "token gitea-tok");
     }
 
-    let events = eventually(30, "the deployed event", || async {
+    // delivery is at least once, with retries: a message whose first attempt failed (a
+    // loopback hiccup under load) arrives after later ones, so wait for all of them
+    let pipeline = ["received", "compiled", "released", "deployed"];
+    let events = eventually(30, "every pipeline event", || async {
         let got: Vec<(String, HeaderMap, Value)> =
             rx.0.lock()
                 .unwrap()
@@ -109,8 +112,9 @@ async fn commit_status_and_signed_events_follow_the_pipeline() {
                 .filter(|(p, _, _)| p == "/events")
                 .cloned()
                 .collect();
-        got.iter()
-            .any(|(_, _, b)| b["event"] == "deployed")
+        pipeline
+            .iter()
+            .all(|want| got.iter().any(|(_, _, b)| b["event"] == *want))
             .then_some(got)
     })
     .await;
@@ -118,7 +122,7 @@ async fn commit_status_and_signed_events_follow_the_pipeline() {
         .iter()
         .map(|(_, _, b)| b["event"].as_str().unwrap())
         .collect();
-    for want in ["received", "compiled", "released", "deployed"] {
+    for want in pipeline {
         assert!(names.contains(&want), "{names:?}");
     }
     for (_, h, b) in &events {
