@@ -26,6 +26,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+mod child;
+
 /// Where sandbox uids start unless configured: far above the uids accounts and container
 /// user namespaces are given (0–65535, 100000–165535 for subuids).
 pub const DEFAULT_UID_BASE: u32 = 1_900_000_000;
@@ -213,10 +215,12 @@ fn slot_of(path: &Path, env: uuid::Uuid) -> Result<i64, SandboxError> {
 /// at start).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Isolation {
-    /// Who compiles run as: `per-environment` (a uid of each environment's own) or
-    /// `server` (the server's own user).
+    /// Who compiles run as: `per-environment` (a uid of each environment's own),
+    /// `namespaced` (the server's user, in namespaces that hide its files) or `server`
+    /// (the server's own user, unconfined).
     pub compiles: String,
-    /// Who executors of `local:` agents run as: `per-environment`, `user <name>` or `server`.
+    /// Who executors of `local:` agents run as: `per-environment`, `user <name>`,
+    /// `namespaced` or `server`.
     pub executors: String,
     /// PID and mount namespaces are in use.
     pub namespaces: bool,
@@ -234,45 +238,56 @@ pub fn describe() -> Isolation {
     let namespaces = namespaces_available();
     let mut warnings = Vec::new();
     let executors = match (&config().executor_user, root) {
+        (ExecutorUser::Server, _) => "server".to_string(),
+        (_, false) if namespaces => "namespaced".to_string(),
         (_, false) => "server".to_string(),
         (ExecutorUser::PerEnvironment, true) => "per-environment".to_string(),
         (ExecutorUser::Named { name, .. }, true) => format!("user {name}"),
-        (ExecutorUser::Server, true) => "server".to_string(),
     };
-    if !root {
+    let compiles = match (root, namespaces) {
+        (true, _) => "per-environment",
+        (false, true) => "namespaced",
+        (false, false) => "server",
+    };
+    if !root && namespaces {
         warnings.push(format!(
-            "the server does not run as root, so compiles and the handlers of local: agents run \
-             as its own user ({me}): they can read its data directory, the private database's \
-             password among it. Run the server as root (they then get a uid of each \
-             environment's own), or give untrusted committers only external or SSH agents"
+            "the server does not run as root: compiles and the handlers of local: agents run \
+             as its own user ({me}), each in namespaces of their own in which its data \
+             directory and home are hidden. They still share that uid, so what they leave \
+             elsewhere on the machine is each other's; run the server as root for a uid of \
+             each environment's own"
         ));
-    } else if config().executor_user == ExecutorUser::Server {
+    } else if !root {
+        warnings.push(format!(
+            "the server does not run as root and this kernel gives it no user namespaces, so \
+             compiles and the handlers of local: agents run as its own user ({me}) and see \
+             what it sees: its data directory, the private database's password among it. Run \
+             the server as root (they then get a uid of each environment's own), or give \
+             untrusted committers only external or SSH agents"
+        ));
+    }
+    if config().executor_user == ExecutorUser::Server && (root || namespaces) {
         warnings.push(
             "--executor-user server: the handlers of local: agents run as the server's own \
-             user (root), so every released model can read the server's secrets and data"
+             user, unconfined, so every released model can read the server's secrets and data"
                 .to_string(),
         );
-    } else if let ExecutorUser::Named { name, .. } = &config().executor_user {
+    } else if let (ExecutorUser::Named { name, .. }, true) = (&config().executor_user, root) {
         warnings.push(format!(
             "--executor-user {name}: the handlers of every environment's local: agents share \
              one account and can reach each other's processes and files"
         ));
     }
-    if !namespaces {
-        warnings.push(if root {
+    if root && !namespaces {
+        warnings.push(
             "this kernel gives Steward no PID namespaces: compiles and handlers see the \
              machine's process list (not the environments of other users' processes), and a \
              compile's leftovers are ended by uid only"
-                .to_string()
-        } else {
-            "no PID namespaces for compiles (a server that is not root gets none here): they \
-             see the machine's process list, and a process a compile moved out of its \
-             process group outlives it"
-                .to_string()
-        });
+                .to_string(),
+        );
     }
     Isolation {
-        compiles: if root { "per-environment" } else { "server" }.to_string(),
+        compiles: compiles.to_string(),
         executors,
         namespaces,
         warnings,
@@ -349,70 +364,21 @@ pub struct Jail {
     /// [`PRIVATE_TMP_SIZE`]), so nothing it writes there outlives it or reaches another
     /// process. Not for executors: handlers manage files where others see them.
     pub private_tmp: bool,
-    /// With `private_tmp`: directories under the private ones (a compile's workdir and
-    /// Python environment when the data directory is under /tmp) that stay visible, bound
-    /// back in place (at most [`MAX_KEPT`]).
+    /// With `namespaces`: directories covered by an empty file system, so that nothing in
+    /// them can be seen (a server that is not root hides its data directory and its home
+    /// this way, [`server_private_dirs`]).
+    pub hide: Vec<PathBuf>,
+    /// Directories under the private or hidden ones (a compile's workdir and Python
+    /// environment, the environment's handler code) that stay visible, bound back in place
+    /// (at most [`MAX_KEPT`]).
     pub keep_visible: Vec<PathBuf>,
 }
 
-/// How many directories a jail can keep visible under its private /tmp.
-pub const MAX_KEPT: usize = 8;
+/// How many directories a jail can keep visible under its private or hidden ones.
+pub const MAX_KEPT: usize = 12;
 
 /// Size of each private temporary file system of a jail.
 pub const PRIVATE_TMP_SIZE: &str = "256m";
-
-/// Everything the child needs, made before the fork: the pre-exec code allocates nothing.
-struct Prepared {
-    identity: Option<Identity>,
-    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
-    namespaces: bool,
-    die_with_parent: bool,
-    user_ns: bool,
-    uid_map: CString,
-    gid_map: CString,
-    proc_path: CString,
-    proc_type: CString,
-    root_path: CString,
-    setgroups_path: CString,
-    uid_map_path: CString,
-    gid_map_path: CString,
-    deny: CString,
-    tmp_dirs: Vec<CString>,
-    tmpfs: CString,
-    tmpfs_options: CString,
-    /// `keep_visible`: the directory, then the directories to make inside the private tmpfs
-    /// on the way to it (outermost first)
-    keep: Vec<(CString, Vec<CString>)>,
-    /// Where this process's command line and environment are in memory (from
-    /// `/proc/self/stat`): the jail's init, a fork of the server, blanks them so that
-    /// `/proc/1/cmdline` shows nothing of the server's.
-    arg_area: Area,
-    env_area: Area,
-}
-
-/// A range of this process's memory: start and end addresses.
-type Area = Option<(usize, usize)>;
-
-/// The command line and environment areas of this process (fields 48 to 51 of
-/// `/proc/self/stat`).
-fn own_memory_areas() -> (Area, Area) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return (None, None);
-    };
-    // after "pid (comm)", fields are counted from 3
-    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return (None, None);
-    };
-    let fields: Vec<usize> = after
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    let area = |start: usize| {
-        let (a, b) = (*fields.get(start - 3)?, *fields.get(start - 2)?);
-        (a > 0 && b > a).then_some((a, b))
-    };
-    (area(48), area(50))
-}
 
 impl Jail {
     /// A jail for code of environment `env`, in `role`, with a PID namespace where the
@@ -424,8 +390,22 @@ impl Jail {
             namespaces: namespaces_available(),
             die_with_parent: true,
             private_tmp: false,
+            hide: Vec::new(),
             keep_visible: Vec::new(),
         })
+    }
+
+    /// For a server that is not root (its jails share its uid): hide its private
+    /// directories ([`server_private_dirs`] of `data_dir`), keeping visible the server's
+    /// binary and the Python interpreter, which may live in them. No-op when root: jails
+    /// then run as other users, whom file permissions keep out.
+    pub fn hide_server_files(mut self, data_dir: &Path) -> Jail {
+        if is_root() || !self.namespaces {
+            return self;
+        }
+        self.hide = server_private_dirs(data_dir);
+        self.keep_visible.extend(tool_dirs());
+        self
     }
 
     pub fn limit(mut self, resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Jail {
@@ -433,352 +413,95 @@ impl Jail {
         self
     }
 
-    fn prepare(&self) -> Prepared {
-        // SAFETY: getuid/getgid can not fail
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let c = |s: &str| CString::new(s).expect("no NUL");
-        let (arg_area, env_area) = own_memory_areas();
-        Prepared {
-            identity: self.identity,
-            limits: self
-                .limits
-                .iter()
-                .map(|(r, soft, hard)| {
-                    (
-                        *r,
-                        libc::rlimit {
-                            rlim_cur: *soft as libc::rlim_t,
-                            rlim_max: *hard as libc::rlim_t,
-                        },
-                    )
-                })
-                .collect(),
-            namespaces: self.namespaces,
-            die_with_parent: self.die_with_parent,
-            // without root, the namespaces come with a user namespace of our own, in which
-            // we keep our uid and gid
-            user_ns: uid != 0,
-            uid_map: c(&format!("{uid} {uid} 1")),
-            gid_map: c(&format!("{gid} {gid} 1")),
-            proc_path: c("/proc"),
-            proc_type: c("proc"),
-            root_path: c("/"),
-            setgroups_path: c("/proc/self/setgroups"),
-            uid_map_path: c("/proc/self/uid_map"),
-            gid_map_path: c("/proc/self/gid_map"),
-            deny: c("deny"),
-            tmp_dirs: if self.private_tmp && self.namespaces {
-                ["/tmp", "/var/tmp", "/dev/shm"]
-                    .into_iter()
-                    .filter(|d| Path::new(d).is_dir())
-                    .map(c)
-                    .collect()
-            } else {
-                Vec::new()
-            },
-            tmpfs: c("tmpfs"),
-            tmpfs_options: c(&format!("mode=1777,size={PRIVATE_TMP_SIZE}")),
-            keep: self
-                .keep_visible
-                .iter()
-                .take(MAX_KEPT)
-                .filter_map(|keep| {
-                    let under = ["/tmp", "/var/tmp", "/dev/shm"]
-                        .into_iter()
-                        .find(|t| keep.starts_with(t))?;
-                    let inside: Vec<CString> = keep
-                        .ancestors()
-                        .skip(1)
-                        .take_while(|a| *a != Path::new(under))
-                        .filter_map(c_path)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect();
-                    Some((c_path(keep)?, inside))
-                })
-                .collect(),
-            arg_area,
-            env_area,
-        }
-    }
-
     /// Apply to a tokio command (set everything else on it first; call before spawn).
     pub fn apply(&self, cmd: &mut tokio::process::Command) {
-        let p = self.prepare();
+        let p = child::Prepared::new(self);
         // SAFETY: `in_child` makes only async-signal-safe system calls on prepared values
         unsafe {
-            cmd.pre_exec(move || in_child(&p));
+            cmd.pre_exec(move || child::in_child(&p));
         }
     }
 
     /// Apply to a std command.
     pub fn apply_std(&self, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
-        let p = self.prepare();
+        let p = child::Prepared::new(self);
         // SAFETY: as in `apply`
         unsafe {
-            cmd.pre_exec(move || in_child(&p));
+            cmd.pre_exec(move || child::in_child(&p));
         }
     }
 }
 
-fn check(rc: libc::c_int) -> std::io::Result<()> {
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+/// What a jail of a server that is not root must not see: the server's data directory (its
+/// private database and its password, git mirrors with their credentials, every
+/// environment's compiles, Python environments and handler code) and its user's home (SSH
+/// keys, `.pgpass`, …: the one from the password database and `$HOME`). Never `/` or a
+/// directory the system itself lives in.
+pub fn server_private_dirs(data_dir: &Path) -> Vec<PathBuf> {
+    // SAFETY: getuid can not fail
+    let uid = unsafe { libc::getuid() };
+    let mut dirs: Vec<PathBuf> = [
+        Some(data_dir.to_path_buf()),
+        home_of(uid),
+        std::env::var_os("HOME").map(PathBuf::from),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|d| d.canonicalize().ok())
+    .filter(|d| {
+        const SYSTEM: &[&str] = &[
+            "/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var", "/opt", "/tmp", "/dev",
+            "/proc", "/sys", "/run",
+        ];
+        !SYSTEM.iter().any(|s| d == Path::new(s))
+    })
+    .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
 
-/// Write `text` to the file at `path` (for /proc/self/*_map).
-///
-/// # Safety
-/// Async-signal-safe: open, write, close.
-unsafe fn write_file(path: &CString, text: &CString) -> std::io::Result<()> {
+/// The home directory of `uid` in the password database.
+pub fn home_of(uid: u32) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    // SAFETY: getpwuid_r with buffers we own, of the sizes given
     unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        check(fd)?;
-        let bytes = text.as_bytes();
-        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-        libc::close(fd);
-        if n != bytes.len() as isize {
-            return Err(std::io::Error::last_os_error());
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 16 << 10];
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found);
+        if rc != 0 || found.is_null() || pw.pw_dir.is_null() {
+            return None;
         }
-    }
-    Ok(())
-}
-
-/// Close every descriptor but `keep` (standard streams included).
-///
-/// # Safety
-/// Async-signal-safe: close_range, or close in a loop where the kernel has no close_range.
-unsafe fn close_all_but(keep: libc::c_int) {
-    unsafe {
-        let range = |first: libc::c_uint, last: libc::c_uint| {
-            libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) == 0
-        };
-        let keep = keep as libc::c_uint;
-        let done = (keep == 0 || range(0, keep - 1)) && range(keep + 1, libc::c_uint::MAX);
-        if !done {
-            for fd in 0..65536 {
-                if fd != keep as libc::c_int {
-                    libc::close(fd);
-                }
-            }
-        }
+        let dir = std::ffi::CStr::from_ptr(pw.pw_dir).to_bytes().to_vec();
+        (!dir.is_empty()).then(|| PathBuf::from(std::ffi::OsString::from_vec(dir)))
     }
 }
 
-/// Wait for `pid` and return its raw wait status.
-///
-/// # Safety
-/// Async-signal-safe: waitpid only.
-unsafe fn wait_for(pid: libc::pid_t) -> libc::c_int {
-    let mut status = 0;
-    loop {
-        // SAFETY: waitpid on our own child
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid {
-            return status;
-        }
-        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return 127 << 8;
-        }
+/// Where this process's binary and the `python3` on `PATH` really live (their directories,
+/// and the interpreter's prefix for its standard library): what a jail keeps visible
+/// wherever it hides.
+fn tool_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|b| b.parent().map(Path::to_path_buf))
+    {
+        dirs.push(dir);
     }
-}
-
-/// End this process the way the raw wait `status` says its child ended: the same exit code,
-/// or the same signal (the caller then sees SIGXCPU or SIGKILL as if it had no go-between).
-///
-/// # Safety
-/// Async-signal-safe: signal, kill, _exit.
-unsafe fn end_like(status: libc::c_int) -> ! {
-    unsafe {
-        if libc::WIFSIGNALED(status) {
-            let sig = libc::WTERMSIG(status);
-            libc::signal(sig, libc::SIG_DFL);
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, sig);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::kill(libc::getpid(), sig);
-            libc::_exit(128 + sig);
-        }
-        libc::_exit(libc::WEXITSTATUS(status))
+    let python = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("python3"))
+            .find(|f| f.is_file())
+    });
+    if let Some(prefix) = python
+        .and_then(|p| p.canonicalize().ok())
+        .and_then(|p| p.parent()?.parent().map(Path::to_path_buf))
+    {
+        dirs.push(prefix);
     }
-}
-
-/// The pre-exec code. With namespaces the forked child becomes a go-between that waits:
-///
-/// ```text
-/// server ─ go-between (old PID namespace: the pid the server waits for)
-///            └─ init (pid 1 of a new namespace: mounts a fresh /proc, waits)
-///                 └─ the program (exec'd here, after limits and the identity switch)
-/// ```
-///
-/// When the program ends, init ends with its status, and the kernel kills whatever else is
-/// left in the namespace; the go-between passes the status on (signals included). A kill of
-/// the go-between's process group (a timeout) takes the others too, and each dies with its
-/// parent.
-fn in_child(p: &Prepared) -> std::io::Result<()> {
-    // SAFETY: system calls only, on values prepared before the fork
-    unsafe {
-        if p.die_with_parent {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        }
-        if p.namespaces {
-            let mut flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
-            if p.user_ns {
-                flags |= libc::CLONE_NEWUSER;
-            }
-            check(libc::unshare(flags))?;
-            if p.user_ns {
-                write_file(&p.setgroups_path, &p.deny)?;
-                write_file(&p.uid_map_path, &p.uid_map)?;
-                write_file(&p.gid_map_path, &p.gid_map)?;
-            }
-            // mounts made here stay here
-            check(libc::mount(
-                std::ptr::null(),
-                p.root_path.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
-            // init tells the go-between how the program ended through a pipe: a pid 1
-            // can not end itself by a signal to pass one on
-            let mut status_pipe = [0 as libc::c_int; 2];
-            check(libc::pipe2(status_pipe.as_mut_ptr(), libc::O_CLOEXEC))?;
-            let init = libc::fork();
-            check(init)?;
-            if init > 0 {
-                // the go-between: it never execs, so it must let go of every descriptor it
-                // inherited (the spawning side waits for its exec-error pipe to close, and
-                // for the end of the output pipes)
-                close_all_but(status_pipe[0]);
-                let ended = wait_for(init);
-                let mut status: libc::c_int = 0;
-                let n = libc::read(
-                    status_pipe[0],
-                    (&mut status as *mut libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>(),
-                );
-                end_like(if n == std::mem::size_of::<libc::c_int>() as isize {
-                    status
-                } else {
-                    ended
-                });
-            }
-            libc::close(status_pipe[0]);
-            // init: pid 1 of the new namespace. It is a copy of the server that never execs:
-            // its command line and environment would be the server's in /proc/1
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            for (start, end) in [p.arg_area, p.env_area].into_iter().flatten() {
-                std::ptr::write_bytes(start as *mut u8, 0, end - start);
-            }
-            let title = b"steward-sandbox\0";
-            if let Some((start, end)) = p.arg_area
-                && end - start >= title.len()
-            {
-                std::ptr::copy_nonoverlapping(title.as_ptr(), start as *mut u8, title.len());
-            }
-            libc::prctl(libc::PR_SET_NAME, title.as_ptr());
-            if libc::mount(
-                p.proc_type.as_ptr(),
-                p.proc_path.as_ptr(),
-                p.proc_type.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
-            ) != 0
-            {
-                libc::_exit(126);
-            }
-            // directories to keep (opened before they are covered, bound back after)
-            let mut kept = [-1 as libc::c_int; MAX_KEPT];
-            for (fd, (path, _)) in kept.iter_mut().zip(&p.keep) {
-                *fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_DIRECTORY);
-            }
-            for dir in &p.tmp_dirs {
-                if libc::mount(
-                    p.tmpfs.as_ptr(),
-                    dir.as_ptr(),
-                    p.tmpfs.as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    p.tmpfs_options.as_ptr().cast(),
-                ) != 0
-                {
-                    libc::_exit(126);
-                }
-            }
-            for (&kept, (path, inside)) in kept.iter().zip(&p.keep) {
-                if kept < 0 {
-                    continue;
-                }
-                for d in inside {
-                    // traversable, never listable: the way in shows nothing else
-                    libc::mkdir(d.as_ptr(), 0o711);
-                }
-                libc::mkdir(path.as_ptr(), 0o700);
-                // "/proc/self/fd/<kept>", written without allocating (procfs takes no
-                // leading zeros)
-                let mut source = [0u8; 32];
-                source[..14].copy_from_slice(b"/proc/self/fd/");
-                let mut digits = [0u8; 10];
-                let (mut n, mut len) = (kept as u32, 0);
-                loop {
-                    digits[len] = b'0' + (n % 10) as u8;
-                    len += 1;
-                    n /= 10;
-                    if n == 0 {
-                        break;
-                    }
-                }
-                for i in 0..len {
-                    source[14 + i] = digits[len - 1 - i];
-                }
-                if libc::mount(
-                    source.as_ptr().cast(),
-                    path.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null(),
-                ) != 0
-                {
-                    libc::_exit(126);
-                }
-                libc::close(kept);
-            }
-            let program = libc::fork();
-            if program < 0 {
-                libc::_exit(126);
-            }
-            if program > 0 {
-                close_all_but(status_pipe[1]);
-                let status = wait_for(program);
-                libc::write(
-                    status_pipe[1],
-                    (&status as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>(),
-                );
-                libc::_exit(0);
-            }
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        }
-        for (resource, l) in &p.limits {
-            check(libc::setrlimit(*resource, l))?;
-        }
-        if let Some(id) = p.identity {
-            check(libc::setgroups(0, std::ptr::null()))?;
-            check(libc::setgid(id.gid))?;
-            check(libc::setuid(id.uid))?;
-            // changing credentials clears the death signal: set it again
-            if p.die_with_parent {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            }
-        }
-    }
-    Ok(())
+    dirs
 }
 
 /// End every process running as `uid` (none may be left of a finished compile, or of an
@@ -815,7 +538,7 @@ pub fn kill_all(uid: u32) -> usize {
             return round;
         }
         // SAFETY: our own child
-        unsafe { wait_for(pid) };
+        unsafe { child::wait_for(pid) };
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     50
@@ -950,227 +673,4 @@ pub fn c_path(path: &Path) -> Option<CString> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_registry_gives_each_environment_its_own_slot_for_good() {
-        let dir = tempfile::tempdir().unwrap();
-        let reg = dir.path().join("slots");
-        let (a, b) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-        let sa = slot_of(&reg, a).unwrap();
-        let sb = slot_of(&reg, b).unwrap();
-        assert_ne!(sa, sb);
-        assert_eq!(slot_of(&reg, a).unwrap(), sa);
-        // another process reading the file finds the same slots
-        let text = std::fs::read_to_string(&reg).unwrap();
-        assert!(text.contains(&format!("{a} {sa}\n")) && text.contains(&format!("{b} {sb}\n")));
-        use std::os::unix::fs::PermissionsExt;
-        assert_eq!(
-            std::fs::metadata(&reg).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        if is_root() {
-            let ca = identity(a, Role::Compile).unwrap().unwrap();
-            let xa = identity(a, Role::Executor).unwrap().unwrap();
-            let cb = identity(b, Role::Compile).unwrap().unwrap();
-            assert!(ca != xa && ca != cb && xa != cb);
-            assert!(ca.uid >= DEFAULT_UID_BASE);
-        }
-    }
-
-    /// A jailed shell sees only its own processes, and a child it starts in a new session
-    /// dies with it.
-    #[test]
-    fn a_jailed_process_sees_only_its_own_and_takes_them_along() {
-        if !namespaces_available() {
-            eprintln!(
-                "SKIPPED a_jailed_process_sees_only_its_own_and_takes_them_along: this kernel \
-                 makes no PID namespace for us"
-            );
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let marker = dir.path().join("pid");
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c")
-            .arg(format!(
-                "setsid sleep 30 & echo $! > {}; ls /proc | grep -c '^[0-9]'",
-                marker.display()
-            ))
-            .stdout(std::process::Stdio::piped());
-        Jail {
-            namespaces: true,
-            die_with_parent: true,
-            ..Jail::default()
-        }
-        .apply_std(&mut cmd);
-        let out = cmd.output().unwrap();
-        assert!(out.status.success());
-        // init, the shell, sleep, ls, grep: a handful, not the machine's hundreds
-        let seen: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-        assert!(seen <= 6, "the jail saw {seen} processes");
-        // the setsid child is gone with the jail (its pid in the namespace is not ours to
-        // look up: look for any `sleep 30` that is a child of nothing we know)
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let ps = std::process::Command::new("sh")
-            .arg("-c")
-            .arg("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&ps.stdout);
-        assert!(
-            !text.lines().any(|l| l.trim() == "sleep 30"),
-            "a setsid child outlived its jail"
-        );
-    }
-
-    /// The spawning side gets the program's output as it comes (the go-betweens hold no
-    /// pipe), so output larger than a pipe's buffer does not stall it.
-    #[test]
-    fn a_jailed_program_s_output_streams() {
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c").arg("head -c 1000000 /dev/zero");
-        Jail {
-            namespaces: namespaces_available(),
-            die_with_parent: true,
-            ..Jail::default()
-        }
-        .apply_std(&mut cmd);
-        let out = cmd.output().unwrap();
-        assert!(out.status.success());
-        assert_eq!(out.stdout.len(), 1_000_000);
-    }
-
-    /// What a jail with a private /tmp writes there is neither seen by others nor kept.
-    #[test]
-    fn a_private_tmp_is_the_jails_alone() {
-        if !namespaces_available() {
-            eprintln!("SKIPPED a_private_tmp_is_the_jails_alone: no namespaces");
-            return;
-        }
-        let name = format!("steward-private-tmp-{}", uuid::Uuid::new_v4());
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c")
-            .arg(format!("echo x > /tmp/{name} && ls /tmp | wc -l"));
-        Jail {
-            namespaces: true,
-            private_tmp: true,
-            ..Jail::default()
-        }
-        .apply_std(&mut cmd);
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // its /tmp held its own file only
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
-        assert!(!Path::new("/tmp").join(&name).exists());
-    }
-
-    /// The jail's init is a copy of this process: /proc/1 inside shows none of our command
-    /// line or environment; a directory under /tmp that must stay visible does.
-    #[test]
-    fn the_init_shows_nothing_of_the_server_and_kept_directories_stay() {
-        if !namespaces_available() {
-            eprintln!(
-                "SKIPPED the_init_shows_nothing_of_the_server_and_kept_directories_stay: no namespaces"
-            );
-            return;
-        }
-        let kept = tempfile::Builder::new()
-            .prefix("steward-kept-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        std::fs::write(kept.path().join("f"), "here").unwrap();
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c").arg(format!(
-            "tr '\\0' ' ' < /proc/1/cmdline; echo; cat {}/f; echo; ls /tmp | wc -l",
-            kept.path().display()
-        ));
-        Jail {
-            namespaces: true,
-            private_tmp: true,
-            keep_visible: vec![kept.path().to_path_buf()],
-            ..Jail::default()
-        }
-        .apply_std(&mut cmd);
-        let out = cmd.output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines: Vec<&str> = text.lines().collect();
-        let me = std::env::args().next().unwrap();
-        assert!(
-            !lines[0].contains(&me),
-            "init shows our command line: {text}"
-        );
-        assert!(lines[0].trim().starts_with("steward-sandbox"), "{text}");
-        assert_eq!(lines[1], "here", "{text}");
-        assert_eq!(
-            lines[2].trim(),
-            "1",
-            "only the kept path's top directory: {text}"
-        );
-    }
-
-    /// Kill by uid ends a process of the uid that left its session and group, and costs
-    /// a look at /proc when nothing is left.
-    #[test]
-    fn kill_all_ends_every_process_of_the_uid() {
-        if !is_root() {
-            eprintln!("SKIPPED kill_all_ends_every_process_of_the_uid: needs root");
-            return;
-        }
-        let uid = DEFAULT_UID_BASE - 7;
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c")
-            .arg("setsid sleep 300 >/dev/null 2>&1 < /dev/null & echo $!");
-        Jail {
-            identity: Some(Identity { uid, gid: uid }),
-            ..Jail::default()
-        }
-        .apply_std(&mut cmd);
-        let out = cmd.output().unwrap();
-        let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-        assert!(any_process_of(uid));
-        assert!(kill_all(uid) >= 1);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        // gone (reaped by init, or a zombie no longer running as anything)
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        assert!(
-            status.is_empty() || status.contains("State:\tZ"),
-            "{status}"
-        );
-        assert!(!any_process_of(uid));
-        assert_eq!(kill_all(uid), 0);
-    }
-
-    #[test]
-    fn the_exit_signal_is_passed_through_the_go_betweens() {
-        if !namespaces_available() {
-            eprintln!("SKIPPED the_exit_signal_is_passed_through_the_go_betweens: no namespaces");
-            return;
-        }
-        use std::os::unix::process::ExitStatusExt;
-        for (script, code, signal) in [
-            ("exit 3", Some(3), None),
-            ("kill -XCPU $$", None, Some(libc::SIGXCPU)),
-        ] {
-            let mut cmd = std::process::Command::new("/bin/sh");
-            cmd.arg("-c").arg(script);
-            Jail {
-                namespaces: true,
-                ..Jail::default()
-            }
-            .apply_std(&mut cmd);
-            let s = cmd.status().unwrap();
-            assert_eq!((s.code(), s.signal()), (code, signal), "{script}");
-        }
-    }
-}
+mod tests;

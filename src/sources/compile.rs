@@ -145,7 +145,12 @@ pub async fn run(
     // who the compile runs as: a uid of the environment's own when the server is root
     let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
     let env_id = job.environment_id;
-    let jail = match tokio::task::spawn_blocking(move || compile_jail(env_id, timeout)).await {
+    let data_dir = python_envs.parent().map(Path::to_path_buf);
+    let jail = match tokio::task::spawn_blocking(move || {
+        compile_jail(env_id, timeout, data_dir.as_deref())
+    })
+    .await
+    {
         Ok(Ok(j)) => j,
         Ok(Err(e)) => {
             return report.failed("checkout", at, format!("no sandbox for the compile: {e}"));
@@ -178,8 +183,8 @@ pub async fn run(
     if let Err(e) = sandbox::private_dir(workdir.path(), None) {
         return report.failed("checkout", at, format!("can not make a workdir: {e}"));
     }
-    // a data directory under /tmp: the workdir stays visible under the private /tmp
-    jail.keep_visible = vec![workdir.path().to_path_buf()];
+    // a data directory under /tmp (or hidden): the workdir stays visible
+    jail.keep_visible.insert(0, workdir.path().to_path_buf());
     // the compiler's own binary, should it live under /tmp (a build in a temporary clone)
     if let Some(dir) = steward_bin.parent() {
         jail.keep_visible.push(dir.to_path_buf());
@@ -233,6 +238,16 @@ pub async fn run(
             // before pip runs: nothing but plain requirements
             crate::pyenv::check_plain(&text).map_err(|e| e.to_string())?;
             let envs = environment_envs(&envs, env_id, jail2.identity)?;
+            // where pip writes, and the operator's wheel directories, stay visible where
+            // the server's files are hidden
+            jail2.keep_visible.push(envs.clone());
+            jail2.keep_visible.extend(
+                pip_sources
+                    .find_links
+                    .iter()
+                    .map(PathBuf::from)
+                    .filter(|d| d.is_absolute() && d.is_dir()),
+            );
             sandbox::private_dir(&tmp, jail2.identity).map_err(|e| e.to_string())?;
             let cache = envs.join(".pip-cache");
             sandbox::private_dir(&cache, jail2.identity).map_err(|e| e.to_string())?;
@@ -565,9 +580,16 @@ async fn read_capped(mut r: impl tokio::io::AsyncRead + Unpin, keep: usize) -> S
 fn compile_jail(
     env: uuid::Uuid,
     timeout: Duration,
+    data_dir: Option<&Path>,
 ) -> Result<sandbox::Jail, sandbox::SandboxError> {
     let cpu = timeout.as_secs().max(1);
-    Ok(sandbox::Jail::for_environment(env, sandbox::Role::Compile)?
+    let jail = sandbox::Jail::for_environment(env, sandbox::Role::Compile)?;
+    // a server that is not root: compiles share its uid, so its files are hidden instead
+    let jail = match data_dir {
+        Some(d) => jail.hide_server_files(d),
+        None => jail,
+    };
+    Ok(jail
         .limit(libc::RLIMIT_CPU, cpu, cpu + 5)
         .limit(libc::RLIMIT_AS, COMPILE_MEMORY, COMPILE_MEMORY)
         .limit(libc::RLIMIT_FSIZE, COMPILE_FILE_SIZE, COMPILE_FILE_SIZE)
@@ -792,7 +814,7 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let env = uuid::Uuid::new_v4();
-        let jail = compile_jail(env, Duration::from_secs(7)).unwrap();
+        let jail = compile_jail(env, Duration::from_secs(7), None).unwrap();
         let ran = run_compiler(
             &bin,
             &jail,

@@ -9,6 +9,7 @@
 mod committer;
 mod ssh;
 mod tokens;
+mod unprivileged;
 
 /// Say that `test` could not try its attack here, and why (the caller returns after it).
 pub fn skipped(test: &str, why: &str) {

@@ -3,7 +3,7 @@
 //! 127.0.0.1:0 — in process, or as a real `steward server` child process.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -482,6 +482,15 @@ pub struct Operated {
     _logs: tempfile::TempDir,
     pub log: PathBuf,
     pub client: Client,
+    /// Run as an ordinary user: the directory holding its binary, home and data.
+    pub base: Option<tempfile::TempDir>,
+}
+
+/// An ordinary account for a server that is not root ([`Operated::start_unprivileged`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Account {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 #[allow(dead_code)]
@@ -530,7 +539,97 @@ impl Operated {
             _logs: logs,
             log,
             client,
+            base: None,
         };
+        srv.healthy().await
+    }
+
+    /// Start one as the ordinary user `account` (the test must run as root), as an operator
+    /// without root would: its binary, data directory (with its private PostgreSQL) and home
+    /// (`<base>/home`, with `HOME` and the user's name set) its own, under
+    /// `/var/lib/steward-tests`, which any user can reach. `{home}` in `extra` stands for
+    /// that home.
+    pub async fn start_unprivileged(admin: &str, account: Account, extra: &[&str]) -> Operated {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        use std::os::unix::process::CommandExt;
+        // where an operator's service data is (not a temporary directory: those are
+        // private to compiles anyway, which would hide what this must show)
+        let parent = Path::new("/var/lib/steward-tests");
+        std::fs::create_dir_all(parent).unwrap();
+        let base = tempfile::Builder::new()
+            .prefix("unprivileged-")
+            .tempdir_in(parent)
+            .unwrap();
+        let open = std::fs::Permissions::from_mode(0o755);
+        std::fs::set_permissions(base.path(), open.clone()).unwrap();
+        let bin_dir = base.path().join("bin");
+        std::fs::create_dir(&bin_dir).unwrap();
+        std::fs::set_permissions(&bin_dir, open.clone()).unwrap();
+        let bin = bin_dir.join("steward");
+        std::fs::copy(steward_bin(), &bin).unwrap();
+        std::fs::set_permissions(&bin, open).unwrap();
+        let home = base.path().join("home");
+        let data = tempfile::Builder::new()
+            .prefix("data-")
+            .tempdir_in(base.path())
+            .unwrap();
+        std::fs::create_dir(&home).unwrap();
+        for d in [&home, &data.path().to_path_buf()] {
+            std::os::unix::fs::chown(d, Some(account.uid), Some(account.gid)).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("server.log");
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["server", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(data.path())
+            .arg("--allow-local-git-sources")
+            .args(
+                extra
+                    .iter()
+                    .map(|a| a.replace("{home}", &home.display().to_string())),
+            )
+            .env_remove("STEWARD_EXECUTOR_USER")
+            .env_remove("STEWARD_DATABASE_URL")
+            .env("STEWARD_ADMIN_TOKEN", admin)
+            .env("HOME", &home)
+            .env("USER", "steward-operator")
+            .env("LOGNAME", "steward-operator")
+            .current_dir(&home)
+            .uid(account.uid)
+            .gid(account.gid)
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(&log)
+                    .expect("log file"),
+            );
+        let child = cmd.spawn().expect("spawn steward server");
+        let client = Client::new(&url, Some(admin.into()));
+        let srv = Operated {
+            child,
+            url,
+            port,
+            db: None,
+            admin: admin.into(),
+            data,
+            _logs: logs,
+            log,
+            client,
+            base: Some(base),
+        };
+        srv.healthy().await
+    }
+
+    /// Wait until it answers (panics with its log if it does not within 30 s).
+    async fn healthy(self) -> Operated {
+        let srv = self;
         let c = Client::new(&srv.url, None);
         for _ in 0..600 {
             if c.health().await.is_ok() {
@@ -568,6 +667,18 @@ impl Operated {
 
 impl Drop for Operated {
     fn drop(&mut self) {
+        // a server of its own user is asked to stop first: it then stops its private
+        // PostgreSQL, which nobody else could (the test's root would leave it running)
+        if self.base.is_some() {
+            // SAFETY: a signal to our own child
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            for _ in 0..200 {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

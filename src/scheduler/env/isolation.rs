@@ -8,6 +8,10 @@
 //! root and readable by the group of that uid only, so no other environment's executor can
 //! read it and they themselves can not change it; what they must write (handler virtualenvs,
 //! a home directory) is in `_venv/` and `_home/` inside, theirs alone.
+//!
+//! A server that is not root runs them as its own user, in user, PID and mount namespaces
+//! of their own in which its data directory and home are hidden, this environment's code
+//! directory (with `_venv/` and `_home/`) bound back.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -65,15 +69,27 @@ pub fn prepare(code_root: &Path, env: uuid::Uuid) -> Result<ExecutorSandbox, Str
             }
         }
     }
+    // A server that is not root has no uid to give them: unless the operator chose to run
+    // them as the server, they get namespaces of their own in which the server's files
+    // are hidden (all but this environment's code directory).
+    let namespaced = match identity {
+        Some(_) => true,
+        None => !sandbox::is_root() && sandbox::config().executor_user != ExecutorUser::Server,
+    };
+    let mut jail = Jail {
+        identity,
+        limits: Vec::new(),
+        namespaces: namespaced && sandbox::namespaces_available(),
+        die_with_parent: true,
+        private_tmp: false,
+        hide: Vec::new(),
+        keep_visible: vec![code_dir.clone()],
+    };
+    if let Some(data_dir) = code_root.parent() {
+        jail = jail.hide_server_files(data_dir);
+    }
     Ok(ExecutorSandbox {
-        jail: Jail {
-            identity,
-            limits: Vec::new(),
-            namespaces: identity.is_some() && sandbox::namespaces_available(),
-            die_with_parent: true,
-            private_tmp: false,
-            keep_visible: Vec::new(),
-        },
+        jail,
         code_dir,
         home,
         killed_rounds,
