@@ -172,7 +172,20 @@ class Host:
         return {"ok": True, "dropped": self.cache.close_version(int(req["version"]))}
 
 
+def prefer_shipped_modules() -> None:
+    """Steward's own `inmanta_plugins.std` (the helpers of its built-in std) comes after the
+    shipped code: a version that pinned the real std ships it, and its `resources` and
+    handlers must be the ones imported."""
+    import inmanta_plugins
+
+    ours = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inmanta_plugins")
+    paths = list(inmanta_plugins.__path__)
+    if ours in paths:
+        inmanta_plugins.__path__ = [p for p in paths if p != ours] + [ours]
+
+
 def main() -> None:
+    prefer_shipped_modules()
     out = sys.stdout
     # module code that prints must not break the protocol
     sys.stdout = sys.stderr

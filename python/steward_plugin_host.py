@@ -225,6 +225,9 @@ class Host:
             try:
                 importlib.import_module(name)
             except Exception as e:
+                unsupported = unsupported_inmanta_api(e)
+                if unsupported is not None:
+                    raise UnsupportedInmantaApi(unsupported) from None
                 # which of the modules' files failed: the error alone rarely says
                 raise ImportError(f"importing {name} failed: {type(e).__name__}: {e}") from e
         return None
@@ -312,6 +315,55 @@ class Host:
         return {"resources": results, "files": files}
 
 
+class UnsupportedInmantaApi(ImportError):
+    """Module code imports a part of inmanta-core that Steward's `inmanta` package does not
+    have: the message says where and what to do; no traceback (it would only lead through
+    the import machinery)."""
+
+
+def unsupported_inmanta_api(e: BaseException) -> Optional[str]:
+    """If `e` is module code failing to import something of the `inmanta` package, the
+    diagnostic for it: the module file and line, the import, and what to do."""
+    import re
+    import traceback
+
+    import inmanta
+
+    missing = None
+    if isinstance(e, ImportError) and e.name and e.name.split(".")[0] == "inmanta":
+        found = re.match(r"cannot import name '([^']+)'", str(e))
+        missing = f"{e.name}.{found.group(1)}" if found and not isinstance(e, ModuleNotFoundError) else e.name
+    elif isinstance(e, AttributeError):
+        found = re.match(r"module '(inmanta(?:\.[\w.]+)?)' has no attribute '(\w+)'", str(e))
+        missing = f"{found.group(1)}.{found.group(2)}" if found else None
+    if missing is None:
+        return None
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(inmanta.__file__)))
+    site = None
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        name = frame.filename
+        if not name.startswith("<") and not os.path.abspath(name).startswith(ours + os.sep):
+            site = frame
+            break
+    where = f"{site.filename}:{site.lineno}: `{(site.line or '').strip()}`: " if site else ""
+    module = None
+    if site is not None:
+        parts = os.path.abspath(site.filename).split(os.sep)
+        if "inmanta_plugins" in parts and parts.index("inmanta_plugins") + 1 < len(parts):
+            module = parts[parts.index("inmanta_plugins") + 1]
+        elif "plugins" in parts and parts.index("plugins") > 0:
+            module = parts[parts.index("plugins") - 1]
+    who = f"the {module} module" if module else "this module"
+    pin = f" (inmanta-module-{module})" if module else ""
+    return (
+        f"{where}{who} needs `{missing}`, which Steward does not provide: Steward's `inmanta` "
+        f"package offers the API of inmanta-core 14.0.0 that modules use, and this version of "
+        f"{who} was written for another inmanta-core. Pin a version of it{pin} that works with "
+        f"inmanta-core 14.0.0 in requirements.txt (docs/inmanta-modules.md lists the ones "
+        f"known to work)."
+    )
+
+
 def describe(e: BaseException) -> dict:
     """An exception as the compiler reports it: kind, message, the traceback of module code."""
     import traceback
@@ -322,7 +374,7 @@ def describe(e: BaseException) -> dict:
     # leave out the host's own frames
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(e), e, tb))
+    text = "" if isinstance(e, UnsupportedInmantaApi) else "".join(traceback.format_exception(type(e), e, tb))
     if isinstance(e, PluginException):
         kind = "PluginException"
         message = e.message

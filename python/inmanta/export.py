@@ -9,7 +9,18 @@ instances by type and the resources built from `@resource` classes (both as Inma
 them); changes to `resource.requires` are exported.
 """
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from inmanta.resources import Id, Resource
+
+# Parameters whose value was unknown at export (std's `environment_server`, … append to it):
+# kept for modules that report them, not sent anywhere.
+unknown_parameters: list[dict[str, str]] = []
+
+# The shapes dependency managers receive: instances by entity type, resources by id.
+ModelDict = dict[str, Any]
+ResourceDict = dict["Id", "Resource"]
 
 
 class DependencyManager:

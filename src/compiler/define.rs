@@ -99,6 +99,9 @@ pub fn define_with(
     Ok(d.p)
 }
 
+/// The module whose plugins run built in even when its real package is loaded.
+const BUILT_IN_FIRST: &str = "std";
+
 impl Definer {
     fn create_namespaces(&mut self, files: Vec<LoadedFile>) {
         let mut by_name: HashMap<String, NsId> = HashMap::new();
@@ -208,22 +211,55 @@ impl Definer {
     }
 
     fn register_types(&mut self) {
+        // A module whose real package is loaded (std pinned in requirements.txt) has the
+        // plugins its Python defines, no more. For std, those Steward has built in run built
+        // in (the same results, checked against the reference's exports, without a round
+        // trip to Python); the others, and every other module's, run in Python.
+        let python_namespaces: HashSet<&str> = self
+            .p
+            .python_plugins
+            .iter()
+            .map(|pd| pd.namespace.as_str())
+            .collect();
+        let python_names: HashSet<(&str, &str)> = self
+            .p
+            .python_plugins
+            .iter()
+            .map(|pd| (pd.namespace.as_str(), pd.name.as_str()))
+            .collect();
+        let builtin_names: HashSet<(&str, &str)> = plugins::all()
+            .iter()
+            .map(|pd| (pd.namespace, pd.name))
+            .collect();
+        let mut registered: Vec<(String, String, PluginId)> = Vec::new();
         for (i, pd) in plugins::all().iter().enumerate() {
-            for ns in &mut self.p.namespaces {
-                if ns.name == pd.namespace {
-                    ns.types
-                        .insert(pd.name.to_string(), TypeRef::Plugin(PluginId(i as u32)));
-                }
+            if python_namespaces.contains(pd.namespace)
+                && !python_names.contains(&(pd.namespace, pd.name))
+            {
+                continue;
             }
+            registered.push((
+                pd.namespace.to_string(),
+                pd.name.to_string(),
+                PluginId(i as u32),
+            ));
         }
         let builtin = plugins::all().len();
         for (i, pd) in self.p.python_plugins.iter().enumerate() {
+            let kept_built_in = pd.namespace == BUILT_IN_FIRST
+                && builtin_names.contains(&(pd.namespace.as_str(), pd.name.as_str()));
+            if !kept_built_in {
+                registered.push((
+                    pd.namespace.clone(),
+                    pd.name.clone(),
+                    PluginId((builtin + i) as u32),
+                ));
+            }
+        }
+        for (namespace, name, id) in registered {
             for ns in &mut self.p.namespaces {
-                if ns.name == pd.namespace {
-                    ns.types.insert(
-                        pd.name.clone(),
-                        TypeRef::Plugin(PluginId((builtin + i) as u32)),
-                    );
+                if ns.name == namespace {
+                    ns.types.insert(name.clone(), TypeRef::Plugin(id));
                 }
             }
         }

@@ -455,12 +455,13 @@ std::print(v2demo::banner(b))
 
 #[test]
 fn real_yaml_and_ip_modules_export_as_the_reference_does() {
-    let python = venv();
     let src = data_dir().join("real_modules/project");
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&src, tmp.path());
+    // the environment its user makes: pip install -r requirements.txt (std pinned)
+    let python = crate::python_real_modules::user_env(tmp.path());
     let started = std::time::Instant::now();
-    let r = run(tmp.path(), python, true);
+    let r = run(tmp.path(), &python, true);
     let x = r.result.unwrap().unwrap();
     eprintln!("real modules: compile + export in {:?}", started.elapsed());
     let expected = std::fs::read_to_string(data_dir().join("real_modules/expected.json")).unwrap();

@@ -12,16 +12,16 @@
 //! and its handlers import the installed mitogen package's Python, `yaml` (which inmanta-core
 //! brings) and `inmanta.util.dict_path`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, OnceLock};
 
 use serde_json::Value;
 use steward::compiler::{CompileOptions, compile};
 use steward::model::ExportFile;
 
-use crate::python_plugins::venv;
 use crate::support::{copy_dir, run_ok, steward_bin};
 
 /// The root the expected export was made with.
@@ -72,10 +72,46 @@ fn expected(root: &str) -> BTreeMap<String, Value> {
     reference_export(&text)
 }
 
+/// The Python environment an Inmanta user makes for `project`: a virtualenv and
+/// `pip install -r requirements.txt`, every dependency included (inmanta-core and what it
+/// brings, the real std). One per requirements text for the test process; pip's own cache
+/// (`~/.cache/pip`) keeps the downloads between runs. Its interpreter.
+pub(crate) fn user_env(project: &Path) -> PathBuf {
+    static ENVS: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let requirements = std::fs::read_to_string(project.join("requirements.txt")).unwrap();
+    let envs = ENVS.get_or_init(Default::default);
+    // held while pip runs: two tests wanting the same environment make it once
+    let mut made = envs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(python) = made.get(&requirements) {
+        return python.clone();
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("steward-user-env-")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let env = dir.join("venv");
+    run_ok(Command::new("python3").arg("-m").arg("venv").arg(&env));
+    let started = std::time::Instant::now();
+    run_ok(
+        Command::new(env.join("bin/pip"))
+            .args(["install", "-q", "--disable-pip-version-check", "-r"])
+            .arg(project.join("requirements.txt")),
+    );
+    eprintln!(
+        "pip install -r {}: {:?}",
+        project.join("requirements.txt").display(),
+        started.elapsed()
+    );
+    let python = env.join("bin/python3");
+    made.insert(requirements, python.clone());
+    python
+}
+
 /// `steward deploy` of `project` with `options`, with `root` in the environment variable
-/// `root_var`.
+/// `root_var`, in the project's user environment.
 fn steward_deploy(project: &Path, root_var: &str, root: &Path, options: &[&str]) -> String {
-    let python = venv();
+    let python = user_env(project);
     run_ok(
         Command::new(steward_bin())
             .arg("deploy")
@@ -107,7 +143,7 @@ fn export(project: &Path, var: &str, value: &str) -> ExportFile {
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
         export: true,
-        python: Some(venv().to_path_buf()),
+        python: Some(user_env(project)),
         env: [(var.to_string(), value.to_string())].into_iter().collect(),
         ..Default::default()
     };
@@ -148,8 +184,18 @@ fn real_fs_exec_and_mitogen_modules_export_as_the_reference_and_deploy() {
     // it, and the files the hash mappers uploaded
     let h = &x.handlers["fs::File"];
     let inm = h.inmanta.as_ref().unwrap();
-    // fs imports yaml, which inmanta-core would have installed
-    assert_eq!(inm.requirements, ["mitogen", "pyyaml~=6.0"]);
+    // fs imports yaml, which inmanta-core would have installed; the real std (pinned) ships
+    // with its own requirements
+    assert_eq!(
+        inm.requirements,
+        [
+            "Jinja2<4,>=3.1",
+            "email_validator<3,>=1.3",
+            "mitogen",
+            "pydantic<3,>=1.10",
+            "pyyaml~=6.0"
+        ]
+    );
     assert_shipped(
         h,
         &[
@@ -283,4 +329,31 @@ fn real_files_module_exports_as_the_reference_and_deploys_with_mitogen_built_in(
         std::fs::read_to_string(&hello).unwrap(),
         "hello from files\n"
     );
+}
+
+/// A project as every Inmanta project template makes it: `requirements.txt` pins the real
+/// `std` (8.1.0), installed by pip with inmanta-core and all it brings. Its `.cf` files and
+/// Python are loaded (a project-local V1 module's plugin calls into std's Python), the
+/// plugins give what the reference gives (`tests/python/real_std/expected.json`, from
+/// `inmanta export -j` of inmanta-core 14.0.0), and the resources deploy through std's own
+/// handler.
+#[test]
+fn a_project_pinning_the_real_std_exports_as_the_reference_and_deploys() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/real_std");
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    copy_dir(&fixture.join("project"), &project);
+
+    let x = export(&project, "STEWARD_REAL_STD_UNSET_OTHER", "");
+    let expected = std::fs::read_to_string(fixture.join("expected.json")).unwrap();
+    assert_eq!(as_the_reference_writes(&x), reference_export(&expected));
+    assert_eq!(x.metadata.modules["std"], "8.1.0");
+    let h = &x.handlers["std::testing::NullResource"];
+    assert_shipped(h, &["inmanta_plugins/std/resources.py"]);
+
+    let root = tmp.path().join("out");
+    let first = steward_deploy(&project, "STEWARD_REAL_STD_UNSET_OTHER", &root, &[]);
+    assert!(first.contains("3 deployed"), "{first}");
+    let second = steward_deploy(&project, "STEWARD_REAL_STD_UNSET_OTHER", &root, &[]);
+    assert!(second.contains("3 deployed (no changes)"), "{second}");
 }

@@ -54,3 +54,11 @@ def _custom_json_encoder(o: object) -> Any:
 
 
 custom_json_encoder = _custom_json_encoder
+
+
+def internal_json_encoder(o: object) -> Any:
+    """As inmanta-core's: one encoding step for values that stay inside (naive datetimes are
+    taken as local time and get their offset)."""
+    if isinstance(o, datetime.datetime):
+        return _custom_json_encoder(o if o.tzinfo is not None else o.astimezone())
+    return _custom_json_encoder(o)
