@@ -484,3 +484,50 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A module whose Python needs a part of inmanta-core Steward does not provide (here
+/// `inmanta.references`, which inmanta-module-fs 1.2 imports and inmanta-core 14.0.0 lacks):
+/// one diagnostic naming the module file, its line, the import and what to pin, without a
+/// traceback through the plugin host.
+#[test]
+fn a_module_importing_what_steward_does_not_provide_gets_one_actionable_diagnostic() {
+    let dir = project(
+        "import newer\nx = newer::f()\n",
+        &[
+            ("libs/newer/module.yml", "name: newer\nversion: 2.0.0\n"),
+            ("libs/newer/model/_init.cf", ""),
+            (
+                "libs/newer/plugins/__init__.py",
+                "from inmanta.plugins import plugin\nfrom . import refs\n\n\n@plugin\ndef f() -> \"string\":\n    return \"f\"\n",
+            ),
+            (
+                "libs/newer/plugins/refs.py",
+                "import os\n\nfrom inmanta.references import Reference\n",
+            ),
+        ],
+    );
+    let e = run(dir.path(), &system_python(), false).result.unwrap_err();
+    assert!(
+        e.contains("plugins/refs.py:3: `from inmanta.references import Reference`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("the newer module needs `inmanta.references`"),
+        "{e}"
+    );
+    assert!(e.contains("inmanta-module-newer"), "{e}");
+    assert!(!e.contains("Traceback"), "{e}");
+
+    // a name missing from a module Steward has
+    std::fs::write(
+        dir.path().join("libs/newer/plugins/refs.py"),
+        "from inmanta.plugins import plugin\nfrom inmanta.execute.util import Unknown, Reference\n",
+    )
+    .unwrap();
+    let e = run(dir.path(), &system_python(), false).result.unwrap_err();
+    assert!(
+        e.contains("refs.py:2: `from inmanta.execute.util import Unknown, Reference`"),
+        "{e}"
+    );
+    assert!(e.contains("needs `inmanta.execute.util.Reference`"), "{e}");
+}
