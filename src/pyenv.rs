@@ -56,6 +56,79 @@ pub struct InstallOptions {
     pub only_binary: bool,
     /// Run pip in a sandbox (the server does, for commits).
     pub sandbox: Option<Sandboxed>,
+    /// Steward stands in for inmanta-core ([`PROVIDED_CORE`]): pip gets a package of that
+    /// name holding nothing but the dependencies modules' code imports, so that requiring an
+    /// Inmanta module does not install inmanta-core's server (and, wheels only, does not
+    /// fail on its dependencies that have no wheel, such as `crontab`).
+    pub provide_core: bool,
+}
+
+/// The inmanta-core version Steward's `inmanta` package stands in for, as pip sees it when
+/// [`InstallOptions::provide_core`]: a local version, so that it is the one pip picks and it
+/// satisfies every `inmanta-core` requirement of the modules that 14.0.0 satisfies.
+pub const PROVIDED_CORE: &str = "14.0.0+steward";
+
+/// What inmanta-core 14 installs that modules import without requiring it themselves (the
+/// fs module's `json_file` and the files module import `yaml`), by import name, with
+/// inmanta-core 14.0.0's own requirement of it. Inmanta runs every module where inmanta-core
+/// is installed, so these are what an environment of Steward's must hold in its place.
+pub const FROM_INMANTA_CORE: &[(&str, &str)] = &[
+    ("dateutil", "python-dateutil~=2.0"),
+    ("jinja2", "jinja2~=3.0"),
+    ("more_itertools", "more-itertools>=8,<11"),
+    ("packaging", "packaging>=21.3"),
+    ("pydantic", "pydantic~=2.5"),
+    ("ruamel", "ruamel.yaml~=0.17"),
+    ("toml", "toml~=0.10"),
+    ("typing_inspect", "typing-inspect~=0.9"),
+    ("yaml", "pyyaml~=6.0"),
+];
+
+/// Python that writes the stand-in wheel of inmanta-core (argv: directory, version, then
+/// its requirements): metadata only, nothing to import.
+const PROVIDED_CORE_WHEEL: &str = r#"
+import base64, hashlib, os, sys, zipfile
+out, version, requires = sys.argv[1], sys.argv[2], sys.argv[3:]
+info = f"inmanta_core-{version}.dist-info"
+NL = chr(10)
+metadata = ["Metadata-Version: 2.1", "Name: inmanta-core", "Version: " + version,
+            "Summary: stands in for inmanta-core: Steward provides its Python API"]
+metadata += ["Requires-Dist: " + r for r in requires]
+files = {
+    f"{info}/METADATA": NL.join(metadata) + NL,
+    f"{info}/WHEEL": NL.join(["Wheel-Version: 1.0", "Generator: steward", "Root-Is-Purelib: true", "Tag: py3-none-any"]) + NL,
+}
+record = []
+for name, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record.append(f"{name},sha256={digest},{len(text.encode())}")
+record.append(f"{info}/RECORD,,")
+files[f"{info}/RECORD"] = NL.join(record) + NL
+path = os.path.join(out, f"inmanta_core-{version}-py3-none-any.whl")
+with zipfile.ZipFile(path, "w") as z:
+    for name, text in files.items():
+        z.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), text)
+"#;
+
+/// Write the stand-in of inmanta-core into `dir` (a wheel directory for `--find-links`) and
+/// a constraints file that makes pip take it; returns the constraints file.
+fn provide_core(dir: &Path, base_python: &str) -> Result<PathBuf, PyEnvError> {
+    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    let mut output = String::new();
+    run(
+        Command::new(base_python)
+            .arg("-c")
+            .arg(PROVIDED_CORE_WHEEL)
+            .arg(dir)
+            .arg(PROVIDED_CORE)
+            .args(FROM_INMANTA_CORE.iter().map(|(_, r)| *r)),
+        "writing the stand-in of inmanta-core",
+        &mut output,
+    )?;
+    let constraints = dir.join("constraints.txt");
+    std::fs::write(&constraints, format!("inmanta-core=={PROVIDED_CORE}\n"))
+        .map_err(io("writing", &constraints))?;
+    Ok(constraints)
 }
 
 impl Default for InstallOptions {
@@ -64,6 +137,7 @@ impl Default for InstallOptions {
             base_python: "python3".into(),
             only_binary: false,
             sandbox: None,
+            provide_core: false,
         }
     }
 }
@@ -424,6 +498,14 @@ pub fn ensure(
     ]);
     if opts.only_binary {
         pip.args(["--only-binary", ":all:"]);
+    }
+    if opts.provide_core {
+        let wheels = dir.join(".steward-provided");
+        let constraints = provide_core(&wheels, &opts.base_python)?;
+        pip.arg("--find-links")
+            .arg(&wheels)
+            .arg("-c")
+            .arg(constraints);
     }
     pip.arg("-r").arg(&req_file).current_dir(base);
     if let Some(sandboxed) = &opts.sandbox {

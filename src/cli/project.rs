@@ -70,6 +70,9 @@ fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         only_binary: args.only_binary,
         // the user's own machine and project: pip runs as they run it
         sandbox: None,
+        // wheels only can not install inmanta-core (its `crontab` has no wheel): Steward
+        // stands in for it, as it does on the server
+        provide_core: args.only_binary,
     };
     eprintln!("installing {} into {}", req_path.display(), dir.display());
     let started = std::time::Instant::now();

@@ -102,6 +102,8 @@ pub fn python_for(base: &Path, requirements: &[String]) -> Result<PathBuf, Strin
         only_binary: false,
         // the executor runs in its environment's sandbox already
         sandbox: None,
+        // inmanta-core and the modules are never among what it installs (`installable`)
+        provide_core: false,
     };
     let made = crate::pyenv::ensure_shared(&base.join("_venv"), &reqs.join("\n"), base, &opts)
         .map_err(|e| {

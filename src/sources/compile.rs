@@ -272,6 +272,9 @@ pub async fn run(
                     jail: jail2,
                     env,
                 }),
+                // Steward's `inmanta` package stands in for inmanta-core (whose server and
+                // its dependencies, some without wheels, compiles do not need)
+                provide_core: true,
             };
             crate::pyenv::ensure_shared(&envs, &text, &project2, &opts).map_err(|e| e.to_string())
         })

@@ -269,3 +269,46 @@ def probe() -> "string":
     }
     assert!(!out.contains("TOP-SECRET"), "{out}");
 }
+
+/// A commit as every Inmanta project has it: `requirements.txt` pins the real std. The
+/// server installs it wheels only, which inmanta-core itself can not be (its `crontab`
+/// dependency has no wheel): Steward stands in for inmanta-core, pip brings std and the
+/// packages module code imports, and the compile runs the real std.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_pinning_the_real_std_compiles_on_the_server() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    std::fs::write(
+        repo.work.join("requirements.txt"),
+        "inmanta-module-std==8.1.0\n",
+    )
+    .unwrap();
+    let commit = repo.commit(
+        "import std::testing\n\
+         x = std::json_dumps({\"a\": [1, 2]})\n\
+         std::print(x)\n\
+         std::testing::NullResource(name=std::upper(\"real\"))\n",
+        "real std",
+    );
+    repo.push_ok();
+    let env = follow(&c, "realstd", &repo, json!({})).await;
+    let r = compiled(&c, &env, &commit, 300).await;
+    assert_eq!(r["status"], "success", "{r:#}");
+    let text = r.to_string();
+    assert!(text.contains("{\\\"a\\\": [1, 2]}"), "{r:#}");
+    let stage = r["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "python environment")
+        .cloned()
+        .unwrap_or_else(|| panic!("no python environment stage: {r:#}"));
+    let detail = stage["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("inmanta-module-std-8.1.0")
+            && detail.contains("inmanta-core-14.0.0+steward"),
+        "{detail}"
+    );
+    assert!(!detail.contains("crontab"), "{detail}");
+}

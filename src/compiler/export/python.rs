@@ -254,21 +254,10 @@ fn provided(req: &str) -> bool {
     name == "inmanta-core" || name == "inmanta" || name.starts_with("inmanta-module-")
 }
 
-/// What inmanta-core 14 installs that modules import without requiring it themselves (the
-/// fs module's `json_file` and the files module import `yaml`), by import name. Inmanta runs
-/// every module where inmanta-core is installed; a handler environment gets those its code
-/// imports (inmanta-core itself would cost seconds per import).
-const FROM_INMANTA_CORE: &[(&str, &str)] = &[
-    ("dateutil", "python-dateutil~=2.0"),
-    ("jinja2", "jinja2~=3.0"),
-    ("more_itertools", "more-itertools>=8,<11"),
-    ("packaging", "packaging>=21.3"),
-    ("pydantic", "pydantic~=2.5"),
-    ("ruamel", "ruamel.yaml~=0.17"),
-    ("toml", "toml~=0.10"),
-    ("typing_inspect", "typing-inspect~=0.9"),
-    ("yaml", "pyyaml~=6.0"),
-];
+/// What inmanta-core 14 installs that modules import without requiring it themselves:
+/// a handler environment gets those its code imports (inmanta-core itself would cost
+/// seconds per import).
+use crate::pyenv::FROM_INMANTA_CORE;
 
 /// The requirements of [`FROM_INMANTA_CORE`] that Python source imports (`import yaml`,
 /// `from pydantic import ...`, also inside functions).
