@@ -660,13 +660,26 @@ fn ssh_path(p: &Path) -> String {
     }
 }
 
+/// The home directory OpenSSH expands `~` to: the password database's, whatever `$HOME`
+/// says (a service's `HOME` is often somewhere else); `$HOME` only for a uid without an
+/// entry.
+fn openssh_home() -> PathBuf {
+    // SAFETY: getuid can not fail
+    let uid = unsafe { libc::getuid() };
+    crate::sandbox::home_of(uid)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()))
+}
+
 fn known_hosts_shown(opts: &SshOptions) -> String {
+    known_hosts_shown_in(opts, &openssh_home())
+}
+
+/// The known_hosts files `ssh` reads with `opts`, for an error message, `home` being the
+/// user's home.
+fn known_hosts_shown_in(opts: &SshOptions, home: &Path) -> String {
     let (path, own) = match &opts.known_hosts {
         Some(p) => (p.clone(), true),
-        None => (
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".ssh/known_hosts"),
-            false,
-        ),
+        None => (home.join(".ssh/known_hosts"), false),
     };
     let mut shown = path.display().to_string();
     if !path.exists() {
@@ -729,5 +742,36 @@ async fn collect(mut stderr: tokio::process::ChildStderr, into: Arc<Mutex<String
             let cut = s.ceil_char_boundary(s.len() - 65536);
             s.drain(..cut);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_hosts_errors_name_the_file_openssh_reads() {
+        // OpenSSH takes `~` from the password database, not from $HOME
+        // SAFETY: getuid can not fail
+        let uid = unsafe { libc::getuid() };
+        let passwd = crate::sandbox::home_of(uid).expect("this user has a password entry");
+        assert_eq!(openssh_home(), passwd);
+        let home = tempfile::tempdir().unwrap();
+        let shown = known_hosts_shown_in(&SshOptions::default(), home.path());
+        assert!(
+            shown.starts_with(&format!("{}/.ssh/known_hosts", home.path().display())),
+            "{shown}"
+        );
+        assert!(shown.contains("which does not exist"), "{shown}");
+        assert!(shown.ends_with("and /etc/ssh/ssh_known_hosts"), "{shown}");
+        let own = SshOptions {
+            known_hosts: Some(home.path().join("kh")),
+            ..Default::default()
+        };
+        std::fs::write(home.path().join("kh"), "").unwrap();
+        assert_eq!(
+            known_hosts_shown_in(&own, Path::new("/nowhere")),
+            home.path().join("kh").display().to_string()
+        );
     }
 }

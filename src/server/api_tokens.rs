@@ -87,6 +87,8 @@ pub async fn create(
     caller: Caller,
     ApiJson(body): ApiJson<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
+    // before anything is looked up: a bad name is the caller's error, whatever else is wrong
+    tokens::check_label("token name", &body.name, tokens::MAX_NAME_CHARS)?;
     let role = Role::parse(&body.role).ok_or_else(|| {
         ApiError::bad_request(format!(
             "unknown role '{}' (one of admin, approver, compiler, agent, viewer)",

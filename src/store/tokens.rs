@@ -85,6 +85,34 @@ pub async fn create(
     create_for_agents(e, name, role, environment_id, created_by, secret, None).await
 }
 
+/// Longest token name, in characters.
+pub const MAX_NAME_CHARS: usize = 200;
+/// Most agents an agent token may name.
+pub const MAX_TOKEN_AGENTS: usize = 1000;
+/// Longest agent name, in characters.
+pub const MAX_AGENT_NAME_CHARS: usize = 255;
+
+/// A name people read (in lists, logs, the console): 1 to `max` characters, not blank, no
+/// control character (NUL among them, which PostgreSQL can not store) and no bidirectional
+/// override, which would make it read as something else.
+pub fn check_label(kind: &str, value: &str, max: usize) -> Result<()> {
+    let bad = value
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'));
+    if let Some(c) = bad {
+        return Err(StoreError::Invalid(format!(
+            "the {kind} holds the character U+{:04X}: control and bidirectional-override characters are not allowed",
+            c as u32
+        )));
+    }
+    let chars = value.chars().count();
+    if value.trim().is_empty() || chars > max {
+        return Err(StoreError::Invalid(format!(
+            "a {kind} needs 1 to {max} characters, not blank ({chars} given)"
+        )));
+    }
+    Ok(())
+}
 /// [`create`], for an agent token limited to the agents named (None: any agent).
 pub async fn create_for_agents(
     e: impl PgExecutor<'_>,
@@ -100,15 +128,17 @@ pub async fn create_for_agents(
             "only agent tokens are limited to agents".into(),
         ));
     }
-    if agents.is_some_and(|a| a.is_empty() || a.iter().any(|n| n.trim().is_empty())) {
-        return Err(StoreError::Invalid(
-            "an agent token's agent names must not be empty".into(),
-        ));
-    }
-    if name.trim().is_empty() || name.len() > 200 {
-        return Err(StoreError::Invalid(
-            "a token needs a name of 1-200 characters".into(),
-        ));
+    check_label("token name", name, MAX_NAME_CHARS)?;
+    if let Some(agents) = agents {
+        if agents.is_empty() || agents.len() > MAX_TOKEN_AGENTS {
+            return Err(StoreError::Invalid(format!(
+                "an agent token names 1 to {MAX_TOKEN_AGENTS} agents, not {}",
+                agents.len()
+            )));
+        }
+        for a in agents {
+            check_label("agent name", a, MAX_AGENT_NAME_CHARS)?;
+        }
     }
     if environment_id.is_none() && role != Role::Admin {
         return Err(StoreError::Invalid(

@@ -297,3 +297,85 @@ async fn auth_matrix() {
         failures.join("\n")
     );
 }
+
+/// Names that are no names: a NUL (which PostgreSQL can not store), another control
+/// character, a bidirectional override, an empty or oversized agent list. Each answers 422
+/// with a JSON body saying what is wrong, never a 404 or a 500, and nothing is created.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_token_and_agent_names_are_422_with_a_reason() {
+    let srv = TestServer::start(false).await;
+    let admin = srv.admin_client();
+    let env = admin
+        .create_environment("names", "prod", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let (http, url, token) = (http.clone(), srv.url.clone(), srv.admin.clone().unwrap());
+        async move {
+            let r = http
+                .post(format!("{url}/api/v1/tokens"))
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            (status, body)
+        }
+    };
+    let many: Vec<String> = (0..1001).map(|i| format!("agent-{i}")).collect();
+    let cases = [
+        (
+            json!({"name": "a\u{0}b", "role": "viewer", "environment": env}),
+            "U+0000",
+        ),
+        (
+            json!({"name": "a\u{0}b", "role": "viewer", "environment": "no-such-env"}),
+            "U+0000",
+        ),
+        (
+            json!({"name": "ops\u{1b}[31m", "role": "viewer", "environment": env}),
+            "U+001B",
+        ),
+        (
+            json!({"name": "txt.exe\u{202e}fdp", "role": "viewer", "environment": env}),
+            "U+202E",
+        ),
+        (
+            json!({"name": "   ", "role": "viewer", "environment": env}),
+            "not blank",
+        ),
+        (
+            json!({"name": "x".repeat(201), "role": "viewer", "environment": env}),
+            "1 to 200",
+        ),
+        (
+            json!({"name": "a", "role": "agent", "environment": env, "agents": many}),
+            "1 to 1000 agents",
+        ),
+        (
+            json!({"name": "a", "role": "agent", "environment": env, "agents": ["x".repeat(256)]}),
+            "agent name",
+        ),
+        (
+            json!({"name": "a", "role": "agent", "environment": env, "agents": ["web\u{0}1"]}),
+            "U+0000",
+        ),
+    ];
+    for (body, says) in cases {
+        let (status, answer) = post(body.clone()).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{body}: {answer}");
+    }
+    let list = admin.tokens(Some(&env), true).await.unwrap();
+    assert!(
+        list.is_empty(),
+        "nothing was created: {} tokens",
+        list.len()
+    );
+}

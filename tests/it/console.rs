@@ -118,6 +118,23 @@ async fn signing_in_and_out() {
         .await
         .unwrap();
     assert_eq!(r.headers()["location"], "/console/");
+    // nor to a "next" that could not be a Location header (a control character): the
+    // sign-in still works, to the console's start
+    for next in [
+        "/console/env/x\n",
+        "/console/\u{1}",
+        "/console/\r\nSet-Cookie: a=b",
+    ] {
+        let r = http()
+            .post(format!("{base}/console/sign-in"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(encode_form(&[("token", s.token("viewer")), ("next", next)]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "next {next:?}");
+        assert_eq!(r.headers()["location"], "/console/", "next {next:?}");
+    }
 
     // sign-out ends the session on the server, not only in the browser
     let r = viewer.post_with_csrf("/console/sign-out", &[]).await;

@@ -143,10 +143,18 @@ pub struct SignInQuery {
     next: Option<String>,
 }
 
-/// Only paths of the console itself are followed after sign-in (no open redirect).
+/// Only paths of the console itself are followed after sign-in (no open redirect), and only
+/// as visible ASCII (a path is percent-encoded): anything else could not be a `Location`
+/// header and would fail the sign-in after its session was made.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with("/console/") && !n.starts_with("//") && !n.contains('\\') => {
+        Some(n)
+            if n.starts_with("/console/")
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && n.len() <= 2048
+                && n.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
             n.to_string()
         }
         _ => "/console/".into(),
@@ -300,6 +308,10 @@ mod tests {
         assert_eq!(safe_next(Some("//evil.example/console/")), "/console/");
         assert_eq!(safe_next(Some("/console/\\evil")), "/console/");
         assert_eq!(safe_next(None), "/console/");
+        assert_eq!(safe_next(Some("/console/env/x\n")), "/console/");
+        assert_eq!(safe_next(Some("/console/\u{1}")), "/console/");
+        assert_eq!(safe_next(Some("/console/é")), "/console/");
+        assert_eq!(safe_next(Some("/console/a b")), "/console/");
     }
 
     #[test]
