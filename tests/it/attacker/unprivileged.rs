@@ -341,3 +341,146 @@ fn open_to(repo: &Repo, account: Account) {
     )
     .unwrap();
 }
+
+/// The workdir of the compile running in `data` whose plugin left `started` in it.
+fn running_compile(data: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(data.join("compiles"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("started").is_file())
+}
+
+/// A module `name` under `libs/` of `repo` whose plugins are `plugin` (Python).
+fn plugin_module(repo: &Repo, name: &str, plugin: &str) {
+    let m = repo.work.join("libs").join(name);
+    std::fs::create_dir_all(m.join("model")).unwrap();
+    std::fs::create_dir_all(m.join("plugins")).unwrap();
+    std::fs::write(
+        m.join("module.yml"),
+        format!("name: {name}\nversion: 1.0.0\n"),
+    )
+    .unwrap();
+    std::fs::write(m.join("model/_init.cf"), "").unwrap();
+    std::fs::write(m.join("plugins/__init__.py"), plugin).unwrap();
+}
+
+/// Hole 3 of issue 26 on a server that is not root: every compile runs as its uid, so only
+/// the namespaces keep environment A's compile away from B's while both run.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_environments_compile_can_not_touch_anothers_on_a_server_that_is_not_root() {
+    let test = "one_environments_compile_can_not_touch_anothers_on_a_server_that_is_not_root";
+    let Some(srv) = unprivileged_server(test).await else {
+        return;
+    };
+    let c = srv.client.clone();
+    let tag = format!("301.{}", std::process::id());
+
+    // B: a compile that stays in its plugin until the test releases it (at most 120 s)
+    let repo_b = Repo::new();
+    plugin_module(
+        &repo_b,
+        "slow",
+        r#"import os, time
+from inmanta.plugins import plugin
+
+
+@plugin
+def slow() -> "string":
+    workdir = os.path.dirname(os.getcwd())
+    with open(os.path.join(workdir, "started"), "w") as f:
+        f.write("b")
+    for _ in range(1200):
+        if os.path.exists(os.path.join(workdir, "release")):
+            break
+        time.sleep(0.1)
+    return "b-done"
+"#,
+    );
+    let b_commit = repo_b.commit("import slow\nstd::print(slow::slow())\n", "b");
+    repo_b.push_ok();
+    open_to(&repo_b, NOBODY);
+    let env_b = follow(&c, "b", &repo_b, json!({})).await;
+    let data = srv.data.path().to_path_buf();
+    let b_workdir = crate::support::eventually(90, "B's compile to reach its plugin", || async {
+        running_compile(&data)
+    })
+    .await;
+    let b_main = b_workdir.join("project/main.cf");
+    let b_main_before = std::fs::read_to_string(&b_main).unwrap();
+
+    // A goes for B's workdir, and leaves a child in a session of its own
+    let repo_a = Repo::new();
+    plugin_module(
+        &repo_a,
+        "probe",
+        &format!(
+            r#"import os, subprocess
+from inmanta.plugins import plugin
+
+B = {b:?}
+
+
+def attempt(what, f):
+    try:
+        return f"{{what}}: RE" f"AD {{f()!r}}"[:300]
+    except OSError as e:
+        return f"{{what}}: refused {{type(e).__name__}}"
+
+
+def append(path):
+    with open(path, "a") as f:
+        f.write('\nstd::print("A-WAS-HERE")\n')
+    return "appended"
+
+
+@plugin
+def probe() -> "string":
+    lines = [attempt(f"list {{B}}", lambda: os.listdir(B))]
+    lines.append(attempt("read main.cf", lambda: open(B + "/project/main.cf").read()))
+    lines.append(attempt("append main.cf", lambda: append(B + "/project/main.cf")))
+    lines.append(attempt("write release", lambda: open(B + "/release", "w").write("x")))
+    subprocess.Popen(["setsid", "sleep", "{tag}"], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines.append("pro" "cs=" + str(sum(1 for p in os.listdir("/proc") if p.isdigit())))
+    return "\n".join(lines)
+"#,
+            b = b_workdir.display().to_string(),
+        ),
+    );
+    let a_commit = repo_a.commit("import probe\nstd::print(probe::probe())\n", "a");
+    repo_a.push_ok();
+    open_to(&repo_a, NOBODY);
+    let env_a = follow(&c, "a", &repo_a, json!({})).await;
+    let ra = compiled(&c, &env_a, &a_commit, 120).await;
+    let b_was_running = b_workdir.join("started").is_file() && !b_workdir.join("release").exists();
+    std::fs::write(b_workdir.join("release"), "go").unwrap();
+    assert_eq!(ra["status"], "success", "{ra:#}");
+    let out = ra["stdout"].as_str().unwrap_or_default().to_string();
+    let hits: Vec<&str> = out.lines().filter(|l| l.contains(": READ ")).collect();
+    assert!(hits.is_empty(), "A's compile reached B: {hits:#?}");
+    assert!(
+        b_was_running,
+        "B's compile ended before A's: nothing was attacked"
+    );
+    for what in ["list", "read main.cf", "append main.cf", "write release"] {
+        assert!(out.contains(what), "{what} not tried: {out}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&b_main).unwrap(),
+        b_main_before,
+        "B's main.cf was changed"
+    );
+    // B finishes with its own model, and nothing A started is left
+    let rb = compiled(&c, &env_b, &b_commit, 120).await;
+    assert_eq!(rb["status"], "success", "{rb:#}");
+    assert!(!rb.to_string().contains("A-WAS-HERE"), "{rb:#}");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&tag))
+        .collect();
+    assert!(left.is_empty(), "A's child outlived its compile: {left:?}");
+}
