@@ -133,6 +133,10 @@ impl PyHost {
             .arg(format!("pycache_prefix={}", base.join("pycache").display()))
             .arg(&script)
             .env("PYTHONPATH", &compat)
+            // the bytecode goes to Steward's own cache (pycache_prefix), never next to the
+            // user's sources, which is what this variable is set to prevent; without it every
+            // compile would compile the modules' Python (std, jinja2, pydantic, …) again
+            .env_remove("PYTHONDONTWRITEBYTECODE")
             .current_dir(&config.project_dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
