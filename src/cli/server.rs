@@ -110,7 +110,8 @@ pub struct ServerArgs {
     /// docs/isolation.md); the name of an account to run all of them as that account; or
     /// `server` to run them as the server's own user, which lets every released model read
     /// the server's data directory and secrets (said at start and in `steward server
-    /// status`).
+    /// status`). A server that is not root runs them as its own user in namespaces that hide
+    /// its data directory and home, unless this is `server` (unconfined).
     #[arg(long, env = "STEWARD_EXECUTOR_USER", value_name = "NAME")]
     pub executor_user: Option<String>,
     /// First uid of the range the sandbox gives environments' compiles and executors (two
@@ -416,7 +417,7 @@ fn status(args: super::remote::RemoteArgs) -> anyhow::Result<ExitCode> {
     if let Some(i) = &r.isolation {
         println!();
         println!(
-            "isolation (this replica): compiles run as {}, handlers of local: agents as {}, namespaces {}",
+            "isolation (this replica): compiles: {}, handlers of local: agents: {}, namespaces: {}",
             i.compiles,
             i.executors,
             if i.namespaces { "on" } else { "off" }
