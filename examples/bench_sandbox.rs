@@ -4,7 +4,9 @@
 //! percentile of each: plainly (`fork`+`exec`, as before the sandbox), jailed as a compile is
 //! (limits, and when the kernel allows, a PID and mount namespace with a fresh /proc; as root
 //! also the environment's uid) as an executor is, the same with a private /tmp and a kept
-//! workdir as a compile is, and the kill by uid that follows every compile. The
+//! workdir as a compile is (a server that is not root also hides its data directory and
+//! home: run it as an ordinary user to see that), and the kill by uid that follows every
+//! compile. The
 //! difference between the first two is the isolation overhead of a compile or an executor
 //! start.
 
@@ -70,10 +72,16 @@ fn main() {
             assert!(c.status().unwrap().success());
         }),
     );
-    let workdir = tempfile::tempdir().unwrap();
-    let mut compile_jail = jail.clone();
+    // as the server sets up a compile: a workdir under the data directory, which a server
+    // that is not root also hides (with its home), the workdir bound back
+    let data_dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let workdir = tempfile::tempdir_in(data_dir.path()).unwrap();
+    let mut compile_jail = jail.clone().hide_server_files(data_dir.path());
     compile_jail.private_tmp = true;
-    compile_jail.keep_visible = vec![workdir.path().to_path_buf()];
+    compile_jail
+        .keep_visible
+        .insert(0, workdir.path().to_path_buf());
+    println!("hidden: {:?}", compile_jail.hide);
     let compile_like = stats(
         "jailed, private /tmp (a compile)",
         time(n, || {
