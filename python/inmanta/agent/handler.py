@@ -569,6 +569,27 @@ class CRUDHandler(ResourceHandler[TPurgeableResource]):
 
 CRUDHandlerGeneric = CRUDHandler
 
+TDiscovery = TypeVar("TDiscovery", bound=resources.DiscoveryResource)
+TDiscovered = TypeVar("TDiscovered")
+
+
+class DiscoveryHandler(HandlerAPI[TDiscovery], Generic[TDiscovery, TDiscovered]):
+    """The handler of a discovery resource, which finds unmanaged resources and reports them
+    to the Inmanta server. Steward keeps no discovered resources: a module defining one
+    imports and its other handlers work, and deploying a discovery resource fails, saying
+    so."""
+
+    def check_facts(self, ctx: HandlerContext, resource: TDiscovery) -> dict[str, object]:
+        return {}
+
+    def discover_resources(self, ctx: HandlerContext, discovery_resource: TDiscovery) -> abc.Mapping[ResourceIdStr, TDiscovered]:
+        raise NotImplementedError()
+
+    def execute(self, ctx: HandlerContext, resource: TDiscovery, dry_run: bool = False) -> None:
+        raise HandlerNotAvailableException(
+            f"{resource.id.get_entity_type()} is a discovery resource: Steward does not keep discovered resources"
+        )
+
 
 class Commander:
     """The registry of handler classes by resource type."""
@@ -615,5 +636,5 @@ def hash_file(content: bytes) -> str:
 __all__ = [
     "provider", "SkipResource", "ResourcePurged", "ResourceNotFoundException", "InvalidOperation",
     "HandlerNotAvailableException", "cache", "LoggerABC", "PythonLogger", "HandlerContext", "HandlerAPI",
-    "ResourceHandler", "CRUDHandler", "CRUDHandlerGeneric", "Commander",
+    "ResourceHandler", "CRUDHandler", "CRUDHandlerGeneric", "DiscoveryHandler", "Commander",
 ]
