@@ -356,11 +356,11 @@ def unsupported_inmanta_api(e: BaseException) -> Optional[str]:
     who = f"the {module} module" if module else "this module"
     pin = f" (inmanta-module-{module})" if module else ""
     return (
-        f"{where}{who} needs `{missing}`, which Steward does not provide: Steward's `inmanta` "
-        f"package offers the API of inmanta-core 14.0.0 that modules use, and this version of "
-        f"{who} was written for another inmanta-core. Pin a version of it{pin} that works with "
-        f"inmanta-core 14.0.0 in requirements.txt (docs/inmanta-modules.md lists the ones "
-        f"known to work)."
+        f"{where}{who} needs `{missing}`, which Steward does not provide: its `inmanta` package "
+        f"offers the part of inmanta-core 14.0.0's API that modules use (docs/inmanta-modules.md "
+        f"lists it and the module versions known to work). If this version of {who} was written "
+        f"for a newer inmanta-core, pin one{pin} that works with inmanta-core 14.0.0 in "
+        f"requirements.txt; if it needs the Inmanta server's own API, it does not run on Steward."
     )
 
 
