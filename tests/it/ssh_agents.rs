@@ -201,7 +201,7 @@ async fn an_ssh_executor_runs_what_it_was_given_ahead_one_at_a_time_and_loses_no
         resources.push(crate::support::exec_run(
             WEB,
             &format!(
-                "sh -c 'echo \"$(date +%s%N) 1\" >> {d}/log; sleep 0.1; echo \"$(date +%s%N) -1\" >> {d}/log; touch {d}/done{i}'"
+                "sh -c 'echo \"$(date +%s%N) 1 {i}\" >> {d}/log; sleep 0.1; echo \"$(date +%s%N) -1 {i}\" >> {d}/log; touch {d}/done{i}'"
             ),
             json!({"unless": format!("test -f {d}/done{i}")}),
             &[],
@@ -232,11 +232,13 @@ async fn an_ssh_executor_runs_what_it_was_given_ahead_one_at_a_time_and_loses_no
         .unwrap_or_else(|| panic!("the hung handler timed out: {acts:?}"));
     // one handler at a time: none of the others ran while the hung one did
     let log = std::fs::read_to_string(format!("{d}/log")).unwrap();
-    let mut events: Vec<(u128, &str)> = log
+    // (time, "1"/"-1"/"hang", resource)
+    let mut events: Vec<(u128, &str, &str)> = log
         .lines()
         .map(|l| {
-            let (t, e) = l.split_once(' ').unwrap();
-            (t.parse().unwrap(), e)
+            let mut f = l.split(' ');
+            let t = f.next().unwrap().parse().unwrap();
+            (t, f.next().unwrap(), f.next().unwrap_or(""))
         })
         .collect();
     events.sort();
@@ -251,19 +253,35 @@ async fn an_ssh_executor_runs_what_it_was_given_ahead_one_at_a_time_and_loses_no
         "killed {} ms after it started (timeout 2 s)",
         (killed_at - hung_at) / 1_000_000
     );
-    let (mut now, mut most) = (0, 0);
-    for (t, e) in &events {
-        if *e == "hang" {
+    // the runs that ended (a run its timeout killed under load logs no end: it ended before
+    // whatever started next, which the executor does not start before)
+    let mut runs: Vec<(u128, u128)> = Vec::new();
+    for (i, (t, e, r)) in events.iter().enumerate() {
+        if *e != "1" {
             continue;
         }
-        if *e == "1" {
-            assert!(
-                *t < hung_at || *t > hung_at + 1_900_000_000,
-                "an action started while the hung one ran:\n{log}"
-            );
+        assert!(
+            *t < hung_at || *t > hung_at + 1_900_000_000,
+            "an action started while the hung one ran:\n{log}"
+        );
+        let end = events[i + 1..]
+            .iter()
+            .find(|(_, e2, r2)| r2 == r && (*e2 == "-1" || *e2 == "1"))
+            .filter(|(_, e2, _)| *e2 == "-1");
+        if let Some((end, _, _)) = end {
+            runs.push((*t, *end));
         }
-        now += e.parse::<i32>().unwrap();
-        most = most.max(now);
     }
-    assert_eq!(most, 1, "one at a time:\n{log}");
+    assert!(runs.len() >= n, "every action ran to its end once:\n{log}");
+    // one at a time: no action started while another ran
+    for (start, end) in &runs {
+        let inside: Vec<_> = events
+            .iter()
+            .filter(|(t, e, _)| *e == "1" && t > start && t < end)
+            .collect();
+        assert!(
+            inside.is_empty(),
+            "one at a time: {inside:?} in a run:\n{log}"
+        );
+    }
 }
