@@ -39,10 +39,16 @@ fn a_jailed_process_sees_only_its_own_and_takes_them_along() {
     }
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("pid");
+    // a sleep of this test's own (other tests and programs may run a `sleep 30`)
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let seconds = format!("30.{}{nanos}", std::process::id());
     let mut cmd = std::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(format!(
-            "setsid sleep 30 & echo $! > {}; ls /proc | grep -c '^[0-9]'",
+            "setsid sleep {seconds} & echo $! > {}; ls /proc | grep -c '^[0-9]'",
             marker.display()
         ))
         .stdout(std::process::Stdio::piped());
@@ -58,7 +64,7 @@ fn a_jailed_process_sees_only_its_own_and_takes_them_along() {
     let seen: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert!(seen <= 6, "the jail saw {seen} processes");
     // the setsid child is gone with the jail (its pid in the namespace is not ours to
-    // look up: look for any `sleep 30` that is a child of nothing we know)
+    // look up: look for its command line)
     std::thread::sleep(std::time::Duration::from_millis(200));
     let ps = std::process::Command::new("sh")
         .arg("-c")
@@ -67,7 +73,7 @@ fn a_jailed_process_sees_only_its_own_and_takes_them_along() {
         .unwrap();
     let text = String::from_utf8_lossy(&ps.stdout);
     assert!(
-        !text.lines().any(|l| l.trim() == "sleep 30"),
+        !text.lines().any(|l| l.trim() == format!("sleep {seconds}")),
         "a setsid child outlived its jail"
     );
 }
