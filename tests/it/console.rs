@@ -665,7 +665,9 @@ async fn live_updates_carry_on_while_the_listening_connection_is_cut_again_and_a
     // 20 s of a connection that keeps being cut (a failover, a proxy restart): each time the
     // listener comes back by itself, and the next change reaches the page at once
     while started.elapsed() < Duration::from_secs(20) {
-        let pid = listener_pid(&s.server.pool).await.expect("a listener");
+        // (a round may begin while the listener reconnects after the last change)
+        let pid =
+            crate::support::eventually(10, "a listener", || listener_pid(&s.server.pool)).await;
         sqlx::query("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .execute(&s.server.pool)

@@ -154,12 +154,19 @@ async fn replicas_carry_on_when_the_standby_is_promoted_and_nothing_is_lost() {
         deployed < Duration::from_secs(15) + Duration::from_secs(5),
         "{deployed:?}"
     );
+    // each replica finds the new primary by itself: the one that took the upload did, the
+    // other may take a moment longer (its pool reconnects on its own schedule)
     for (_, base, _) in &replicas {
-        let h = steward::client::Client::new(base, None)
-            .health()
-            .await
-            .unwrap();
-        assert_eq!(h["database"], "ok", "{h}");
+        let client = steward::client::Client::new(base, None);
+        crate::support::eventually(
+            15,
+            &format!("{base} healthy on the new primary"),
+            || async {
+                let h = client.health().await.ok()?;
+                (h["database"] == "ok").then_some(())
+            },
+        )
+        .await;
     }
     for i in 0..10 {
         assert_eq!(
