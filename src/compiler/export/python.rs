@@ -21,6 +21,9 @@ use crate::compiler::program::Program;
 use crate::compiler::project::ModuleInfo;
 use crate::compiler::value::{InstId, Value};
 use crate::model::{CodeFile, HandlerCode, InmantaCode};
+// what inmanta-core brings that module code imports: a handler environment gets those its
+// code imports (inmanta-core itself would cost seconds per import)
+use crate::pyenv::FROM_INMANTA_CORE;
 
 /// A resource built by a Python class.
 pub struct PyResource {
@@ -253,11 +256,6 @@ fn provided(req: &str) -> bool {
     let name = requirement_name(req);
     name == "inmanta-core" || name == "inmanta" || name.starts_with("inmanta-module-")
 }
-
-/// What inmanta-core 14 installs that modules import without requiring it themselves:
-/// a handler environment gets those its code imports (inmanta-core itself would cost
-/// seconds per import).
-use crate::pyenv::FROM_INMANTA_CORE;
 
 /// The requirements of [`FROM_INMANTA_CORE`] that Python source imports (`import yaml`,
 /// `from pydantic import ...`, also inside functions).

@@ -350,7 +350,7 @@ async fn a_handler_on_a_local_agent_reads_nothing_of_the_server() {
 }
 
 /// A module `name` under `libs/` of `repo` whose plugins are `plugin` (Python).
-fn plugin_module(repo: &Repo, name: &str, plugin: &str) {
+pub(crate) fn plugin_module(repo: &Repo, name: &str, plugin: &str) {
     let m = repo.work.join("libs").join(name);
     std::fs::create_dir_all(m.join("model")).unwrap();
     std::fs::create_dir_all(m.join("plugins")).unwrap();

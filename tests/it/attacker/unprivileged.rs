@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+use crate::attacker::committer::plugin_module;
 use crate::attacker::{is_root, skipped};
 use crate::gitops_support::{Repo, compiled, follow};
 use crate::support::{Account, Operated, exec_run, export_of, wait_deployed};
@@ -349,20 +350,6 @@ fn running_compile(data: &Path) -> Option<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .find(|p| p.join("started").is_file())
-}
-
-/// A module `name` under `libs/` of `repo` whose plugins are `plugin` (Python).
-fn plugin_module(repo: &Repo, name: &str, plugin: &str) {
-    let m = repo.work.join("libs").join(name);
-    std::fs::create_dir_all(m.join("model")).unwrap();
-    std::fs::create_dir_all(m.join("plugins")).unwrap();
-    std::fs::write(
-        m.join("module.yml"),
-        format!("name: {name}\nversion: 1.0.0\n"),
-    )
-    .unwrap();
-    std::fs::write(m.join("model/_init.cf"), "").unwrap();
-    std::fs::write(m.join("plugins/__init__.py"), plugin).unwrap();
 }
 
 /// Hole 3 of issue 26 on a server that is not root: every compile runs as its uid, so only
