@@ -70,7 +70,8 @@ impl DirLock {
 }
 
 pub struct Runtime {
-    cluster: PgCluster,
+    cluster: std::sync::Arc<PgCluster>,
+    _supervisor: crate::store::cluster::Supervisor,
     pub pool: sqlx::PgPool,
     pub client: Client,
     schedulers: Schedulers,
@@ -90,15 +91,12 @@ impl Runtime {
         let lock = DirLock::take(data_dir)?;
         let root = data_dir.join("pg");
         let lock_path = lock.path.clone();
-        let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, ClusterError> {
-            let c = PgCluster::new(&root)?;
-            c.start(true)?;
-            c.ensure_database("steward")?;
-            Ok(c)
-        })
-        .await
-        .expect("cluster start task")?;
+        let cluster =
+            tokio::task::spawn_blocking(move || crate::server::start::start_private_cluster(&root))
+                .await
+                .expect("cluster start task")?;
         stop_cluster_when_gone(&cluster, std::process::id(), &lock_path);
+        let supervisor = cluster.supervise(true);
         let pool = store::connect(&cluster.url("steward"), 8).await?;
         store::migrate(&pool).await?;
         let (token, secret) = store::tokens::create(
@@ -138,6 +136,7 @@ impl Runtime {
         });
         Ok(Runtime {
             cluster,
+            _supervisor: supervisor,
             pool,
             client: Client::new(&format!("http://{addr}"), Some(secret)),
             schedulers,

@@ -45,10 +45,12 @@ fn default_advertise_url(scheme: &str, addr: std::net::SocketAddr) -> String {
     }
 }
 
-/// A running private cluster, stopped when the server stops.
+/// A running private cluster, kept running while the server runs (its supervisor starts
+/// it again when its postmaster dies) and stopped when the server stops.
 pub struct OwnedDatabase {
-    pub cluster: Option<PgCluster>,
+    pub cluster: Option<Arc<PgCluster>>,
     pub url: String,
+    _supervisor: Option<crate::store::cluster::Supervisor>,
 }
 
 /// The database the server uses: the given URL, or a private cluster under the data dir.
@@ -57,23 +59,36 @@ pub async fn database(config: &ServerConfig) -> Result<OwnedDatabase, ServerErro
         return Ok(OwnedDatabase {
             cluster: None,
             url: url.clone(),
+            _supervisor: None,
         });
     }
     let root = config.data_dir.join("pg");
-    let cluster = tokio::task::spawn_blocking(move || -> Result<PgCluster, ClusterError> {
-        let c = PgCluster::new(&root)?;
-        c.start(true)?;
-        c.ensure_database("steward")?;
-        Ok(c)
-    })
-    .await
-    .expect("cluster start task")?;
+    let cluster = tokio::task::spawn_blocking(move || start_private_cluster(&root))
+        .await
+        .expect("cluster start task")?;
     let url = cluster.url("steward");
     tracing::info!(data = %config.data_dir.join("pg").display(), "private PostgreSQL cluster running");
+    let supervisor = cluster.supervise(true);
     Ok(OwnedDatabase {
         cluster: Some(cluster),
         url,
+        _supervisor: Some(supervisor),
     })
+}
+
+/// Start (or reuse) the private cluster under `root` with the `steward` database; when
+/// that fails after the server started, it is stopped again: a failed start leaves no
+/// PostgreSQL running without its owner.
+pub fn start_private_cluster(root: &std::path::Path) -> Result<Arc<PgCluster>, ClusterError> {
+    let c = PgCluster::new(root)?;
+    c.start(true)?;
+    if let Err(e) = c.ensure_database("steward") {
+        if let Err(stop) = c.stop() {
+            tracing::warn!(error = %stop, "stopping the private PostgreSQL cluster after a failed start failed");
+        }
+        return Err(e);
+    }
+    Ok(Arc::new(c))
 }
 
 /// Make sure an admin can get in: the configured secret, or a generated one printed once.

@@ -32,6 +32,7 @@ mod gitops_support;
 pub mod integration;
 mod layout;
 mod openapi;
+mod pg_crash;
 mod pg_failover;
 mod pg_security;
 mod pipelined_agents;

@@ -1,0 +1,328 @@
+//! Crashes of the private PostgreSQL (issue 28, defect 1): after a `kill -9` of the server and
+//! of its postmaster (the OOM killer, a power cut), the next `steward server` on the same
+//! data dir starts the first time and converges; a postmaster killed under a running server
+//! is started again by it; a start that fails leaves no PostgreSQL behind; `steward deploy`
+//! killed with its database is finished by the next run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steward::client::Client;
+
+use crate::support::{free_port, null_export, steward_bin, wait_deployed};
+
+/// A `steward server` with its private cluster under `data` (not under /tmp: an operator's
+/// data dir is not there), on `port`.
+fn spawn(data: &Path, port: u16, admin: &str) -> Child {
+    Command::new(steward_bin())
+        .args(["server", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(data)
+        .env_remove("STEWARD_DATABASE_URL")
+        .env("STEWARD_EXECUTOR_USER", "server")
+        .env("STEWARD_ADMIN_TOKEN", admin)
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(data.with_extension("log"))
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap()
+}
+
+fn log_of(data: &Path) -> String {
+    std::fs::read_to_string(data.with_extension("log")).unwrap_or_default()
+}
+
+/// The postmaster's pid from the cluster's pid file.
+fn postmaster(data: &Path) -> Option<i32> {
+    std::fs::read_to_string(data.join("pg/data/postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists
+    let exists = unsafe { libc::kill(pid, 0) == 0 };
+    exists
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+}
+
+fn kill9(pid: i32) {
+    // SAFETY: a signal to a process of this test
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Wait until /health says the database answers; fail with the server's log.
+async fn healthy(c: &Client, child: &mut Child, data: &Path, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the server exited ({status}):\n{}", log_of(data));
+        }
+        if let Ok(h) = c.health().await
+            && h["database"] == "ok"
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not answer with its database within {secs} s:\n{}",
+            log_of(data)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A data dir the postgres user can reach when the tests run as root.
+fn data_dir() -> (tempfile::TempDir, PathBuf) {
+    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = base.path().join("data");
+    (base, data)
+}
+
+/// Stop the server gracefully and check that it took its PostgreSQL along.
+fn stop_and_check_nothing_left(child: &mut Child, data: &Path) {
+    let pg = postmaster(data);
+    // SAFETY: a signal to our own child
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(pid) = pg {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL ({pid}) outlived the server that stopped"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_killed_with_its_postgresql_starts_again_the_first_time_and_converges() {
+    let (_base, data) = data_dir();
+    let port = free_port();
+    let admin = "stw_test_admin_pg_crash_both";
+    let url = format!("http://127.0.0.1:{port}");
+    let c = Client::new(&url, Some(admin.into()));
+    let mut child = spawn(&data, port, admin);
+    healthy(&c, &mut child, &data, 120).await;
+    let env = c
+        .create_environment("crash", "both", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    c.upload(&env, &null_export(20, None), json!({}))
+        .await
+        .unwrap();
+    wait_deployed(&c, &env, 1, 60).await;
+
+    for round in 0..3 {
+        // both at once, as a power cut of the machine does: the pid file says `ready` and
+        // the socket file stays
+        let pg = postmaster(&data).expect("a running postmaster");
+        kill9(child.id() as i32);
+        kill9(pg);
+        let _ = child.wait();
+        assert!(data.join("pg/data/postmaster.pid").exists());
+        // one start, and it must work
+        child = spawn(&data, port, admin);
+        healthy(&c, &mut child, &data, 120).await;
+        let (active, rows) = c.resources(&env).await.unwrap();
+        assert_eq!(active, Some(1 + round), "round {round}");
+        assert_eq!(rows.len(), 20 + round as usize);
+        // and it goes on: a new version deploys
+        let v = c
+            .upload(&env, &null_export(20 + round as usize + 1, None), json!({}))
+            .await
+            .unwrap()["number"]
+            .as_i64()
+            .unwrap() as i32;
+        let progress = wait_deployed(&c, &env, v, 60).await;
+        assert_eq!(progress["done"], true);
+        assert_ne!(
+            postmaster(&data),
+            Some(pg),
+            "the old postmaster is still named"
+        );
+    }
+    assert!(
+        !log_of(&data).contains("psql failed"),
+        "a start failed:\n{}",
+        log_of(&data)
+    );
+    stop_and_check_nothing_left(&mut child, &data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postmaster_killed_under_a_running_server_is_started_again() {
+    let (_base, data) = data_dir();
+    let port = free_port();
+    let admin = "stw_test_admin_pg_crash_pg_only";
+    let c = Client::new(&format!("http://127.0.0.1:{port}"), Some(admin.into()));
+    let mut child = spawn(&data, port, admin);
+    healthy(&c, &mut child, &data, 120).await;
+    let env = c
+        .create_environment("crash", "pg-only", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    c.upload(&env, &null_export(5, None), json!({}))
+        .await
+        .unwrap();
+    wait_deployed(&c, &env, 1, 60).await;
+    for round in 0..2 {
+        let pg = postmaster(&data).unwrap();
+        kill9(pg);
+        let killed = Instant::now();
+        // the server notices, starts it again, and its pool reconnects
+        let deadline = killed + Duration::from_secs(60);
+        let v = loop {
+            if let Ok(v) = c
+                .upload(&env, &null_export(6 + round, None), json!({}))
+                .await
+            {
+                break v["number"].as_i64().unwrap() as i32;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not get its database back:\n{}",
+                log_of(&data)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!(
+            "round {round}: an upload worked {:.1} s after the kill",
+            killed.elapsed().as_secs_f64()
+        );
+        wait_deployed(&c, &env, v, 60).await;
+        assert!(child.try_wait().unwrap().is_none(), "the server exited");
+        let again = postmaster(&data).unwrap();
+        assert!(again != pg && alive(again));
+    }
+    assert!(
+        log_of(&data).contains("the private PostgreSQL runs again"),
+        "{}",
+        log_of(&data)
+    );
+    stop_and_check_nothing_left(&mut child, &data);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_that_fails_leaves_no_postgresql_running() {
+    let (_base, data) = data_dir();
+    // the port is taken: the server starts its cluster, then can not listen
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut child = spawn(&data, port, "stw_test_admin_pg_crash_fail");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the server did not give up");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success());
+    assert!(
+        log_of(&data).contains("can not listen"),
+        "{}",
+        log_of(&data)
+    );
+    // it had started its cluster (the pid file names the postmaster it ran)...
+    assert!(data.join("pg/data/PG_VERSION").exists());
+    // ...and stopped it again
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Some(pid) = postmaster(&data).filter(|p| alive(*p)) {
+        assert!(
+            Instant::now() < deadline,
+            "PostgreSQL {pid} keeps running after the failed start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn steward_deploy_killed_with_its_postgresql_is_finished_by_the_next_run() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("project.yml"), "name: crash\nmodulepath: libs\n").unwrap();
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    let mut model =
+        String::from("import exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
+    for i in 0..6 {
+        let req = if i > 0 {
+            format!(", requires=s{}", i - 1)
+        } else {
+            String::new()
+        };
+        model.push_str(&format!(
+            "s{i} = exec::Run(host=host, command=\"sh -c 'sleep 0.3; echo {i} >> {}/steps'\"{req})\n",
+            out.display()
+        ));
+    }
+    std::fs::write(dir.join("main.cf"), model).unwrap();
+    let run = || {
+        Command::new(steward_bin())
+            .args(["deploy", "-p"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let steps = || {
+        std::fs::read_to_string(out.join("steps"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    let mut child = run();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while steps() < 2 {
+        assert!(Instant::now() < deadline, "the first run did not deploy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let data = dir.join("data/deploy");
+    let pg = postmaster(&data).expect("its postmaster");
+    kill9(child.id() as i32);
+    kill9(pg);
+    let _ = child.wait();
+    let again = Command::new(steward_bin())
+        .args(["deploy", "-p"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(again.status.success(), "the next run failed:\n{text}");
+    let all = std::fs::read_to_string(out.join("steps")).unwrap();
+    for i in 0..6 {
+        assert!(
+            all.lines().any(|l| l == i.to_string()),
+            "step {i} missing: {all}"
+        );
+    }
+}
