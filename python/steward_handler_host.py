@@ -186,8 +186,11 @@ def prefer_shipped_modules() -> None:
 
 def main() -> None:
     prefer_shipped_modules()
-    out = sys.stdout
-    # module code that prints must not break the protocol
+    # module code that prints must not break the protocol, nor the commands it starts
+    # (they inherit file descriptor 1): the protocol gets a descriptor of its own and 1
+    # becomes stderr
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     host = Host()

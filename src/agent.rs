@@ -57,6 +57,27 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A lease is taken to end this much before the server says, to allow for clock rates and
 /// the time the answer took.
 const LEASE_MARGIN: Duration = Duration::from_millis(500);
+/// What one poll carries of results at most, as JSON: under the server's limit on a poll's
+/// body (`server::ACTION_BODY`, 8 MiB), so that results of actions that logged a lot go in
+/// several polls rather than in one the server refuses again and again.
+const MAX_REPORT_BYTES: usize = 6 * 1024 * 1024;
+
+/// The first of `results` whose JSON fits in `max` bytes (at least one: a single result is
+/// bounded far below it), taken out of `results`.
+fn take_within(results: &mut Vec<Report>, max: usize) -> Vec<Report> {
+    let mut used = 0;
+    let mut n = 0;
+    for r in results.iter() {
+        let size = serde_json::to_vec(r).map(|b| b.len()).unwrap_or(max);
+        if n > 0 && used + size > max {
+            break;
+        }
+        used += size;
+        n += 1;
+    }
+    results.drain(..n).collect()
+}
+
 /// How long a poll waits for work (the server answers within a second, so it is also the
 /// heartbeat that renews the leases).
 const MAX_WAIT: Duration = Duration::from_millis(1000);
@@ -263,8 +284,8 @@ impl Agent {
                 Box::pin(async move { (sent, client.agent_open(&env, &hello).await) })
             }
             Request::Report => {
-                self.sending = std::mem::take(&mut self.results);
-                self.results_since = None;
+                self.sending = take_within(&mut self.results, MAX_REPORT_BYTES);
+                self.results_since = (!self.results.is_empty()).then(Instant::now);
                 let poll = Poll {
                     results: self.sending.clone(),
                     wait_ms: 0,
@@ -339,7 +360,10 @@ impl Agent {
         }
     }
 
-    fn push_result(&mut self, r: Report) {
+    fn push_result(&mut self, mut r: Report) {
+        // bounded here already (the executor did, the server does again): a report must
+        // fit the server's limit on a poll's body
+        r.result.sanitize();
         if self.results.is_empty() {
             self.results_since = Some(Instant::now());
         }

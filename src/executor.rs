@@ -12,9 +12,10 @@ pub mod external;
 pub mod handler;
 pub mod handlers;
 pub mod inmanta;
+pub mod limits;
 pub mod protocol;
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::panic::AssertUnwindSafe;
 
 use chrono::Utc;
@@ -160,8 +161,16 @@ pub fn main_loop() -> std::io::Result<()> {
         .expect("json")
     )?;
     out.flush()?;
-    for line in stdin.lock().lines() {
-        let line = line?;
+    let mut input = stdin.lock();
+    loop {
+        let line = match limits::read_line_bounded(&mut input, limits::MAX_WORK_LINE)? {
+            limits::Line::End => break,
+            limits::Line::Text(line) => line,
+            limits::Line::TooLong(n) => {
+                eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
+                continue;
+            }
+        };
         if line.trim().is_empty() {
             continue;
         }
@@ -178,7 +187,9 @@ pub fn main_loop() -> std::io::Result<()> {
                 external.version_done(version);
             }
             Request::Work(item) => {
-                let result = execute(&mut cache, &mut external, &item);
+                let mut result = execute(&mut cache, &mut external, &item);
+                // what goes back is bounded here already: the server bounds it again
+                result.sanitize();
                 writeln!(
                     out,
                     "{}",

@@ -150,6 +150,12 @@ pub enum Location {
 struct Inner {
     config: ReplicaConfig,
     pool: PgPool,
+    /// Heartbeats and renewals only: a pool busy with other work (or held by a stuck
+    /// writer) must not delay them.
+    lease_pool: PgPool,
+    /// Environments whose work is being stopped after their lease was lost: not taken again
+    /// until that is done.
+    releasing: Mutex<HashSet<Uuid>>,
     version: String,
     owned: Mutex<HashMap<Uuid, Tenure>>,
     workers: Mutex<Vec<Arc<dyn Worker>>>,
@@ -166,7 +172,11 @@ pub struct Replica(Arc<Inner>);
 impl Replica {
     /// Join: make sure there is a shared secret (the first replica makes it). Workers are
     /// added next, then [`Replica::run`] starts taking environments.
-    pub async fn new(pool: PgPool, config: ReplicaConfig) -> Result<Replica, StoreError> {
+    pub async fn new(
+        pool: PgPool,
+        lease_pool: PgPool,
+        config: ReplicaConfig,
+    ) -> Result<Replica, StoreError> {
         store::replicas::secret(&pool).await?;
         if !config.allow_plain_http_links && !may_carry_secret(&config.advertise_url) {
             tracing::warn!(url = %config.advertise_url, "this replica is advertised over plain http:// at an address that is not a loopback one: the other replicas will not send it owner-only calls (the replica secret would cross the network in clear); serve TLS, or start every replica with --allow-plain-http-replica-links on a network you trust");
@@ -174,6 +184,8 @@ impl Replica {
         Ok(Replica(Arc::new(Inner {
             config,
             pool,
+            lease_pool,
+            releasing: Mutex::new(HashSet::new()),
             version: env!("CARGO_PKG_VERSION").to_string(),
             owned: Mutex::new(HashMap::new()),
             workers: Mutex::new(Vec::new()),
@@ -259,11 +271,16 @@ impl Replica {
         self.0.workers.lock().expect("workers").clone()
     }
 
-    /// Heartbeat, renew and balance for ever (until [`Replica::stop`]).
+    /// Heartbeat and renew (a task of its own), and balance, for ever (until
+    /// [`Replica::stop`]). Renewal never waits for the work of environments: a lease found
+    /// lost ends its tenure at once and its work is stopped in the background, and taking,
+    /// adopting and handing over environments happen in the other loop.
     pub async fn run(self) {
+        let renewer = self.clone();
+        let renewing = tokio::spawn(async move { renewer.renew_loop().await });
         loop {
             if self.0.stopping.load(Ordering::Acquire) {
-                return;
+                break;
             }
             let started = Instant::now();
             let delay = match self.tick().await {
@@ -276,6 +293,92 @@ impl Replica {
             let wait = delay.saturating_sub(started.elapsed());
             let _ = tokio::time::timeout(wait, self.0.wake.notified()).await;
         }
+        let _ = renewing.await;
+    }
+
+    async fn renew_loop(&self) {
+        loop {
+            if self.0.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let started = Instant::now();
+            // a renewal that hangs (a connection to a database that went away) is given up
+            // well before the leases run out, and tried again
+            let limit = self.0.config.trusted() / 2;
+            let delay = match tokio::time::timeout(limit, self.renew()).await {
+                Ok(Ok(())) => self.0.config.heartbeat,
+                Ok(Err(e)) => {
+                    tracing::warn!(replica = %self.id(), error = %e, "renewing the leases failed; trying again");
+                    self.0.config.heartbeat.min(Duration::from_millis(500))
+                }
+                Err(_) => {
+                    tracing::warn!(replica = %self.id(), secs = limit.as_secs_f64(), "renewing the leases took too long; trying again");
+                    Duration::ZERO
+                }
+            };
+            tokio::time::sleep(delay.saturating_sub(started.elapsed())).await;
+        }
+    }
+
+    /// Say this replica is alive and renew its leases; end the tenures it lost.
+    async fn renew(&self) -> Result<(), StoreError> {
+        let cfg = &self.0.config;
+        let pool = &self.0.lease_pool;
+        let started = Instant::now();
+        store::replicas::heartbeat(pool, &cfg.id, &cfg.advertise_url, &self.0.version).await?;
+        let mut c = pool.acquire().await?;
+        let renewal =
+            leases::renew_all(&mut c, LeaseKind::Environment, &cfg.id, cfg.ttl_ms()).await?;
+        drop(c);
+        let renewed: HashMap<String, i64> = renewal.renewed.into_iter().collect();
+        let busy: HashMap<String, i64> = renewal.busy.into_iter().collect();
+        let valid_until = started + cfg.trusted();
+        let owned: Vec<(Uuid, Tenure)> = self
+            .0
+            .owned
+            .lock()
+            .expect("owned")
+            .iter()
+            .map(|(e, t)| (*e, t.clone()))
+            .collect();
+        for (env, tenure) in owned {
+            let key = env.to_string();
+            match (renewed.get(&key), busy.get(&key)) {
+                (Some(term), _) if *term == tenure.term() => tenure.extend(valid_until),
+                // its row is held by one of its own writes: still ours, renewed next time
+                (_, Some(term)) if *term == tenure.term() => {
+                    tracing::debug!(replica = %cfg.id, environment = %env, "lease busy (a write holds it); renewed next time");
+                }
+                // expired while we could not renew, or taken over
+                _ => {
+                    tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lost; its work stops here");
+                    self.let_go_in_background(env);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// End the tenure of `env` now and stop its work without waiting for it; until that
+    /// is done the environment is not taken again here.
+    fn let_go_in_background(&self, env: Uuid) {
+        let Some(tenure) = self.0.owned.lock().expect("owned").remove(&env) else {
+            return;
+        };
+        tenure.end();
+        self.0.releasing.lock().expect("releasing").insert(env);
+        let me = self.clone();
+        tokio::spawn(async move {
+            for w in me.workers() {
+                w.release(env).await;
+            }
+            me.0.releasing.lock().expect("releasing").remove(&env);
+            me.wake();
+        });
+    }
+
+    fn is_releasing(&self, env: Uuid) -> bool {
+        self.0.releasing.lock().expect("releasing").contains(&env)
     }
 
     async fn tick(&self) -> Result<(), StoreError> {
@@ -289,44 +392,25 @@ impl Replica {
         }
         let cfg = &self.0.config;
         let pool = &self.0.pool;
-        let started = Instant::now();
-        store::replicas::heartbeat(pool, &cfg.id, &cfg.advertise_url, &self.0.version).await?;
-        let renewed: HashMap<String, i64> =
-            leases::renew_all(pool, LeaseKind::Environment, &cfg.id, cfg.ttl_ms())
-                .await?
-                .into_iter()
-                .collect();
-        let valid_until = started + cfg.trusted();
-        // what we thought ours and is not (expired while we could not renew, taken over)
-        let owned: Vec<(Uuid, Tenure)> = self
-            .0
-            .owned
-            .lock()
-            .expect("owned")
-            .iter()
-            .map(|(e, t)| (*e, t.clone()))
+        let held: HashMap<String, i64> = leases::held_by(pool, LeaseKind::Environment, &cfg.id)
+            .await?
+            .into_iter()
             .collect();
-        for (env, tenure) in &owned {
-            match renewed.get(&env.to_string()) {
-                Some(term) if *term == tenure.term() => tenure.extend(valid_until),
-                _ => {
-                    tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lost; its work stops here");
-                    self.let_go(*env).await;
-                }
-            }
-        }
+        let t0 = Instant::now();
         let envs: Vec<Uuid> = store::replicas::environment_ids(pool).await?;
         let existing: HashSet<Uuid> = envs.iter().copied().collect();
         // held in the database but not adopted (this replica restarted with the same id)
-        for (key, term) in &renewed {
+        for (key, term) in &held {
             let Ok(env) = key.parse::<Uuid>() else {
                 continue;
             };
-            if !existing.contains(&env) {
+            if !existing.contains(&env) || self.is_releasing(env) {
                 continue;
             }
             if self.owns(env).is_none() {
-                self.adopt(env, *term, valid_until).await;
+                // renewed at most a heartbeat ago: trusted for that much less
+                let until = t0 + cfg.trusted().saturating_sub(cfg.heartbeat);
+                self.adopt(env, *term, until).await;
             }
         }
         // environments deleted meanwhile
@@ -362,7 +446,11 @@ impl Replica {
             let mut free: Vec<Uuid> = envs
                 .iter()
                 .copied()
-                .filter(|e| !taken.contains(&e.to_string()) && self.owns(*e).is_none())
+                .filter(|e| {
+                    !taken.contains(&e.to_string())
+                        && self.owns(*e).is_none()
+                        && !self.is_releasing(*e)
+                })
                 .collect();
             // first what this replica held before its leases lapsed (the database was away
             // longer than the lease time): nobody took them, so the same replica resumes

@@ -12,6 +12,7 @@ pub mod agents;
 pub mod code;
 pub mod env;
 pub mod executors;
+pub mod lines;
 pub mod model;
 pub mod queue;
 pub mod ssh;

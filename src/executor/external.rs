@@ -9,7 +9,7 @@
 //! the next action starts a fresh one. The executor itself never waits forever.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::context::{Attrs, Context};
 use super::handler::{CrudHandler, HResult, HandlerError, run_crud};
+use super::limits::{Line, MAX_PROTOCOL_LINE, human};
 use super::protocol::{ExternalHandler, Outcome, WorkItem};
 use crate::model::diff::AttributeChange;
 
@@ -161,13 +162,19 @@ impl HandlerProc {
             .spawn(move || {
                 let mut reader = BufReader::new(stdout);
                 loop {
-                    let mut line = String::new();
-                    match reader.read_line(&mut line) {
-                        Ok(0) => return,
-                        Ok(_) => {
+                    match super::limits::read_line_bounded(&mut reader, MAX_PROTOCOL_LINE) {
+                        Ok(Line::End) => return,
+                        Ok(Line::Text(line)) => {
                             if tx.send(Ok(line)).is_err() {
                                 return;
                             }
+                        }
+                        Ok(Line::TooLong(n)) => {
+                            let _ = tx.send(Err(std::io::Error::other(format!(
+                                "it answered a line of {n} bytes, over the {} limit of a protocol line",
+                                human(MAX_PROTOCOL_LINE)
+                            ))));
+                            return;
                         }
                         Err(e) => {
                             let _ = tx.send(Err(e));

@@ -184,8 +184,10 @@ fn clean_map(m: &mut serde_json::Map<String, serde_json::Value>) {
 
 impl WorkResult {
     /// Make what a handler reported storable: its output is whatever the handler (or the
-    /// command it ran) printed, and one NUL byte must not cost the resource its state.
+    /// command it ran) printed, and one NUL byte must not cost the resource its state, nor
+    /// one flood of output the server its memory ([`super::limits`]).
     pub fn sanitize(&mut self) {
+        super::limits::bound_result(self);
         for line in &mut self.messages {
             clean_text(&mut line.level);
             clean_text(&mut line.message);

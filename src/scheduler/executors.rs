@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
+
+use super::lines::Line;
+use crate::executor::limits::{MAX_PROTOCOL_LINE, human};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -445,10 +448,20 @@ impl Pool {
         let remote_pid = Arc::new(AtomicU32::new(0));
         let seen_pid = remote_pid.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
+            let mut out = BufReader::new(stdout);
             loop {
-                match lines.next_line().await {
-                    Ok(Some(line)) => match serde_json::from_str::<Reply>(&line) {
+                match super::lines::next_line(&mut out, MAX_PROTOCOL_LINE).await {
+                    Ok(Line::TooLong(n)) => {
+                        let _ = tx.send(PoolEvent::Exited(
+                            id,
+                            format!(
+                                "executor sent a line of {n} bytes, over the {} limit of a protocol line (stopped)",
+                                human(MAX_PROTOCOL_LINE)
+                            ),
+                        ));
+                        return;
+                    }
+                    Ok(Line::Text(line)) => match serde_json::from_str::<Reply>(&line) {
                         Ok(r) => {
                             if let Reply::Ready { pid } = &r {
                                 seen_pid.store(*pid, Ordering::Relaxed);
@@ -467,7 +480,7 @@ impl Pool {
                             return;
                         }
                     },
-                    Ok(None) => {
+                    Ok(Line::End) => {
                         let _ = tx.send(PoolEvent::Exited(id, "executor exited".into()));
                         return;
                     }

@@ -110,6 +110,8 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+use super::lines;
+
 pub use crate::model::settings::SshAllowed;
 pub use error::SshError;
 pub use target::SshTarget;
@@ -478,11 +480,9 @@ impl Link {
         timeout: Duration,
     ) -> Result<std::process::Output, SshError> {
         let mut c = self.script(script, args);
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        match tokio::time::timeout(timeout, c.output()).await {
+        c.stdin(Stdio::null()).kill_on_drop(true);
+        // the answers of these scripts are a few lines; a noisy login shell is cut short
+        match tokio::time::timeout(timeout, lines::output_bounded(c, 1024 * 1024)).await {
             Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => Err(SshError::Local {
                 what: "can not run".into(),

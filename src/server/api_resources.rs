@@ -241,6 +241,13 @@ pub async fn report_action(
     }
     let ApiJson(mut record) = ApiJson::<ActionRecord>::from_request(request, &state).await?;
     record.environment_id = env.id;
+    // the limits of what an executor may report hold for a pushed record too
+    if let Ok(mut lines) =
+        serde_json::from_value::<Vec<crate::executor::protocol::LogLine>>(record.messages.clone())
+    {
+        crate::executor::limits::bound_messages(&mut lines);
+        record.messages = serde_json::to_value(lines).unwrap_or_default();
+    }
     versions::get(&state.pool, env.id, record.version).await?;
     store::actions::upsert(&state.pool, &record)
         .await

@@ -294,8 +294,12 @@ async fn serve(
             .advertise_url
             .clone()
             .unwrap_or_else(|| default_advertise_url(scheme, addr));
+        // heartbeats and lease renewals get connections of their own: work that fills the
+        // main pool (or a writer stuck in it) must not make every lease lapse
+        let lease_pool = store::connect(url, 2).await?;
         let r = crate::replicas::Replica::new(
             pool.clone(),
+            lease_pool,
             crate::replicas::ReplicaConfig {
                 id,
                 advertise_url,

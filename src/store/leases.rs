@@ -161,23 +161,60 @@ impl Fence {
     }
 }
 
-/// Renew every unexpired lease of `kind` that `holder` has, in one statement: the leases
-/// still held, with their terms. One that expired is not renewed here (a successor may have
-/// it already); [`acquire`] takes it again, with a new term only if someone else had it.
+/// What a renewal of all of a holder's leases found.
+#[derive(Debug, Default)]
+pub struct Renewal {
+    /// Renewed for the lease time from now: (key, term).
+    pub renewed: Vec<(String, i64)>,
+    /// Still held (not expired) but not renewed this time: a transaction that writes under
+    /// the lease has its row locked (`Fence::check` takes it `FOR SHARE`). Tried again at
+    /// the next renewal; such a lease lapses only if its writer holds it past the lease time.
+    pub busy: Vec<(String, i64)>,
+}
+
+/// Renew every lease of `holder` that has not expired. A lease whose row a writing
+/// transaction holds is skipped rather than waited for: one environment's stuck writer
+/// must not hold up the renewal of all the others (they would all expire behind it).
 pub async fn renew_all(
-    e: impl PgExecutor<'_>,
+    c: &mut PgConnection,
     kind: LeaseKind,
     holder: &str,
     ttl_ms: i64,
-) -> Result<Vec<(String, i64)>> {
-    Ok(sqlx::query_as(
-        "UPDATE leases SET expires_at = now() + make_interval(secs => $3::float8 / 1000), \
-         renewed_at = now() WHERE kind = $1 AND holder = $2 AND expires_at >= now() \
-         RETURNING key, term",
+) -> Result<Renewal> {
+    let renewed: Vec<(String, i64)> = sqlx::query_as(
+        "UPDATE leases l SET expires_at = now() + make_interval(secs => $3::float8 / 1000), \
+         renewed_at = now() \
+         FROM (SELECT kind, key FROM leases WHERE kind = $1 AND holder = $2 AND expires_at >= now() \
+               FOR NO KEY UPDATE SKIP LOCKED) free \
+         WHERE l.kind = free.kind AND l.key = free.key \
+         RETURNING l.key, l.term",
     )
     .bind(kind.as_str())
     .bind(holder)
     .bind(ttl_ms)
+    .fetch_all(&mut *c)
+    .await?;
+    let held = held_by(&mut *c, kind, holder).await?;
+    let done: std::collections::HashSet<&str> = renewed.iter().map(|(k, _)| k.as_str()).collect();
+    let busy = held
+        .into_iter()
+        .filter(|(k, _)| !done.contains(k.as_str()))
+        .collect();
+    Ok(Renewal { renewed, busy })
+}
+
+/// The leases of a kind `holder` holds right now (not expired): (key, term). Never waits
+/// for a lock.
+pub async fn held_by(
+    e: impl PgExecutor<'_>,
+    kind: LeaseKind,
+    holder: &str,
+) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT key, term FROM leases WHERE kind = $1 AND holder = $2 AND expires_at >= now() ORDER BY key",
+    )
+    .bind(kind.as_str())
+    .bind(holder)
     .fetch_all(e)
     .await?)
 }

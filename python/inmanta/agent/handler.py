@@ -9,8 +9,10 @@ A dry-run calls only the read side. What happened is reported through the `Handl
 status, attribute changes, created/updated/purged, and log records with structured kwargs.
 """
 
+import collections
 import hashlib
 import inspect
+import json
 import logging
 import traceback
 import typing
@@ -170,6 +172,40 @@ def _jsonable(v: object) -> object:
     return str(v)
 
 
+# Steward keeps at most this much of an action's logs (src/executor/limits.rs, which cuts
+# again by bytes): a handler logging a huge value must not send it whole to its executor.
+_MAX_MESSAGE = 64 * 1024
+_MAX_FIELDS = 64 * 1024
+_MAX_LOGS = 1024 * 1024
+
+
+def _cut(text: str, limit: int, what: str) -> str:
+    if len(text) <= limit:
+        return text
+    keep = limit - 160
+    return f"{text[:keep]} … [cut: {len(text) - keep} of {len(text)} characters dropped; {what} keeps at most {limit // 1024} KiB]"
+
+
+def _bounded_fields(fields: dict[str, object]) -> tuple[dict[str, object], int]:
+    """The fields with values too large for a record replaced by markers, and their size."""
+    out: dict[str, object] = {}
+    total = 0
+    for k, v in fields.items():
+        if isinstance(v, str):
+            n = len(v) + 2
+        else:
+            try:
+                n = len(json.dumps(v, default=str))
+            except (TypeError, ValueError):
+                n = 0
+        if total + n > _MAX_FIELDS:
+            v = f"[cut: a value of {n} bytes; a log record keeps at most {_MAX_FIELDS // 1024} KiB of fields]"
+            n = len(v)
+        out[k] = v
+        total += len(k) + n
+    return out, total
+
+
 _LEVELS = {
     logging.CRITICAL: "error",
     logging.ERROR: "error",
@@ -200,6 +236,13 @@ class HandlerContext(LoggerABC):
         self._action_id = action_id or uuid.uuid4()
         self._status: Optional[ResourceState] = None
         self._logs: list[dict[str, object]] = []
+        # past _MAX_LOGS: the last records (where the error is) in a window, the count of
+        # those dropped between
+        self._log_bytes = 0
+        self._tail: "collections.deque[tuple[int, dict[str, object]]]" = collections.deque()
+        self._tail_bytes = 0
+        self._dropped = 0
+        self._dropped_bytes = 0
         self.logger = logger or LOGGER
         self._facts: list[dict[str, Any]] = []
 
@@ -228,7 +271,14 @@ class HandlerContext(LoggerABC):
 
     @property
     def logs(self) -> list[dict[str, object]]:
-        return self._logs
+        if not self._dropped and not self._tail:
+            return self._logs
+        marker = {
+            "level": "warning",
+            "message": f"{self._dropped} log records ({self._dropped_bytes} bytes) dropped here: an action keeps at most {_MAX_LOGS // (1024 * 1024)} MiB of logs",
+            "fields": {"dropped_records": self._dropped, "dropped_bytes": self._dropped_bytes},
+        }
+        return self._logs + ([marker] if self._dropped else []) + [r for _, r in self._tail]
 
     def set_status(self, status: ResourceState) -> None:
         self._status = status
@@ -308,19 +358,30 @@ class HandlerContext(LoggerABC):
             raise Exception("Args not supported")
         if exc_info:
             kwargs["traceback"] = traceback.format_exc()
-        fields = {str(k): _jsonable(v) for k, v in kwargs.items()}
+        fields, fields_size = _bounded_fields({str(k): _jsonable(v) for k, v in kwargs.items()})
         try:
             message = msg % kwargs if kwargs else msg
         except Exception:
             message = msg
+        message = _cut(str(message), _MAX_MESSAGE, "a log message")
         self.logger.log(level, "resource %s: %s", self._resource.id, message)
-        self._logs.append(
-            {
-                "level": _LEVELS.get(level, "info" if level > logging.DEBUG else "debug"),
-                "message": message,
-                "fields": fields,
-            }
-        )
+        record = {
+            "level": _LEVELS.get(level, "info" if level > logging.DEBUG else "debug"),
+            "message": message,
+            "fields": fields,
+        }
+        size = len(message) + fields_size + 64
+        if self._log_bytes + size <= _MAX_LOGS * 3 // 4 and not self._tail:
+            self._log_bytes += size
+            self._logs.append(record)
+            return
+        self._tail.append((size, record))
+        self._tail_bytes += size
+        while self._tail_bytes > _MAX_LOGS // 4 and len(self._tail) > 1:
+            gone, _ = self._tail.popleft()
+            self._tail_bytes -= gone
+            self._dropped += 1
+            self._dropped_bytes += gone
 
 
 class HandlerAPI(ABC, Generic[TResource]):

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::executor::context::{Attrs, Context};
 use crate::executor::handler::Handler;
+use crate::executor::limits::{HeadTail, MAX_COMMAND_OUTPUT};
 use crate::executor::protocol::Outcome;
 
 /// POSIX shell-like word splitting (quotes and backslashes), no expansion.
@@ -90,15 +91,6 @@ struct Ran {
     timed_out: bool,
 }
 
-fn truncate(s: &[u8]) -> String {
-    let t = String::from_utf8_lossy(s);
-    if t.len() > 4096 {
-        format!("{}… ({} bytes)", &t[..t.floor_char_boundary(4096)], t.len())
-    } else {
-        t.to_string()
-    }
-}
-
 fn run(cmd: &str, a: &Attrs, timeout: Duration) -> Result<Ran, String> {
     let words = split_words(cmd)?;
     let Some((prog, args)) = words.split_first() else {
@@ -148,16 +140,10 @@ fn run(cmd: &str, a: &Attrs, timeout: Duration) -> Result<Ran, String> {
     // read output in threads so a chatty command can not block on a full pipe
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
-    let t_out = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut b);
-        b
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut err, &mut b);
-        b
-    });
+    // read as it comes, keeping only the first and last part: a command printing
+    // gigabytes costs no more memory than one printing a line
+    let t_out = std::thread::spawn(move || HeadTail::read_all(MAX_COMMAND_OUTPUT, &mut out));
+    let t_err = std::thread::spawn(move || HeadTail::read_all(MAX_COMMAND_OUTPUT, &mut err));
     let deadline = Instant::now() + timeout;
     let mut timed_out = false;
     let status = loop {
@@ -178,8 +164,8 @@ fn run(cmd: &str, a: &Attrs, timeout: Duration) -> Result<Ran, String> {
     };
     Ok(Ran {
         code: status.and_then(|s| s.code()),
-        stdout: truncate(&t_out.join().unwrap_or_default()),
-        stderr: truncate(&t_err.join().unwrap_or_default()),
+        stdout: t_out.join().map(|o| o.text()).unwrap_or_default(),
+        stderr: t_err.join().map(|o| o.text()).unwrap_or_default(),
         timed_out,
     })
 }

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use super::{Link, Shipped, SshError};
@@ -215,7 +215,7 @@ struct Exchange<'a> {
     what: &'static str,
     child: Child,
     stdin: Option<ChildStdin>,
-    lines: Lines<BufReader<ChildStdout>>,
+    out: BufReader<ChildStdout>,
     stderr: tokio::task::JoinHandle<String>,
 }
 
@@ -237,16 +237,16 @@ impl<'a> Exchange<'a> {
             detail: e.to_string(),
         })?;
         let mut err = child.stderr.take().expect("piped");
-        let stderr = tokio::spawn(async move {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s).await;
-            s
-        });
+        // what the target says on stderr explains a failure: its end is enough
+        let stderr =
+            tokio::spawn(
+                async move { crate::scheduler::lines::read_tail(&mut err, 64 * 1024).await },
+            );
         Ok(Exchange {
             link,
             what,
             stdin: child.stdin.take(),
-            lines: BufReader::new(child.stdout.take().expect("piped")).lines(),
+            out: BufReader::new(child.stdout.take().expect("piped")),
             child,
             stderr,
         })
@@ -255,8 +255,10 @@ impl<'a> Exchange<'a> {
     /// The next `steward-WORD rest` line: (WORD, rest).
     async fn marker(&mut self) -> Result<(String, String), SshError> {
         loop {
-            match self.lines.next_line().await {
-                Ok(Some(line)) => {
+            // the script's markers are short; anything long is not one
+            match crate::scheduler::lines::next_line(&mut self.out, 64 * 1024).await {
+                Ok(crate::scheduler::lines::Line::TooLong(_)) => {}
+                Ok(crate::scheduler::lines::Line::Text(line)) => {
                     if let Some(m) = line.strip_prefix("steward-")
                         && let Some((word, rest)) = m.split_once(' ')
                     {
@@ -267,7 +269,9 @@ impl<'a> Exchange<'a> {
                         return Ok((word.to_string(), rest.to_string()));
                     }
                 }
-                Ok(None) | Err(_) => return Err(self.failed().await),
+                Ok(crate::scheduler::lines::Line::End) | Err(_) => {
+                    return Err(self.failed().await);
+                }
             }
         }
     }
