@@ -214,7 +214,7 @@ fn python_of(
     };
     let mut scanned = BTreeMap::new();
     let mut all = Vec::new();
-    let mut imports = Vec::new();
+    let mut imports = plugins::pyhost::Imports::default();
     for (name, m) in modules {
         let Some(dir) = &m.python else { continue };
         let found = plugins::python::scan_module(name, dir);
@@ -226,7 +226,13 @@ fn python_of(
         if m.v2 {
             config.v2.insert(name.clone());
         }
-        imports.extend(found.python_modules.iter().cloned());
+        if plugins::pyhost::deferrable(name) {
+            imports
+                .deferred
+                .insert(name.clone(), found.python_modules.clone());
+        } else {
+            imports.eager.extend(found.python_modules.iter().cloned());
+        }
         scanned.insert(name.clone(), found);
     }
     CompilePython {

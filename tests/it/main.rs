@@ -35,6 +35,7 @@ mod openapi;
 mod pg_failover;
 mod pg_security;
 mod pipelined_agents;
+mod python_deferred;
 mod python_envs;
 mod python_handlers;
 mod python_handlers_agent;

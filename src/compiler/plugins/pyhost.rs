@@ -1,6 +1,10 @@
 //! The plugin host process: one CPython per compile running `python/steward_plugin_host.py`
 //! with the `inmanta` compatibility package, started on first need.
 //!
+//! It imports the modules' Python when it starts, except a module [`deferrable`] (the real
+//! std), which it imports when something needs it ([`Imports::deferred`]); a failure of that
+//! import fails the request that needed it and every later one, as a failure at the start.
+//!
 //! JSON lines over stdin/stdout (the protocol is described in the Python file). While a request
 //! runs, the host may ask questions (an attribute of an instance, a module file); a
 //! [`PyModel`] answers them. Values travel as JSON with `{"$e": handle, ...}` for instances,
@@ -82,6 +86,10 @@ pub struct PyHost {
     stdout: BufReader<ChildStdout>,
     /// The init request was answered.
     initialised: bool,
+    /// Modules whose Python the host imports on first need may not be imported yet.
+    deferred: bool,
+    /// A module's Python failed to import after init (the host fails every request alike).
+    failed: Option<String>,
     types_sent: HashSet<EntityId>,
     /// How many frozen attributes of an instance the host has already: sent again only when
     /// more are frozen (the host keeps what it got for the whole compile).
@@ -108,9 +116,37 @@ fn python_base() -> PathBuf {
     std::env::temp_dir().join(format!("steward-{}", unsafe { libc::getuid() }))
 }
 
+/// Whether the host imports module `name`'s Python only when something needs it (see
+/// [`Imports::deferred`]). Only the real `std`: its import registers plugins, resource
+/// classes, handlers and a dependency manager and has no other effect; it costs most of the
+/// host's start (jinja2 and pydantic, about 60 ms), and Steward runs the std plugins a model
+/// calls built in, so most compiles never need it. Another module's import may do anything
+/// (print, write files) and runs at the start, as in the reference.
+pub fn deferrable(name: &str) -> bool {
+    name == "std"
+}
+
+/// The Python modules the host imports.
+#[derive(Clone, Debug, Default)]
+pub struct Imports {
+    /// Imported when the host starts, in this order (every module's package, then its
+    /// submodules).
+    pub eager: Vec<String>,
+    /// Module name -> its Python modules (package first), imported all at once when something
+    /// needs the module: a Python import of its package (by another module's code, or for a
+    /// call of one of its plugins), module code reading a registry (plugins, resource classes,
+    /// dependency managers), or an export of resources defined in Python. A failure then fails
+    /// that request and every later one, as a failure at the start does.
+    pub deferred: BTreeMap<String, Vec<String>>,
+}
+
+fn load_failed(message: &str, traceback: &str) -> String {
+    format!("loading the modules' Python failed: {message}\n{traceback}")
+}
+
 impl PyHost {
     /// Start the host and initialise it (import the modules' packages in `imports`).
-    pub fn start(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
+    pub fn start(config: &PyConfig, imports: &Imports) -> Result<PyHost, String> {
         let mut host = PyHost::spawn(config, imports)?;
         host.ready()?;
         Ok(host)
@@ -118,7 +154,7 @@ impl PyHost {
 
     /// Start the host and send it the init request without waiting for it: the interpreter
     /// starts and imports the modules while the compiler goes on. [`PyHost::ready`] waits.
-    pub fn spawn(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
+    pub fn spawn(config: &PyConfig, imports: &Imports) -> Result<PyHost, String> {
         let base = python_base();
         let compat = crate::pycompat::materialize(&base).map_err(|e| {
             format!(
@@ -155,6 +191,8 @@ impl PyHost {
             stdin,
             stdout,
             initialised: false,
+            deferred: !imports.deferred.is_empty(),
+            failed: None,
             types_sent: HashSet::new(),
             attrs_sent: HashMap::new(),
             requests: 0,
@@ -173,7 +211,8 @@ impl PyHost {
             "op": "init",
             "modules": modules,
             "v2": v2,
-            "imports": imports,
+            "imports": imports.eager,
+            "deferred": imports.deferred,
             "project_dir": config.project_dir.display().to_string(),
             "environment": config.environment,
         });
@@ -194,10 +233,26 @@ impl PyHost {
             }
             Reply::Error {
                 message, traceback, ..
-            } => Err(format!(
-                "loading the modules' Python failed: {message}\n{traceback}"
-            )),
+            } => Err(load_failed(&message, &traceback)),
             _ => Err("loading the modules' Python failed".into()),
+        }
+    }
+
+    /// Import the deferred modules' Python now (an export needs every module's resource
+    /// classes and dependency managers).
+    pub fn load_deferred(&mut self, model: &mut dyn PyModel) -> Result<(), String> {
+        if !self.deferred {
+            return Ok(());
+        }
+        match self.request(&json!({"op": "load"}), model)? {
+            Reply::Ok(_) => {
+                self.deferred = false;
+                Ok(())
+            }
+            Reply::Error {
+                message, traceback, ..
+            } => Err(load_failed(&message, &traceback)),
+            Reply::Unset | Reply::Unknown => Err("loading the modules' Python failed".into()),
         }
     }
 
@@ -229,12 +284,30 @@ impl PyHost {
 
     /// Send a request and answer the host's questions until its final reply.
     pub fn request(&mut self, msg: &Json, model: &mut dyn PyModel) -> Result<Reply, String> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         self.requests += 1;
         self.send(msg)?;
         loop {
             let reply = self.receive()?;
             let Some(q) = reply.get("q").and_then(Json::as_str) else {
-                return Ok(final_reply(reply));
+                let load = reply.get("load").is_some();
+                let reply = final_reply(reply);
+                if let (
+                    true,
+                    Reply::Error {
+                        message, traceback, ..
+                    },
+                ) = (load, &reply)
+                {
+                    // a deferred module's Python failed to import: reported as a failure at
+                    // the start is, for this request and every later one
+                    let failed = load_failed(message, traceback);
+                    self.failed = Some(failed.clone());
+                    return Err(failed);
+                }
+                return Ok(reply);
             };
             let answer = match q {
                 "attr" => {
@@ -435,8 +508,8 @@ pub fn decode(j: &Json, instances: usize) -> Result<Value, String> {
 #[derive(Default)]
 pub struct PySession {
     pub config: PyConfig,
-    /// Packages imported when the host starts (every module with Python).
-    pub imports: Vec<String>,
+    /// The modules' Python: imported when the host starts, or on first need.
+    pub imports: Imports,
     host: Option<PyHost>,
     failed: Option<String>,
     /// Requests made by hosts already dropped.
@@ -444,7 +517,7 @@ pub struct PySession {
 }
 
 impl PySession {
-    pub fn new(config: PyConfig, imports: Vec<String>) -> PySession {
+    pub fn new(config: PyConfig, imports: Imports) -> PySession {
         PySession {
             config,
             imports,
@@ -488,7 +561,10 @@ impl PySession {
     }
 
     pub fn put(&mut self, host: PyHost) {
-        self.host = Some(host);
+        match &host.failed {
+            Some(e) => self.failed = Some(e.clone()),
+            None => self.host = Some(host),
+        }
     }
 
     /// Requests made so far by the running host.
