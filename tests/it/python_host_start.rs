@@ -1,14 +1,14 @@
-//! A pinned real `std` whose Python the plugin host imports only when something needs it
-//! (`compiler::plugins::pyhost::deferrable`): not at all for a compile that needs nothing of
-//! it, and, when something does, as the reference has it: another module's code importing it,
-//! a call of one of its plugins that runs in Python, module code reading the plugin or resource
-//! registries, an export (its resource classes and dependency managers). A failure of its
-//! import is reported as a failure at the host's start is, with its file and line.
+//! How the compiler's plugin host starts with a project pinning the real `std`.
 //!
-//! The std here is the real std 8.1.0 (from the test virtualenv of `python_plugins`) copied
-//! into a virtualenv of its own with a few lines added: one that records each import of its
-//! package in `imported.log` beside it, a plugin Steward does not have built in, a dependency
-//! manager; or a line that fails.
+//! std's Python is imported only when something needs it (`compiler::plugins::pyhost::
+//! deferrable`): not at all for a compile that needs nothing of it, and, when something does,
+//! as the reference has it: another module's code importing it, a call of one of its plugins
+//! that runs in Python, module code reading the plugin or resource registries, an export (its
+//! resource classes and dependency managers). A failure of its import is reported as a failure
+//! at the host's start is, with its file and line. The std for these is the real std 8.1.0
+//! (from the test virtualenv of `python_plugins`) copied into a virtualenv of its own with a
+//! few lines added: one that records each import of its package in `imported.log` beside it, a
+//! plugin Steward does not have built in, a dependency manager; or a line that fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -307,4 +307,21 @@ fn an_import_error_of_a_deferred_std_is_reported_with_its_file_and_line() {
         "{e}"
     );
     assert!(!e.contains("Traceback"), "{e}");
+}
+
+/// The project's interpreter can not run: the error of asking it for its `sys.path` (it was
+/// a panic of the compiler thread).
+#[test]
+fn a_pinned_std_without_its_interpreter_is_an_error() {
+    let dir = project("import user\nstd::print(user::inc(1))\n", USER_PY);
+    let e = run(dir.path(), Path::new("/nonexistent/python3"), false)
+        .1
+        .unwrap_err();
+    assert!(
+        e.contains(
+            "module std is pinned in requirements.txt but the Python environment can not be read: \
+             can not run /nonexistent/python3"
+        ),
+        "{e}"
+    );
 }
