@@ -2,6 +2,7 @@
 
 The compiler (Rust) starts it on first need and talks JSON lines over stdin/stdout:
 
+  -> {"op": "paths"}  (only before init, any number of times; answered {"ok": [directory, ...]})
   -> {"op": "init", "modules": {name: package dir}, "imports": [python module, ...],
       "deferred": {name: [python module, ...]}, "project_dir": ..., "environment": ...}
   -> {"op": "call", "plugin": "ns::name", "module": "inmanta_plugins.ns", "kwargs": {...}, "varargs": [...]}
@@ -27,14 +28,24 @@ when known), {"$u": 1} for an unknown and
 {"$d": {...}} for a dict whose keys could be mistaken for these.
 """
 
-import importlib
-import importlib.util
-import json
+from __future__ import annotations
+
 import os
 import sys
-from typing import Any, Optional
 
-HOST: Optional["Host"] = None
+# The compiler starts the host when it needs the interpreter's `sys.path` (to find the
+# installed modules), before it knows whether a plugin will run, and waits for that answer:
+# until then the host imports nothing more. These (10 ms with typing) are imported in `main`
+# after it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import importlib
+    import json
+    from typing import Any, Optional
+
+HOST: Optional[Host] = None
+
+PATHS_REQUEST = '{"op":"paths"}'
 
 
 FILE_MARKER_PREFIX = "imp-module-source:file://"
@@ -511,21 +522,56 @@ def describe(e: BaseException) -> dict:
     return {"kind": kind, "message": message, "traceback": text}
 
 
+def search_path_reply() -> str:
+    """The reply to "paths": `sys.path` as `python -I` has it (what the compiler asked before
+    it started the host here), so without this host's own directory (the script's, and
+    PYTHONPATH) and the user's site-packages; as a JSON line written without `json`."""
+    site = sys.modules.get("site")
+    own = os.path.dirname(os.path.abspath(__file__))
+    user = site.USER_SITE if site is not None and site.ENABLE_USER_SITE else None
+    paths = [p for p in sys.path if p and os.path.abspath(p) != own and p != user]
+    return '{"ok":[' + ",".join(json_string(p) for p in paths) + "]}\n"
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string in ASCII (as `json.dumps` writes it)."""
+    out = []
+    for c in text:
+        n = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif 0x20 <= n < 0x7F:
+            out.append(c)
+        elif n > 0xFFFF:
+            n -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 | (n >> 10), 0xDC00 | (n & 0x3FF)))
+        else:
+            out.append("\\u%04x" % n)
+    return '"' + "".join(out) + '"'
+
+
 def main() -> None:
-    global HOST
+    global HOST, importlib, json
     # module code reaches the host as `steward_plugin_host.HOST`, not a second copy of this file
     sys.modules.setdefault("steward_plugin_host", sys.modules[__name__])
     out = sys.stdout
     # what module code prints must not mix with the protocol
     sys.stdout = sys.stderr
+    line = sys.stdin.readline()
+    while line.strip() == PATHS_REQUEST:
+        out.write(search_path_reply())
+        out.flush()
+        line = sys.stdin.readline()
+    import importlib
+    import importlib.util
+    import json
+
     HOST = Host(sys.stdin, out)
     from inmanta.execute.proxy import UnknownException, UnsetException
 
-    while True:
-        line = sys.stdin.readline()
-        if not line:
-            break
+    while line:
         if not line.strip():
+            line = sys.stdin.readline()
             continue
         msg = json.loads(line)
         op = getattr(HOST, "op_" + msg.get("op", ""), None)
@@ -545,6 +591,7 @@ def main() -> None:
             # also when module code caught the ImportError: the reference would not have run
             reply = {"error": HOST.load_failure, "load": True}
         HOST.send(reply)
+        line = sys.stdin.readline()
 
 
 if __name__ == "__main__":

@@ -277,6 +277,20 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             };
         }
     };
+    // Loading std pinned in requirements.txt (which every compile loads first) asks the
+    // interpreter for its `sys.path`. The plugin host answers that: the interpreter starting
+    // then is the one that runs the plugins later, if any run, instead of a second one
+    // starting after the model is defined (when none runs it costs what the question cost).
+    // If it can not, the question is asked as before, and reports its errors.
+    let mut early_host = None;
+    if project.pinned.contains("std")
+        && let Ok(mut host) =
+            plugins::pyhost::PyHost::boot(&project.python.interpreter, &project.dir)
+        && let Ok(paths) = host.sys_path()
+    {
+        project.python.set_sys_path(paths);
+        early_host = Some(host);
+    }
     let loaded = match project::Loader::new(&project, &mut sources).load_all() {
         Ok(l) => l,
         Err(errors) => {
@@ -291,7 +305,10 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
     stats.files = loaded.files.len();
     let warnings = loaded.warnings;
     let modules = loaded.modules;
-    let python = python_of(&project, &modules, &opts.env);
+    let mut python = python_of(&project, &modules, &opts.env);
+    if let Some(host) = early_host {
+        python.session.adopt(host);
+    }
     let program = match define::define_with(loaded.files, python.plugins.clone()) {
         Ok(p) => p,
         Err(errors) => {

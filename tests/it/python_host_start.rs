@@ -1,5 +1,8 @@
 //! How the compiler's plugin host starts with a project pinning the real `std`.
 //!
+//! One interpreter per compile: the host, started when loading the modules asks for the
+//! interpreter's `sys.path`, answers it as `python -I` would and then runs the plugins.
+//!
 //! std's Python is imported only when something needs it (`compiler::plugins::pyhost::
 //! deferrable`): not at all for a compile that needs nothing of it, and, when something does,
 //! as the reference has it: another module's code importing it, a call of one of its plugins
@@ -307,6 +310,69 @@ fn an_import_error_of_a_deferred_std_is_reported_with_its_file_and_line() {
         "{e}"
     );
     assert!(!e.contains("Traceback"), "{e}");
+}
+
+/// An interpreter that records each start in `starts.log` beside it, then runs `python`.
+fn counting_interpreter(dir: &Path, python: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("python3");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\necho started >> '{}'\nexec '{}' \"$@\"\n",
+            dir.join("starts.log").display(),
+            python.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn starts(dir: &Path) -> usize {
+    let log = dir.join("starts.log");
+    let n = std::fs::read_to_string(&log)
+        .map(|t| t.lines().count())
+        .unwrap_or(0);
+    let _ = std::fs::remove_file(log);
+    n
+}
+
+#[test]
+fn one_interpreter_per_compile_answers_sys_path_and_runs_the_plugins() {
+    let venv_python = crate::python_plugins::venv();
+    let bin = tempfile::tempdir().unwrap();
+    let python = counting_interpreter(bin.path(), venv_python);
+
+    // a Python plugin called: the interpreter that found the pinned std runs it
+    let dir = project("import user\nstd::print(user::inc(1))\n", USER_PY);
+    let (printed, result) = run(dir.path(), &python, false);
+    result.unwrap();
+    assert_eq!(printed, ["2"]);
+    assert_eq!(starts(bin.path()), 1);
+    // none called: the same one start as asking for sys.path alone
+    let dir = project("import user\nstd::print(\"no plugin\")\n", USER_PY);
+    let (printed, result) = run(dir.path(), &python, true);
+    result.unwrap();
+    assert_eq!(printed, ["no plugin"]);
+    assert_eq!(starts(bin.path()), 1);
+
+    // what it answers is what `python -I` says, without Steward's own directory
+    let mut host =
+        steward::compiler::plugins::pyhost::PyHost::boot(venv_python, dir.path()).unwrap();
+    let answered = host.sys_path().unwrap();
+    let isolated: Vec<PathBuf> =
+        serde_json::from_str::<Vec<String>>(&run_ok(Command::new(venv_python).args([
+            "-I",
+            "-c",
+            "import sys, json; print(json.dumps(sys.path))",
+        ])))
+        .unwrap()
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    assert_eq!(answered, isolated);
 }
 
 /// The project's interpreter can not run: the error of asking it for its `sys.path` (it was

@@ -1,9 +1,12 @@
 //! The plugin host process: one CPython per compile running `python/steward_plugin_host.py`
 //! with the `inmanta` compatibility package, started on first need.
 //!
-//! It imports the modules' Python when it starts, except a module [`deferrable`] (the real
-//! std), which it imports when something needs it ([`Imports::deferred`]); a failure of that
-//! import fails the request that needed it and every later one, as a failure at the start.
+//! A compile that loads a module pinned in `requirements.txt` starts it ([`PyHost::boot`]) to
+//! ask the interpreter's `sys.path`, and keeps it for the plugins: one interpreter per compile.
+//! It imports the modules' Python when it is initialised, except a module [`deferrable`] (the
+//! real std), which it imports when something needs it ([`Imports::deferred`]); a failure of
+//! that import fails the request that needed it and every later one, as a failure at the
+//! start.
 //!
 //! JSON lines over stdin/stdout (the protocol is described in the Python file). While a request
 //! runs, the host may ask questions (an attribute of an instance, a module file); a
@@ -12,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::rc::Rc;
 
@@ -84,6 +87,8 @@ pub struct PyHost {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The init request was sent.
+    init_sent: bool,
     /// The init request was answered.
     initialised: bool,
     /// Modules whose Python the host imports on first need may not be imported yet.
@@ -155,6 +160,14 @@ impl PyHost {
     /// Start the host and send it the init request without waiting for it: the interpreter
     /// starts and imports the modules while the compiler goes on. [`PyHost::ready`] waits.
     pub fn spawn(config: &PyConfig, imports: &Imports) -> Result<PyHost, String> {
+        let mut host = PyHost::boot(&config.interpreter, &config.project_dir)?;
+        host.init(config, imports)?;
+        Ok(host)
+    }
+
+    /// Start the interpreter of `interpreter` with the host, not initialised: until
+    /// [`PyHost::init`] it can answer [`PyHost::sys_path`] and imports nothing.
+    pub fn boot(interpreter: &Path, project_dir: &Path) -> Result<PyHost, String> {
         let base = python_base();
         let compat = crate::pycompat::materialize(&base).map_err(|e| {
             format!(
@@ -163,7 +176,7 @@ impl PyHost {
             )
         })?;
         let script = compat.join("steward_plugin_host.py");
-        let mut child = Command::new(&config.interpreter)
+        let mut child = Command::new(interpreter)
             .arg("-u")
             .arg("-X")
             .arg(format!("pycache_prefix={}", base.join("pycache").display()))
@@ -173,7 +186,7 @@ impl PyHost {
             // user's sources, which is what this variable is set to prevent; without it every
             // compile would compile the modules' Python (std, jinja2, pydantic, …) again
             .env_remove("PYTHONDONTWRITEBYTECODE")
-            .current_dir(&config.project_dir)
+            .current_dir(project_dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -181,22 +194,47 @@ impl PyHost {
             .map_err(|e| {
                 format!(
                     "can not start the Python plugin host with {}: {e}",
-                    config.interpreter.display()
+                    interpreter.display()
                 )
             })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut host = PyHost {
+        Ok(PyHost {
             child,
             stdin,
             stdout,
+            init_sent: false,
             initialised: false,
-            deferred: !imports.deferred.is_empty(),
+            deferred: false,
             failed: None,
             types_sent: HashSet::new(),
             attrs_sent: HashMap::new(),
             requests: 0,
-        };
+        })
+    }
+
+    /// The interpreter's `sys.path` as `python -I` gives it (asked before [`PyHost::init`]).
+    pub fn sys_path(&mut self) -> Result<Vec<PathBuf>, String> {
+        debug_assert!(!self.init_sent, "the host answers paths only before init");
+        self.send(&json!({"op": "paths"}))?;
+        let reply = self.receive()?;
+        let paths: Vec<String> = reply
+            .get("ok")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(|| format!("unexpected sys.path from the Python plugin host: {reply}"))?;
+        Ok(paths
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect())
+    }
+
+    /// Send the init request (the host imports the modules' Python): [`PyHost::ready`] waits
+    /// for its answer.
+    pub fn init(&mut self, config: &PyConfig, imports: &Imports) -> Result<(), String> {
+        self.init_sent = true;
+        self.deferred = !imports.deferred.is_empty();
         let modules: Map<String, Json> = config
             .modules
             .iter()
@@ -216,8 +254,7 @@ impl PyHost {
             "project_dir": config.project_dir.display().to_string(),
             "environment": config.environment,
         });
-        host.send(&init)?;
-        Ok(host)
+        self.send(&init)
     }
 
     /// Wait for the reply to the init request.
@@ -525,14 +562,27 @@ impl PySession {
         }
     }
 
+    /// Use `host`, started with [`PyHost::boot`] (to ask its `sys.path`) and not initialised,
+    /// when the compile needs one: no second interpreter starts.
+    pub fn adopt(&mut self, host: PyHost) {
+        if self.host.is_none() && self.failed.is_none() {
+            self.host = Some(host);
+        }
+    }
+
     /// Start the host now without waiting for it (the compile will call Python plugins):
     /// the interpreter starts while the compiler works.
     pub fn prestart(&mut self) {
-        if self.host.is_some() || self.failed.is_some() {
+        if self.failed.is_some() {
             return;
         }
         self.started = true;
-        match PyHost::spawn(&self.config, &self.imports) {
+        let started = match self.host.take() {
+            Some(mut h) if !h.init_sent => h.init(&self.config, &self.imports).map(|()| h),
+            Some(h) => Ok(h),
+            None => PyHost::spawn(&self.config, &self.imports),
+        };
+        match started {
             Ok(h) => self.host = Some(h),
             Err(e) => self.failed = Some(e),
         }
@@ -540,6 +590,9 @@ impl PySession {
 
     /// The host, started if needed; a start that failed fails every later request alike.
     pub fn take(&mut self) -> Result<PyHost, String> {
+        if self.host.as_ref().is_some_and(|h| !h.init_sent) {
+            self.prestart();
+        }
         if let Some(mut h) = self.host.take() {
             if let Err(e) = h.ready() {
                 self.failed = Some(e.clone());
