@@ -2,7 +2,9 @@
 //!
 //! 1. The cost of one Python plugin call: a model with CALLS calls of a trivial Python
 //!    plugin against the same model calling a built-in (Rust) plugin; the difference per call,
-//!    and the host's start (first call).
+//!    a compile calling no Python plugin, and the host's start (what a first call adds to it;
+//!    with `--real-std` also for a plugin that imports std's Python, which the host imports
+//!    only on such a need).
 //! 2. The generated benchmark model (`../shared/bench/gen_model.py N`, or
 //!    `$STEWARD_BENCH_GEN`: the generator `bench_compile` ports), extended so that every
 //!    host calls a Python plugin taking the host (it reads `name` and the `dc` relation
@@ -14,8 +16,9 @@
 //!
 //! `--real-std` (first argument): every project pins the real std in its `requirements.txt`
 //! (`inmanta-module-std==8.1.0`, installed with pip and all its dependencies into the
-//! virtualenv, as an Inmanta user's project has it), so the plugin host imports the real
-//! std's Python (jinja2, pydantic, …) when it starts.
+//! virtualenv, as an Inmanta user's project has it): its `.cf` files are the real std's,
+//! the plugin host's interpreter starts while the compiler loads them, and std's Python
+//! (jinja2, pydantic, …) is imported when something needs it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,6 +38,14 @@ def inc(n: "int") -> "int":
 @plugin
 def label(host: "std::Entity") -> "string":
     return f"{host.name}@{host.dc.name}"
+
+
+@plugin
+def inc_std(n: "int") -> "int":
+    # needs std's Python: with the real std pinned, the host imports it for this call
+    import inmanta_plugins.std
+
+    return n + 1
 "#;
 
 /// The real std a `--real-std` run pins.
@@ -143,12 +154,15 @@ fn per_call(calls: usize) {
             .collect::<Vec<_>>()
             .join("\n"),
     );
+    let one_std = tempfile::tempdir().unwrap();
+    write_project(one_std.path(), "import pybench\nx0 = pybench::inc_std(0)\n");
     let empty = tempfile::tempdir().unwrap();
     write_project(empty.path(), "import pybench\n");
     let runs = 5;
     let t_py = median((0..runs).map(|_| compile(py.path()).0).collect());
     let t_rust = median((0..runs).map(|_| compile(rust.path()).0).collect());
     let t_one = median((0..runs).map(|_| compile(one.path()).0).collect());
+    let t_one_std = median((0..runs).map(|_| compile(one_std.path()).0).collect());
     let t_empty = median((0..runs).map(|_| compile(empty.path()).0).collect());
     println!(
         "plugin calls: {calls} Python calls {:.3} s, {calls} built-in calls {:.3} s => {:.1} us per Python call",
@@ -156,10 +170,19 @@ fn per_call(calls: usize) {
         t_rust,
         (t_py - t_rust) / calls as f64 * 1e6
     );
+    println!("compile calling no Python plugin: {:.1} ms", t_empty * 1e3);
+    // the first call's cost over that compile: with std pinned, its interpreter started
+    // already to say where the installed modules are
     println!(
-        "plugin host start (interpreter + inmanta compat + module import, first call): {:.1} ms",
+        "plugin host start (inmanta compat + module import, first call): {:.1} ms",
         (t_one - t_empty) * 1e3
     );
+    if real_std() {
+        println!(
+            "plugin host start with std's Python imported (a plugin importing it): {:.1} ms",
+            (t_one_std - t_empty) * 1e3
+        );
+    }
     // the whole compile of a model with one Python plugin call, against the reference's
     if let Some(r) = reference_median(one.path()) {
         println!(
@@ -243,7 +266,7 @@ fn main() {
     if args.peek().is_some_and(|a| a == "--real-std") {
         args.next();
         REAL.store(true, std::sync::atomic::Ordering::Relaxed);
-        println!("projects pin {REAL_STD}: the real std's Python is loaded");
+        println!("projects pin {REAL_STD}: the real std is loaded");
     }
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let calls: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);

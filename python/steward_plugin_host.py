@@ -2,10 +2,21 @@
 
 The compiler (Rust) starts it on first need and talks JSON lines over stdin/stdout:
 
-  -> {"op": "init", "modules": {name: package dir}, "project_dir": ..., "environment": ...}
+  -> {"op": "paths"}  (only before init, any number of times; answered {"ok": [directory, ...]})
+  -> {"op": "init", "modules": {name: package dir}, "imports": [python module, ...],
+      "deferred": {name: [python module, ...]}, "project_dir": ..., "environment": ...}
   -> {"op": "call", "plugin": "ns::name", "module": "inmanta_plugins.ns", "kwargs": {...}, "varargs": [...]}
+  -> {"op": "load"}  (import the deferred modules now)
   -> {"op": "export", "items": [entity, ...]}
   <- {"ok": value} | {"unset": [handle, attribute]} | {"unknown": true} | {"error": {...}}
+     | {"error": {...}, "load": true}  (a module's Python failed to import: so does every later request)
+
+`imports` are imported at init. A `deferred` module's Python is imported only when something
+needs it: a Python import of its package (another module's code, a call of one of its plugins),
+a read of a registry it would fill (plugins, resource classes, dependency managers) or an
+export. Only modules whose import has no effect but those registrations are deferred (the real
+std: its jinja2 and pydantic imports are most of the host's start, and Steward runs its
+plugins built in).
 
 While a call runs the host may ask the compiler ({"q": "attr", "h": handle, "a": name},
 {"q": "file", "dir": ..., "path": ...}) and reads its answer ({"v": value}, {"unset": true},
@@ -17,14 +28,24 @@ when known), {"$u": 1} for an unknown and
 {"$d": {...}} for a dict whose keys could be mistaken for these.
 """
 
-import importlib
-import importlib.util
-import json
+from __future__ import annotations
+
 import os
 import sys
-from typing import Any, Optional
 
-HOST: Optional["Host"] = None
+# The compiler starts the host when it needs the interpreter's `sys.path` (to find the
+# installed modules), before it knows whether a plugin will run, and waits for that answer:
+# until then the host imports nothing more. These (10 ms with typing) are imported in `main`
+# after it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import importlib
+    import json
+    from typing import Any, Optional
+
+HOST: Optional[Host] = None
+
+PATHS_REQUEST = '{"op":"paths"}'
 
 
 FILE_MARKER_PREFIX = "imp-module-source:file://"
@@ -48,17 +69,90 @@ class FileMarker(str):
 class Finder:
     """`inmanta_plugins.<name>` from the directory the compiler resolved for module <name>."""
 
-    def __init__(self, modules: dict[str, str]) -> None:
-        self.modules = modules
+    def __init__(self, host: "Host") -> None:
+        self.host = host
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         parts = fullname.split(".")
-        if len(parts) == 2 and parts[0] == "inmanta_plugins" and parts[1] in self.modules:
-            d = self.modules[parts[1]]
-            return importlib.util.spec_from_file_location(
+        if len(parts) == 2 and parts[0] == "inmanta_plugins" and parts[1] in self.host.modules:
+            d = self.host.modules[parts[1]]
+            spec = importlib.util.spec_from_file_location(
                 fullname, os.path.join(d, "__init__.py"), submodule_search_locations=[d]
             )
+            if spec is not None and parts[1] in self.host.deferred:
+                spec.loader = DeferredLoader(self.host, parts[1], spec.loader)
+            return spec
         return None
+
+
+class DeferredLoader:
+    """Loads the package of a deferred module and then its submodules, as the reference loads a
+    module (and as `init` imports the others): whoever imports the package first finds what the
+    submodules register (std's resource classes live in `inmanta_plugins.std.resources`)."""
+
+    def __init__(self, host: "Host", name: str, loader: Any) -> None:
+        self.host = host
+        self.name = name
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def exec_module(self, module: Any) -> None:
+        python_modules = self.host.deferred.pop(self.name, [])
+        # the module looks loaded as any other (`__loader__` serves `get_source`, resources)
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        try:
+            try:
+                self.loader.exec_module(module)
+            except Exception as e:
+                raise import_failure(module.__name__, e) from e
+            for name in python_modules:
+                if name != module.__name__:
+                    import_checked(name)
+        except Exception as e:
+            # the module is broken: this request fails, and every later one, as when a
+            # module's import fails at init
+            if self.host.load_failure is None:
+                self.host.load_failure = describe(e)
+            raise
+
+
+def import_failure(name: str, e: BaseException) -> ImportError:
+    """The error for module code `name` failing to import with `e`: the actionable diagnostic
+    when it needs a part of inmanta-core Steward lacks, else which file failed and why (the
+    error alone rarely says)."""
+    unsupported = unsupported_inmanta_api(e)
+    if unsupported is not None:
+        return UnsupportedInmantaApi(unsupported)
+    # the traceback starts in the module's code, not in the host or the import machinery
+    tb = e.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen importlib")
+        or tb.tb_frame.f_globals.get("__name__") == "importlib"
+    ):
+        tb = tb.tb_next
+    if tb is not None:
+        e.__traceback__ = tb
+    return ImportError(f"importing {name} failed: {type(e).__name__}: {e}")
+
+
+def import_checked(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except UnsupportedInmantaApi:
+        raise
+    except Exception as e:
+        if HOST is not None and HOST.load_failure is not None:
+            # a deferred module this one imports failed: that is the error to report
+            raise
+        raise import_failure(name, e) from e
 
 
 class Unset(Exception):
@@ -74,6 +168,12 @@ class Host:
         self.project_dir = os.getcwd()
         self.environment: Optional[str] = None
         self.modules: dict[str, str] = {}
+        # module name -> its Python modules (package first) not imported yet
+        self.deferred: dict[str, list[str]] = {}
+        # the report of a module whose Python failed to import (every request fails with it)
+        self.load_failure: Optional[dict] = None
+        # the plugin registry without loading the deferred modules (see `defer_registries`)
+        self.functions: Any = None
 
     # --- protocol
 
@@ -211,25 +311,59 @@ class Host:
         from inmanta import module as inmanta_module
         from inmanta.execute import proxy
 
+        from inmanta.plugins import PluginMeta
+
         self.modules = msg.get("modules", {})
+        self.deferred = {k: list(v) for k, v in msg.get("deferred", {}).items() if k in self.modules}
         self.project_dir = msg.get("project_dir", self.project_dir)
         self.environment = msg.get("environment")
-        sys.meta_path.insert(0, Finder(self.modules))
+        sys.meta_path.insert(0, Finder(self))
         proxy._fetch = self.fetch
+        self.functions = PluginMeta.get_functions
+        if self.deferred:
+            self.defer_registries()
         mods = {}
         for name, path in self.modules.items():
             cls = inmanta_module.ModuleV2 if msg.get("v2", {}).get(name) else inmanta_module.ModuleV1
             mods[name] = cls(name, os.path.dirname(path) if not msg.get("v2", {}).get(name) else path)
         inmanta_module.Project.set(inmanta_module.Project(self.project_dir, mods))
         for name in msg.get("imports", []):
-            try:
-                importlib.import_module(name)
-            except Exception as e:
-                unsupported = unsupported_inmanta_api(e)
-                if unsupported is not None:
-                    raise UnsupportedInmantaApi(unsupported) from None
-                # which of the modules' files failed: the error alone rarely says
-                raise ImportError(f"importing {name} failed: {type(e).__name__}: {e}") from e
+            import_checked(name)
+        return None
+
+    def defer_registries(self) -> None:
+        """Reading a registry that a deferred module fills (its plugins, resource classes,
+        dependency managers) loads the deferred modules first, so module code sees them as the
+        reference, which imported every module at the start, shows them
+        (`ctx.get_compiler().get_plugins()`, `resources.to_id`)."""
+        from inmanta.export import DependencyManager
+        from inmanta.plugins import PluginMeta
+        from inmanta.resources import resource
+
+        def loading_first(owner: Any, name: str) -> None:
+            original = getattr(owner, name)
+
+            def accessor(cls: Any, *args: Any, **kwargs: Any) -> Any:
+                self.load_deferred()
+                return original(*args, **kwargs)
+
+            accessor.__name__ = name
+            accessor.__doc__ = original.__doc__
+            setattr(owner, name, classmethod(accessor))
+
+        loading_first(PluginMeta, "get_functions")
+        for name in ("get_class", "get_resources", "get_entity_resources", "validate"):
+            loading_first(resource, name)
+        loading_first(DependencyManager, "get_dependency_managers")
+
+    def load_deferred(self) -> None:
+        """Import the Python of every deferred module now."""
+        for name in list(self.deferred):
+            if name in self.deferred:  # not loaded meanwhile by one imported before it
+                importlib.import_module("inmanta_plugins." + name)
+
+    def op_load(self, msg: dict) -> Any:
+        self.load_deferred()
         return None
 
     def op_call(self, msg: dict) -> Any:
@@ -237,10 +371,11 @@ class Host:
         from inmanta.execute.util import NoneValue, Unknown
         from inmanta.plugins import Context, PluginMeta
 
-        plugin = PluginMeta.get_functions().get(msg["plugin"])
+        # a deferred module's plugin: importing it (through the Finder) loads that module
+        plugin = self.functions().get(msg["plugin"])
         if plugin is None:
             importlib.import_module(msg["module"])
-            plugin = PluginMeta.get_functions().get(msg["plugin"])
+            plugin = self.functions().get(msg["plugin"])
             if plugin is None:
                 raise LookupError(f"{msg['module']} registers no plugin {msg['plugin']}")
         accept_unknown = plugin.is_accept_unknowns()
@@ -271,6 +406,9 @@ class Host:
         from inmanta.export import DependencyManager, Exporter
         from inmanta.resources import IgnoreResourceException, Resource, resource
 
+        # every module's resource classes and dependency managers take part (the compiler
+        # asks for `load` first; this keeps the export right without it)
+        self.load_deferred()
         exporter = Exporter()
         items = [self.decode(x) for x in msg.get("items", [])]
         results = []
@@ -384,35 +522,76 @@ def describe(e: BaseException) -> dict:
     return {"kind": kind, "message": message, "traceback": text}
 
 
+def search_path_reply() -> str:
+    """The reply to "paths": `sys.path` as `python -I` has it (what the compiler asked before
+    it started the host here), so without this host's own directory (the script's, and
+    PYTHONPATH) and the user's site-packages; as a JSON line written without `json`."""
+    site = sys.modules.get("site")
+    own = os.path.dirname(os.path.abspath(__file__))
+    user = site.USER_SITE if site is not None and site.ENABLE_USER_SITE else None
+    paths = [p for p in sys.path if p and os.path.abspath(p) != own and p != user]
+    return '{"ok":[' + ",".join(json_string(p) for p in paths) + "]}\n"
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string in ASCII (as `json.dumps` writes it)."""
+    out = []
+    for c in text:
+        n = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif 0x20 <= n < 0x7F:
+            out.append(c)
+        elif n > 0xFFFF:
+            n -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 | (n >> 10), 0xDC00 | (n & 0x3FF)))
+        else:
+            out.append("\\u%04x" % n)
+    return '"' + "".join(out) + '"'
+
+
 def main() -> None:
-    global HOST
+    global HOST, importlib, json
     # module code reaches the host as `steward_plugin_host.HOST`, not a second copy of this file
     sys.modules.setdefault("steward_plugin_host", sys.modules[__name__])
     out = sys.stdout
     # what module code prints must not mix with the protocol
     sys.stdout = sys.stderr
+    line = sys.stdin.readline()
+    while line.strip() == PATHS_REQUEST:
+        out.write(search_path_reply())
+        out.flush()
+        line = sys.stdin.readline()
+    import importlib
+    import importlib.util
+    import json
+
     HOST = Host(sys.stdin, out)
     from inmanta.execute.proxy import UnknownException, UnsetException
 
-    while True:
-        line = sys.stdin.readline()
-        if not line:
-            break
+    while line:
         if not line.strip():
+            line = sys.stdin.readline()
             continue
         msg = json.loads(line)
         op = getattr(HOST, "op_" + msg.get("op", ""), None)
         try:
-            if op is None:
-                raise ValueError(f"unknown operation {msg.get('op')!r}")
-            HOST.send({"ok": op(msg)})
+            if HOST.load_failure is None:
+                if op is None:
+                    raise ValueError(f"unknown operation {msg.get('op')!r}")
+                reply = {"ok": op(msg)}
         except UnsetException as e:
             inst = e.instance
-            HOST.send({"unset": [getattr(inst, "handle", None), e.attribute]})
+            reply = {"unset": [getattr(inst, "handle", None), e.attribute]}
         except UnknownException:
-            HOST.send({"unknown": True})
+            reply = {"unknown": True}
         except Exception as e:  # noqa: BLE001 - every error goes back to the compiler
-            HOST.send({"error": describe(e)})
+            reply = {"error": describe(e)}
+        if HOST.load_failure is not None:
+            # also when module code caught the ImportError: the reference would not have run
+            reply = {"error": HOST.load_failure, "load": True}
+        HOST.send(reply)
+        line = sys.stdin.readline()
 
 
 if __name__ == "__main__":

@@ -214,7 +214,7 @@ fn python_of(
     };
     let mut scanned = BTreeMap::new();
     let mut all = Vec::new();
-    let mut imports = Vec::new();
+    let mut imports = plugins::pyhost::Imports::default();
     for (name, m) in modules {
         let Some(dir) = &m.python else { continue };
         let found = plugins::python::scan_module(name, dir);
@@ -226,7 +226,13 @@ fn python_of(
         if m.v2 {
             config.v2.insert(name.clone());
         }
-        imports.extend(found.python_modules.iter().cloned());
+        if plugins::pyhost::deferrable(name) {
+            imports
+                .deferred
+                .insert(name.clone(), found.python_modules.clone());
+        } else {
+            imports.eager.extend(found.python_modules.iter().cloned());
+        }
         scanned.insert(name.clone(), found);
     }
     CompilePython {
@@ -271,6 +277,20 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             };
         }
     };
+    // Loading std pinned in requirements.txt (which every compile loads first) asks the
+    // interpreter for its `sys.path`. The plugin host answers that: the interpreter starting
+    // then is the one that runs the plugins later, if any run, instead of a second one
+    // starting after the model is defined (when none runs it costs what the question cost).
+    // If it can not, the question is asked as before, and reports its errors.
+    let mut early_host = None;
+    if project.pinned.contains("std")
+        && let Ok(mut host) =
+            plugins::pyhost::PyHost::boot(&project.python.interpreter, &project.dir)
+        && let Ok(paths) = host.sys_path()
+    {
+        project.python.set_sys_path(paths);
+        early_host = Some(host);
+    }
     let loaded = match project::Loader::new(&project, &mut sources).load_all() {
         Ok(l) => l,
         Err(errors) => {
@@ -285,7 +305,10 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
     stats.files = loaded.files.len();
     let warnings = loaded.warnings;
     let modules = loaded.modules;
-    let python = python_of(&project, &modules, &opts.env);
+    let mut python = python_of(&project, &modules, &opts.env);
+    if let Some(host) = early_host {
+        python.session.adopt(host);
+    }
     let program = match define::define_with(loaded.files, python.plugins.clone()) {
         Ok(p) => p,
         Err(errors) => {

@@ -522,7 +522,14 @@ impl<'a> Loader<'a> {
         // std first: its top-level statements (std::linux, …) exist before anyone uses them
         match self.namespace_file("std") {
             Ok(Some((text, display))) => queue.push_back(("std".into(), text, display, None)),
-            _ => unreachable!("std is built in"),
+            Ok(None) => unreachable!("std is built in"),
+            // std pinned in requirements.txt, in a Python environment that can not be read
+            Err(msg) => {
+                return Err(vec![Diagnostic::error(
+                    "import",
+                    format!("Failed to load module std: {msg}"),
+                )]);
+            }
         }
         seen.insert("std".into());
         queue.push_back((

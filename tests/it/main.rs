@@ -43,6 +43,7 @@ mod python_handlers_agent;
 mod python_handlers_host;
 mod python_handlers_real;
 mod python_handlers_ssh;
+mod python_host_start;
 mod python_plugins;
 mod python_real_modules;
 mod replicas;

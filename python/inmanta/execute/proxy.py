@@ -290,14 +290,3 @@ class IteratorProxy(DynamicProxy):
     def __next__(self) -> object:
         return DynamicProxy.return_value(next(self._get_instance()))
 
-
-def _serializable() -> None:
-    # as inmanta-core's: lists and dicts from the model encode as JSON through the encoders
-    # of inmanta.util (std's json_dumps passes them to json.dumps)
-    from inmanta.util import JSONSerializable
-
-    JSONSerializable.register(SequenceProxy)
-    JSONSerializable.register(DictProxy)
-
-
-_serializable()

@@ -62,3 +62,18 @@ def internal_json_encoder(o: object) -> Any:
     if isinstance(o, datetime.datetime):
         return _custom_json_encoder(o if o.tzinfo is not None else o.astimezone())
     return _custom_json_encoder(o)
+
+
+def _serializable_proxies() -> None:
+    # as inmanta-core's: lists and dicts from the model encode as JSON through these encoders
+    # (std's json_dumps passes them to json.dumps). Registered here rather than in the proxy
+    # module, which every plugin host imports at start: this module's imports (dataclasses,
+    # uuid, datetime) cost about 5 ms there, and only code that imports this module can ask
+    # whether a value is JSONSerializable.
+    from inmanta.execute.proxy import DictProxy, SequenceProxy
+
+    JSONSerializable.register(SequenceProxy)
+    JSONSerializable.register(DictProxy)
+
+
+_serializable_proxies()

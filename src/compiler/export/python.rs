@@ -125,12 +125,20 @@ pub fn build(
     if insts.is_empty() {
         return Ok(PyExport::default());
     }
-    let mut host = rt.host.take_python().map_err(|e| {
+    let cannot_run = |e: String| {
         vec![Diagnostic::error(
             "export",
             format!("the Python resource definitions can not run: {e}"),
         )]
-    })?;
+    };
+    let mut host = rt.host.take_python().map_err(cannot_run)?;
+    // every module's resource classes and dependency managers take part, also those of a
+    // module whose Python the host has not needed so far
+    let loaded = host.load_deferred(&mut ExportModel { rt: &*rt });
+    if let Err(e) = loaded {
+        rt.host.put_python(host);
+        return Err(cannot_run(e));
+    }
     let reply = {
         let mut model = ExportModel { rt: &*rt };
         let items: Vec<Json> = insts

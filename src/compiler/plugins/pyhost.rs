@@ -1,6 +1,13 @@
 //! The plugin host process: one CPython per compile running `python/steward_plugin_host.py`
 //! with the `inmanta` compatibility package, started on first need.
 //!
+//! A compile that loads a module pinned in `requirements.txt` starts it ([`PyHost::boot`]) to
+//! ask the interpreter's `sys.path`, and keeps it for the plugins: one interpreter per compile.
+//! It imports the modules' Python when it is initialised, except a module [`deferrable`] (the
+//! real std), which it imports when something needs it ([`Imports::deferred`]); a failure of
+//! that import fails the request that needed it and every later one, as a failure at the
+//! start.
+//!
 //! JSON lines over stdin/stdout (the protocol is described in the Python file). While a request
 //! runs, the host may ask questions (an attribute of an instance, a module file); a
 //! [`PyModel`] answers them. Values travel as JSON with `{"$e": handle, ...}` for instances,
@@ -8,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::rc::Rc;
 
@@ -80,8 +87,14 @@ pub struct PyHost {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The init request was sent.
+    init_sent: bool,
     /// The init request was answered.
     initialised: bool,
+    /// Modules whose Python the host imports on first need may not be imported yet.
+    deferred: bool,
+    /// A module's Python failed to import after init (the host fails every request alike).
+    failed: Option<String>,
     types_sent: HashSet<EntityId>,
     /// How many frozen attributes of an instance the host has already: sent again only when
     /// more are frozen (the host keeps what it got for the whole compile).
@@ -108,9 +121,37 @@ fn python_base() -> PathBuf {
     std::env::temp_dir().join(format!("steward-{}", unsafe { libc::getuid() }))
 }
 
+/// Whether the host imports module `name`'s Python only when something needs it (see
+/// [`Imports::deferred`]). Only the real `std`: its import registers plugins, resource
+/// classes, handlers and a dependency manager and has no other effect; it costs most of the
+/// host's start (jinja2 and pydantic, about 60 ms), and Steward runs the std plugins a model
+/// calls built in, so most compiles never need it. Another module's import may do anything
+/// (print, write files) and runs at the start, as in the reference.
+pub fn deferrable(name: &str) -> bool {
+    name == "std"
+}
+
+/// The Python modules the host imports.
+#[derive(Clone, Debug, Default)]
+pub struct Imports {
+    /// Imported when the host starts, in this order (every module's package, then its
+    /// submodules).
+    pub eager: Vec<String>,
+    /// Module name -> its Python modules (package first), imported all at once when something
+    /// needs the module: a Python import of its package (by another module's code, or for a
+    /// call of one of its plugins), module code reading a registry (plugins, resource classes,
+    /// dependency managers), or an export of resources defined in Python. A failure then fails
+    /// that request and every later one, as a failure at the start does.
+    pub deferred: BTreeMap<String, Vec<String>>,
+}
+
+fn load_failed(message: &str, traceback: &str) -> String {
+    format!("loading the modules' Python failed: {message}\n{traceback}")
+}
+
 impl PyHost {
     /// Start the host and initialise it (import the modules' packages in `imports`).
-    pub fn start(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
+    pub fn start(config: &PyConfig, imports: &Imports) -> Result<PyHost, String> {
         let mut host = PyHost::spawn(config, imports)?;
         host.ready()?;
         Ok(host)
@@ -118,7 +159,15 @@ impl PyHost {
 
     /// Start the host and send it the init request without waiting for it: the interpreter
     /// starts and imports the modules while the compiler goes on. [`PyHost::ready`] waits.
-    pub fn spawn(config: &PyConfig, imports: &[String]) -> Result<PyHost, String> {
+    pub fn spawn(config: &PyConfig, imports: &Imports) -> Result<PyHost, String> {
+        let mut host = PyHost::boot(&config.interpreter, &config.project_dir)?;
+        host.init(config, imports)?;
+        Ok(host)
+    }
+
+    /// Start the interpreter of `interpreter` with the host, not initialised: until
+    /// [`PyHost::init`] it can answer [`PyHost::sys_path`] and imports nothing.
+    pub fn boot(interpreter: &Path, project_dir: &Path) -> Result<PyHost, String> {
         let base = python_base();
         let compat = crate::pycompat::materialize(&base).map_err(|e| {
             format!(
@@ -127,7 +176,7 @@ impl PyHost {
             )
         })?;
         let script = compat.join("steward_plugin_host.py");
-        let mut child = Command::new(&config.interpreter)
+        let mut child = Command::new(interpreter)
             .arg("-u")
             .arg("-X")
             .arg(format!("pycache_prefix={}", base.join("pycache").display()))
@@ -137,7 +186,7 @@ impl PyHost {
             // user's sources, which is what this variable is set to prevent; without it every
             // compile would compile the modules' Python (std, jinja2, pydantic, …) again
             .env_remove("PYTHONDONTWRITEBYTECODE")
-            .current_dir(&config.project_dir)
+            .current_dir(project_dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -145,20 +194,47 @@ impl PyHost {
             .map_err(|e| {
                 format!(
                     "can not start the Python plugin host with {}: {e}",
-                    config.interpreter.display()
+                    interpreter.display()
                 )
             })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut host = PyHost {
+        Ok(PyHost {
             child,
             stdin,
             stdout,
+            init_sent: false,
             initialised: false,
+            deferred: false,
+            failed: None,
             types_sent: HashSet::new(),
             attrs_sent: HashMap::new(),
             requests: 0,
-        };
+        })
+    }
+
+    /// The interpreter's `sys.path` as `python -I` gives it (asked before [`PyHost::init`]).
+    pub fn sys_path(&mut self) -> Result<Vec<PathBuf>, String> {
+        debug_assert!(!self.init_sent, "the host answers paths only before init");
+        self.send(&json!({"op": "paths"}))?;
+        let reply = self.receive()?;
+        let paths: Vec<String> = reply
+            .get("ok")
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or_else(|| format!("unexpected sys.path from the Python plugin host: {reply}"))?;
+        Ok(paths
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect())
+    }
+
+    /// Send the init request (the host imports the modules' Python): [`PyHost::ready`] waits
+    /// for its answer.
+    pub fn init(&mut self, config: &PyConfig, imports: &Imports) -> Result<(), String> {
+        self.init_sent = true;
+        self.deferred = !imports.deferred.is_empty();
         let modules: Map<String, Json> = config
             .modules
             .iter()
@@ -173,12 +249,12 @@ impl PyHost {
             "op": "init",
             "modules": modules,
             "v2": v2,
-            "imports": imports,
+            "imports": imports.eager,
+            "deferred": imports.deferred,
             "project_dir": config.project_dir.display().to_string(),
             "environment": config.environment,
         });
-        host.send(&init)?;
-        Ok(host)
+        self.send(&init)
     }
 
     /// Wait for the reply to the init request.
@@ -194,10 +270,26 @@ impl PyHost {
             }
             Reply::Error {
                 message, traceback, ..
-            } => Err(format!(
-                "loading the modules' Python failed: {message}\n{traceback}"
-            )),
+            } => Err(load_failed(&message, &traceback)),
             _ => Err("loading the modules' Python failed".into()),
+        }
+    }
+
+    /// Import the deferred modules' Python now (an export needs every module's resource
+    /// classes and dependency managers).
+    pub fn load_deferred(&mut self, model: &mut dyn PyModel) -> Result<(), String> {
+        if !self.deferred {
+            return Ok(());
+        }
+        match self.request(&json!({"op": "load"}), model)? {
+            Reply::Ok(_) => {
+                self.deferred = false;
+                Ok(())
+            }
+            Reply::Error {
+                message, traceback, ..
+            } => Err(load_failed(&message, &traceback)),
+            Reply::Unset | Reply::Unknown => Err("loading the modules' Python failed".into()),
         }
     }
 
@@ -229,12 +321,30 @@ impl PyHost {
 
     /// Send a request and answer the host's questions until its final reply.
     pub fn request(&mut self, msg: &Json, model: &mut dyn PyModel) -> Result<Reply, String> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         self.requests += 1;
         self.send(msg)?;
         loop {
             let reply = self.receive()?;
             let Some(q) = reply.get("q").and_then(Json::as_str) else {
-                return Ok(final_reply(reply));
+                let load = reply.get("load").is_some();
+                let reply = final_reply(reply);
+                if let (
+                    true,
+                    Reply::Error {
+                        message, traceback, ..
+                    },
+                ) = (load, &reply)
+                {
+                    // a deferred module's Python failed to import: reported as a failure at
+                    // the start is, for this request and every later one
+                    let failed = load_failed(message, traceback);
+                    self.failed = Some(failed.clone());
+                    return Err(failed);
+                }
+                return Ok(reply);
             };
             let answer = match q {
                 "attr" => {
@@ -435,8 +545,8 @@ pub fn decode(j: &Json, instances: usize) -> Result<Value, String> {
 #[derive(Default)]
 pub struct PySession {
     pub config: PyConfig,
-    /// Packages imported when the host starts (every module with Python).
-    pub imports: Vec<String>,
+    /// The modules' Python: imported when the host starts, or on first need.
+    pub imports: Imports,
     host: Option<PyHost>,
     failed: Option<String>,
     /// Requests made by hosts already dropped.
@@ -444,7 +554,7 @@ pub struct PySession {
 }
 
 impl PySession {
-    pub fn new(config: PyConfig, imports: Vec<String>) -> PySession {
+    pub fn new(config: PyConfig, imports: Imports) -> PySession {
         PySession {
             config,
             imports,
@@ -452,14 +562,27 @@ impl PySession {
         }
     }
 
+    /// Use `host`, started with [`PyHost::boot`] (to ask its `sys.path`) and not initialised,
+    /// when the compile needs one: no second interpreter starts.
+    pub fn adopt(&mut self, host: PyHost) {
+        if self.host.is_none() && self.failed.is_none() {
+            self.host = Some(host);
+        }
+    }
+
     /// Start the host now without waiting for it (the compile will call Python plugins):
     /// the interpreter starts while the compiler works.
     pub fn prestart(&mut self) {
-        if self.host.is_some() || self.failed.is_some() {
+        if self.failed.is_some() {
             return;
         }
         self.started = true;
-        match PyHost::spawn(&self.config, &self.imports) {
+        let started = match self.host.take() {
+            Some(mut h) if !h.init_sent => h.init(&self.config, &self.imports).map(|()| h),
+            Some(h) => Ok(h),
+            None => PyHost::spawn(&self.config, &self.imports),
+        };
+        match started {
             Ok(h) => self.host = Some(h),
             Err(e) => self.failed = Some(e),
         }
@@ -467,6 +590,9 @@ impl PySession {
 
     /// The host, started if needed; a start that failed fails every later request alike.
     pub fn take(&mut self) -> Result<PyHost, String> {
+        if self.host.as_ref().is_some_and(|h| !h.init_sent) {
+            self.prestart();
+        }
         if let Some(mut h) = self.host.take() {
             if let Err(e) = h.ready() {
                 self.failed = Some(e.clone());
@@ -488,7 +614,10 @@ impl PySession {
     }
 
     pub fn put(&mut self, host: PyHost) {
-        self.host = Some(host);
+        match &host.failed {
+            Some(e) => self.failed = Some(e.clone()),
+            None => self.host = Some(host),
+        }
     }
 
     /// Requests made so far by the running host.

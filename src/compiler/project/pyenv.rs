@@ -33,6 +33,12 @@ impl PythonEnv {
         }
     }
 
+    /// Take `paths` as the interpreter's `sys.path` rather than asking it (the compiler's
+    /// plugin host, started to answer this, runs that interpreter already).
+    pub fn set_sys_path(&self, paths: Vec<PathBuf>) {
+        let _ = self.sys_path.set(Ok(paths));
+    }
+
     /// The interpreter's `sys.path` (asked once).
     pub fn sys_path(&self) -> Result<&[PathBuf], String> {
         self.sys_path
