@@ -614,7 +614,7 @@ std::print([optmod::describe(a), optmod::describe(b), optmod::describe(c), optmo
     let x = r.result.unwrap().unwrap();
     assert_eq!(
         r.printed,
-        ["['a: red', 'b: no lid', 'c: no lid', 'HI! ns=optmod']"]
+        ["@['a: red', 'b: no lid', 'c: no lid', 'HI! ns=optmod']"]
     );
     let lids: BTreeMap<String, Value> = x
         .resources
