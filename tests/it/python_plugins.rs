@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use steward::compiler::{CompileOptions, compile};
 use serde_json::{Value, json};
+use steward::compiler::{CompileOptions, compile};
 use steward::model::ExportFile;
 
 fn data_dir() -> PathBuf {

@@ -3,9 +3,9 @@
 //! `pip install -r requirements.txt` pinning `inmanta-module-std==8.1.0` and the module (all
 //! dependencies, inmanta-core among them). Steward's export of each equals what inmanta-core
 //! 14.0.0 exports for the same project (`tests/python/real_<module>/expected.json`, made once
-//! with `inmanta export -j`; the reference is not needed here). Resources that need a cloud or
-//! a router (kubernetes, openstack, aws, vyos) are compared at export only; the user module's
-//! deploy is in `python_real_modules`.
+//! with `inmanta export -j`; the reference is not needed here). Resources that need a cloud, a
+//! router or ansible (kubernetes, openstack, aws, vyos, ansible) are compared at export only;
+//! the user module's deploy is in `python_real_modules`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -84,11 +84,7 @@ fn the_apt_module_exports_as_the_reference() {
 fn the_ssh_module_exports_as_the_reference() {
     // the authorized keys hold the key its plugin reads from the project's data directory
     // (data/ssh/deploy.pub), sorted by std's key_sort filter in its template
-    let x = assert_exports_as_the_reference(
-        "real_ssh",
-        &[],
-        &[("ssh", "1.0.5"), ("fs", "1.1.2")],
-    );
+    let x = assert_exports_as_the_reference("real_ssh", &[], &[("ssh", "1.0.5"), ("fs", "1.1.2")]);
     assert!(
         types_with_handler_code(&x).contains(&"fs::File"),
         "{:?}",
@@ -134,11 +130,7 @@ fn the_podman_module_exports_as_the_reference() {
 
 #[test]
 fn the_kubernetes_module_exports_as_the_reference() {
-    let x = assert_exports_as_the_reference(
-        "real_kubernetes",
-        &[],
-        &[("kubernetes", "0.0.5")],
-    );
+    let x = assert_exports_as_the_reference("real_kubernetes", &[], &[("kubernetes", "0.0.5")]);
     assert!(
         types_with_handler_code(&x).contains(&"kubernetes::resources::Deployment"),
         "{:?}",
@@ -172,14 +164,30 @@ fn the_aws_module_exports_as_the_reference() {
 
 #[test]
 fn the_vyos_module_exports_as_the_reference() {
-    let x = assert_exports_as_the_reference(
-        "real_vyos",
-        &[],
-        &[("vyos", "4.0.0"), ("std", "8.1.0")],
-    );
+    let x =
+        assert_exports_as_the_reference("real_vyos", &[], &[("vyos", "4.0.0"), ("std", "8.1.0")]);
     assert!(
         types_with_handler_code(&x).contains(&"vyos::Config"),
         "{:?}",
         x.handlers.keys()
+    );
+}
+
+#[test]
+fn the_ansible_module_exports_as_the_reference() {
+    let x = assert_exports_as_the_reference("real_ansible", &[], &[("ansible", "0.2.1")]);
+    assert!(
+        types_with_handler_code(&x).contains(&"ansible::Task"),
+        "{:?}",
+        x.handlers.keys()
+    );
+}
+
+#[test]
+fn the_dummy_module_exports_as_the_reference() {
+    assert_exports_as_the_reference(
+        "real_dummy_module",
+        &[],
+        &[("dummy_module", "2.1.0"), ("std", "8.1.0")],
     );
 }

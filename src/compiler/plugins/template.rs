@@ -375,13 +375,11 @@ fn to_jinja(c: &dyn Caller, v: &Value, shared: &Shared, proxy: Proxy) -> minijin
         Value::BigInt(b) => minijinja::Value::from(b.to_string()),
         Value::Float(f) => minijinja::Value::from(*f),
         Value::Str(s) => minijinja::Value::from(s.to_string()),
-        Value::List(l) => {
-            minijinja::Value::from(
-                l.iter()
-                    .map(|x| to_jinja(c, x, shared, Proxy::Plain))
-                    .collect::<Vec<_>>(),
-            )
-        }
+        Value::List(l) => minijinja::Value::from(
+            l.iter()
+                .map(|x| to_jinja(c, x, shared, Proxy::Plain))
+                .collect::<Vec<_>>(),
+        ),
         // in the model's order, as a Python dict iterates
         Value::Dict(d) => minijinja::Value::from(
             d.iter()
