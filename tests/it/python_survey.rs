@@ -4,8 +4,8 @@
 //! dependencies, inmanta-core among them). Steward's export of each equals what inmanta-core
 //! 14.0.0 exports for the same project (`tests/python/real_<module>/expected.json`, made once
 //! with `inmanta export -j`; the reference is not needed here). Resources that need a cloud, a
-//! router or ansible (kubernetes, openstack, aws, vyos, ansible) are compared at export only;
-//! the user module's deploy is in `python_real_modules`.
+//! router, ansible or a REST API (kubernetes, openstack, aws, vyos, ansible, rest) are compared
+//! at export only; the user module's deploy is in `python_real_modules`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -189,5 +189,26 @@ fn the_dummy_module_exports_as_the_reference() {
         "real_dummy_module",
         &[],
         &[("dummy_module", "2.1.0"), ("std", "8.1.0")],
+    );
+}
+
+#[test]
+fn the_rest_module_exports_as_the_reference() {
+    let x = assert_exports_as_the_reference("real_rest", &[], &[("rest", "1.0.1")]);
+    assert!(
+        types_with_handler_code(&x).contains(&"rest::RESTCall"),
+        "{:?}",
+        x.handlers.keys()
+    );
+}
+
+#[test]
+fn the_web_module_model_exports_as_the_reference() {
+    // a model-only module (its entities extend the ip module's): what the model holds is
+    // exported as resource names
+    assert_exports_as_the_reference(
+        "real_web",
+        &[],
+        &[("web", "0.3.20"), ("ip", "2.0.3"), ("std", "8.1.0")],
     );
 }
