@@ -212,3 +212,26 @@ fn the_web_module_model_exports_as_the_reference() {
         &[("web", "0.3.20"), ("ip", "2.0.3"), ("std", "8.1.0")],
     );
 }
+
+#[test]
+fn the_yum_module_exports_as_the_reference() {
+    let x = assert_exports_as_the_reference(
+        "real_yum",
+        &[],
+        &[("yum", "2.1.1"), ("fs", "1.1.2")],
+    );
+    assert!(
+        types_with_handler_code(&x).contains(&"yum::Package"),
+        "{:?}",
+        x.handlers.keys()
+    );
+}
+
+#[test]
+fn the_ubuntu_module_exports_as_the_reference() {
+    assert_exports_as_the_reference(
+        "real_ubuntu",
+        &[],
+        &[("ubuntu", "0.4.21"), ("apt", "1.1.0"), ("fs", "1.1.2")],
+    );
+}
