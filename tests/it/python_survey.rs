@@ -215,11 +215,7 @@ fn the_web_module_model_exports_as_the_reference() {
 
 #[test]
 fn the_yum_module_exports_as_the_reference() {
-    let x = assert_exports_as_the_reference(
-        "real_yum",
-        &[],
-        &[("yum", "2.1.1"), ("fs", "1.1.2")],
-    );
+    let x = assert_exports_as_the_reference("real_yum", &[], &[("yum", "2.1.1"), ("fs", "1.1.2")]);
     assert!(
         types_with_handler_code(&x).contains(&"yum::Package"),
         "{:?}",
