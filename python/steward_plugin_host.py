@@ -274,6 +274,11 @@ class Host:
             raise UnsetException(f"{attribute} of {inst} is not set yet", inst, attribute)
         if "missing" in answer:
             raise AttributeNotFound(None, attribute, answer["missing"])
+        if "empty" in answer:
+            # an optional relation left empty, as inmanta-core raises it
+            from inmanta.ast import OptionalValueException
+
+            raise OptionalValueException(inst, attribute)
         raise Exception(answer.get("err", "the compiler could not answer"))
 
     def builtin(self, plugin: str, args: list, kwargs: dict) -> Any:

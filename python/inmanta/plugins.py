@@ -51,8 +51,11 @@ class Compiler:
     def __init__(self, host: Any) -> None:
         self._host = host
 
-    def get_plugins(self) -> dict[str, "type[Plugin]"]:
-        return dict(PluginMeta.get_functions())
+    def get_plugins(self) -> dict[str, "Plugin"]:
+        """Every plugin by its full name, as callable `Plugin` instances (inmanta-core's
+        compiler holds instances: modules call them, e.g. the config module registers each as a
+        Jinja filter and inserts the `Context` at `_context`)."""
+        return {name: cls.instance() for name, cls in PluginMeta.get_functions().items()}
 
     def get_project(self) -> Any:
         from inmanta.module import Project
@@ -142,7 +145,9 @@ class PluginMeta(type):
 
 
 class Plugin(metaclass=PluginMeta):
-    """A plugin, one class per `@plugin` function (the class is what the registry holds)."""
+    """A plugin, one class per `@plugin` function (the class is what the registry holds; the
+    plugin host calls the function through it). `Compiler.get_plugins()` hands out one instance
+    per class, which is what inmanta-core's plugins are: callable, with `ns`, `_context`."""
 
     deprecated: bool = False
     replaced_by: Optional[str] = None
@@ -150,6 +155,42 @@ class Plugin(metaclass=PluginMeta):
     __function_name__: str
     __fq_plugin_name__: str
     __function__: Callable[..., Any]
+
+    def __init__(self, namespace: Optional[Namespace] = None) -> None:
+        self.ns = namespace if namespace is not None else type(self).ns  # type: ignore[attr-defined]
+        self.namespace = self.ns
+        # the position of the Context parameter, -1 without one: callers insert their context there
+        position = type(self).context_position()
+        self._context: int = -1 if position is None else position
+
+    @classmethod
+    def instance(cls) -> "Plugin":
+        """The one instance of this plugin (made on first use)."""
+        made = cls.__dict__.get("_instance")
+        if made is None:
+            made = cls()
+            cls._instance = made  # type: ignore[attr-defined]
+        return made
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function as inmanta-core's `Plugin.__call__` does: arguments wrapped as the
+        model's proxies (a Context as it is, an unknown as it is when the plugin accepts
+        unknowns), the result unwrapped."""
+        if self.deprecated:
+            import warnings
+
+            msg = f"Plugin '{self.get_full_name()}' is deprecated."
+            if self.replaced_by:
+                msg += f" It should be replaced by '{self.replaced_by}'."
+            warnings.warn(PluginDeprecationWarning(msg))
+
+        def wrap(value: Any) -> Any:
+            if isinstance(value, Context) or (isinstance(value, Unknown) and self.is_accept_unknowns()):
+                return value
+            return DynamicProxy.return_value(value)
+
+        result = type(self).__function__(*[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
+        return DynamicProxy.unwrap(result)
 
     @classmethod
     def get_full_name(cls) -> str:

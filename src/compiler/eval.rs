@@ -460,6 +460,12 @@ impl<'p> Runtime<'p> {
         }
     }
 
+    /// Is the attribute an optional relation frozen without a value (or assigned null)?
+    pub fn is_empty_relation(&self, inst: InstId, slot: u16) -> bool {
+        let rv = self.attr_rv(inst, slot);
+        matches!(self.rvs[rv.0 as usize].state, RvState::FrozenNull)
+    }
+
     pub fn is_frozen(&self, rv: RvId) -> bool {
         self.dl(rv).frozen
     }

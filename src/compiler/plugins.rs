@@ -114,8 +114,9 @@ pub trait Caller {
         base_text: &str,
     ) -> Outcome<Option<Value>>;
     /// A name as the model would resolve it at the call site: block variables, the instance's
-    /// attributes (an empty optional relation reads as null), then top-level variables
-    /// (`ns::name`, or of the calling file's namespace). `None` when nothing has that name.
+    /// attributes, then top-level variables (`ns::name`, or of the calling file's namespace).
+    /// `None` when nothing has that name, or when it is the instance's optional relation left
+    /// empty (missing for a template, as for the reference's).
     fn lookup(&mut self, name: &str) -> Outcome<Option<Value>>;
     /// The attributes of an instance that have a value so far, by name, without waiting: a
     /// relation still growing gives the instances it has; attributes without one are left out.

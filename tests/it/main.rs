@@ -46,6 +46,7 @@ mod python_handlers_ssh;
 mod python_host_start;
 mod python_plugins;
 mod python_real_modules;
+mod python_survey;
 mod replicas;
 mod replicas_support;
 mod retention;

@@ -5,10 +5,12 @@
 //! `inmanta-module-yaml` and `inmanta-module-ip` exported as the reference exports them
 //! (`tests/python/real_modules/expected.json`, from inmanta-core 14.0.0).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use serde_json::{Value, json};
 use steward::compiler::{CompileOptions, compile};
 use steward::model::ExportFile;
 
@@ -530,4 +532,101 @@ fn a_module_importing_what_steward_does_not_provide_gets_one_actionable_diagnost
         "{e}"
     );
     assert!(e.contains("needs `inmanta.execute.util.Reference`"), "{e}");
+}
+
+const OPTMOD_CF: &str = r#"
+entity Box extends std::Resource:
+    string name
+    string agent = "boxes"
+end
+entity Lid:
+    string color
+end
+Box.lid [0:1] -- Lid
+implement Box using std::none
+implement Lid using std::none
+"#;
+
+const OPTMOD_PY: &str = r#"
+from inmanta.ast import OptionalValueException
+from inmanta.plugins import Context, plugin
+from inmanta.resources import Resource, resource
+
+
+def lid_color(box) -> str:
+    try:
+        return box.lid.color
+    except OptionalValueException:
+        return "no lid"
+
+
+@plugin
+def describe(box: "optmod::Box") -> "string":
+    return f"{box.name}: {lid_color(box)}"
+
+
+@plugin
+def shout(ctx: Context, text: "string") -> "string":
+    return text.upper() + "!"
+
+
+@plugin
+def through_registry(ctx: Context, text: "string") -> "string":
+    # as the config module's Jinja filters call plugins: the registry's instances, with the
+    # Context inserted at `_context`
+    shout = ctx.get_compiler().get_plugins()["optmod::shout"]
+    args = [text]
+    if shout._context != -1:
+        args.insert(shout._context, ctx)
+    return f"{shout(*args)} ns={shout.ns.get_full_name()}"
+
+
+@resource("optmod::Box", agent="agent", id_attribute="name")
+class BoxResource(Resource):
+    fields = ("name", "lid")
+
+    @staticmethod
+    def get_lid(exporter, box):
+        return lid_color(box)
+"#;
+
+/// An optional relation left empty raises inmanta-core's `OptionalValueException` in Python,
+/// in a plugin and in a resource mapper alike (the openstack module's mappers catch it), and
+/// `Context.get_compiler().get_plugins()` gives callable plugins with `_context` and `ns`
+/// (the config module calls them as Jinja filters).
+#[test]
+fn python_sees_an_empty_optional_relation_and_the_plugin_registry_as_inmanta_core_shows_them() {
+    let dir = project(
+        r#"
+import optmod
+a = optmod::Box(name="a", lid=optmod::Lid(color="red"))
+b = optmod::Box(name="b")
+c = optmod::Box(name="c", lid=null)
+std::print([optmod::describe(a), optmod::describe(b), optmod::describe(c), optmod::through_registry("hi")])
+"#,
+        &[
+            ("libs/optmod/module.yml", "name: optmod\nversion: 1.0.0\n"),
+            ("libs/optmod/model/_init.cf", OPTMOD_CF),
+            ("libs/optmod/plugins/__init__.py", OPTMOD_PY),
+        ],
+    );
+    let r = run(dir.path(), &system_python(), true);
+    let x = r.result.unwrap().unwrap();
+    assert_eq!(
+        r.printed,
+        ["@['a: red', 'b: no lid', 'c: no lid', 'HI! ns=optmod']"]
+    );
+    let lids: BTreeMap<String, Value> = x
+        .resources
+        .iter()
+        .map(|r| (r.id.0.clone(), r.attributes["lid"].clone()))
+        .collect();
+    assert_eq!(
+        lids,
+        BTreeMap::from([
+            ("optmod::Box[boxes,name=a]".to_string(), json!("red")),
+            ("optmod::Box[boxes,name=b]".to_string(), json!("no lid")),
+            ("optmod::Box[boxes,name=c]".to_string(), json!("no lid")),
+        ])
+    );
 }

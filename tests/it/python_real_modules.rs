@@ -32,7 +32,8 @@ fn fixture() -> PathBuf {
 }
 
 /// A reference export (`inmanta export -j`) by resource id without version: each resource's
-/// fields plus `requires`.
+/// fields plus `requires`, sorted (the reference writes them in the order of a Python set,
+/// which changes from run to run).
 pub(crate) fn reference_export(text: &str) -> BTreeMap<String, Value> {
     let list: Vec<Value> = serde_json::from_str(text).unwrap();
     list.into_iter()
@@ -47,6 +48,9 @@ pub(crate) fn reference_export(text: &str) -> BTreeMap<String, Value> {
                 .0
                 .to_string();
             m.remove("version");
+            if let Some(Value::Array(requires)) = m.get_mut("requires") {
+                requires.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+            }
             (id, Value::Object(m))
         })
         .collect()
@@ -58,7 +62,9 @@ pub(crate) fn as_the_reference_writes(x: &ExportFile) -> BTreeMap<String, Value>
         .iter()
         .map(|r| {
             let mut m = r.attributes.clone();
-            m.insert("requires".into(), serde_json::json!(r.requires));
+            let mut requires: Vec<&str> = r.requires.iter().map(|x| x.0.as_str()).collect();
+            requires.sort();
+            m.insert("requires".into(), serde_json::json!(requires));
             (r.id.0.clone(), Value::Object(m))
         })
         .collect()
@@ -77,35 +83,65 @@ fn expected(root: &str) -> BTreeMap<String, Value> {
 /// brings, the real std). One per requirements text for the test process; pip's own cache
 /// (`~/.cache/pip`) keeps the downloads between runs. Its interpreter.
 pub(crate) fn user_env(project: &Path) -> PathBuf {
-    static ENVS: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    type Slot = std::sync::Arc<OnceLock<PathBuf>>;
+    static ENVS: OnceLock<Mutex<HashMap<String, Slot>>> = OnceLock::new();
     let requirements = std::fs::read_to_string(project.join("requirements.txt")).unwrap();
-    let envs = ENVS.get_or_init(Default::default);
-    // held while pip runs: two tests wanting the same environment make it once
-    let mut made = envs.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(python) = made.get(&requirements) {
-        return python.clone();
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("steward-user-env-")
-        .tempdir()
-        .unwrap()
-        .keep();
-    let env = dir.join("venv");
-    run_ok(Command::new("python3").arg("-m").arg("venv").arg(&env));
-    let started = std::time::Instant::now();
-    run_ok(
-        Command::new(env.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "-r"])
-            .arg(project.join("requirements.txt")),
+    // one slot per requirements text: two tests wanting the same environment make it once,
+    // different environments are made at the same time
+    let slot = ENVS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(requirements)
+        .or_default()
+        .clone();
+    slot.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("steward-user-env-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        remove_when_tests_exit(&dir);
+        let env = dir.join("venv");
+        run_ok(Command::new("python3").arg("-m").arg("venv").arg(&env));
+        let started = std::time::Instant::now();
+        run_ok(
+            Command::new(env.join("bin/pip"))
+                .args(["install", "-q", "--disable-pip-version-check", "-r"])
+                .arg(project.join("requirements.txt")),
+        );
+        eprintln!(
+            "pip install -r {}: {:?}",
+            project.join("requirements.txt").display(),
+            started.elapsed()
+        );
+        env.join("bin/python3")
+    })
+    .clone()
+}
+
+/// Remove `dir` once this test process has exited: the environments live as long as the
+/// process (tests share them), and each is 100 to 300 MB.
+fn remove_when_tests_exit(dir: &Path) {
+    // a fixed script: the pid and the directory are positional parameters; the loop runs in
+    // the background, so the shell waited for here ends at once and leaves no zombie
+    const SCRIPT: &str = r#"(while kill -0 "$1" 2>/dev/null; do sleep 1; done; rm -rf -- "$2") &"#;
+    let started = Command::new("sh")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg("steward-user-env-watchdog")
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        started.success(),
+        "the watchdog of {} did not start",
+        dir.display()
     );
-    eprintln!(
-        "pip install -r {}: {:?}",
-        project.join("requirements.txt").display(),
-        started.elapsed()
-    );
-    let python = env.join("bin/python3");
-    made.insert(requirements, python.clone());
-    python
 }
 
 /// `steward deploy` of `project` with `options`, with `root` in the environment variable
@@ -140,11 +176,19 @@ fn mode(p: &Path) -> u32 {
 
 /// Compile and export `project` with the test virtualenv and `var=value` in its environment.
 fn export(project: &Path, var: &str, value: &str) -> ExportFile {
+    export_with(project, &[(var, value)])
+}
+
+/// Compile and export `project` in its user environment with `vars` in its environment.
+pub(crate) fn export_with(project: &Path, vars: &[(&str, &str)]) -> ExportFile {
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
         export: true,
         python: Some(user_env(project)),
-        env: [(var.to_string(), value.to_string())].into_iter().collect(),
+        env: vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         ..Default::default()
     };
     let started = std::time::Instant::now();
@@ -356,4 +400,118 @@ fn a_project_pinning_the_real_std_exports_as_the_reference_and_deploys() {
     assert!(first.contains("3 deployed"), "{first}");
     let second = steward_deploy(&project, "STEWARD_REAL_STD_UNSET_OTHER", &root, &[]);
     assert!(second.contains("3 deployed (no changes)"), "{second}");
+}
+
+/// The accounts the user module's project makes for a name prefix; removed when dropped, also
+/// when the test fails half-way.
+struct TestAccounts {
+    prefix: String,
+}
+
+impl TestAccounts {
+    fn users(&self) -> [String; 2] {
+        [format!("{}u", self.prefix), format!("{}s", self.prefix)]
+    }
+
+    fn groups(&self) -> [String; 2] {
+        [format!("{}g", self.prefix), format!("{}t", self.prefix)]
+    }
+
+    /// The account database's line for `name` (`getent DATABASE NAME`), if there is one.
+    fn entry(database: &str, name: &str) -> Option<String> {
+        let out = Command::new("getent")
+            .arg(database)
+            .arg(name)
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for TestAccounts {
+    fn drop(&mut self) {
+        for user in self.users() {
+            let _ = Command::new("userdel").arg(&user).output();
+        }
+        for group in self.groups() {
+            let _ = Command::new("groupdel").arg(&group).output();
+        }
+    }
+}
+
+/// The real public user module (pinned in the project's `requirements.txt`) makes users and
+/// groups through `steward deploy`, the user's way (`VIRTUAL_ENV` of the environment pip made
+/// from the requirements): its model turns each into an `exec::Run` of `useradd`/`groupadd`
+/// from its templates, guarded by an `unless` that looks the name up (the module has no
+/// handler of its own; what it detects as drift is an account that is gone, not a changed
+/// shell). A second deploy changes nothing, a dry-run after an account was removed shows the
+/// command that would run again, `--repair` makes it again. Needs root.
+#[test]
+fn real_user_module_creates_users_and_groups_and_repairs_a_removed_one() {
+    // SAFETY: geteuid(2) can not fail
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "skipped real_user_module_creates_users_and_groups_and_repairs_a_removed_one: \
+             making users and groups needs root"
+        );
+        return;
+    }
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/real_user");
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    copy_dir(&fixture.join("project"), &project);
+
+    // a name no account has: letters only (useradd's rules), from the process id and time
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let letters: String = format!("{}{stamp}", std::process::id())
+        .bytes()
+        .rev()
+        .take(8)
+        .map(|d| (b'a' + (d - b'0')) as char)
+        .collect();
+    let accounts = TestAccounts {
+        prefix: format!("stw{letters}"),
+    };
+    for name in accounts.users() {
+        assert_eq!(TestAccounts::entry("passwd", &name), None, "{name} exists");
+    }
+    let prefix = Path::new(&accounts.prefix);
+
+    let first = steward_deploy(&project, "REAL_USER_NAME", prefix, &[]);
+    assert!(first.contains("4 deployed (4 created"), "{first}");
+    let [user, system_user] = accounts.users();
+    let [staff, tools] = accounts.groups();
+    let passwd = TestAccounts::entry("passwd", &user).expect("the user was made");
+    let staff_entry = TestAccounts::entry("group", &staff).expect("the group was made");
+    let staff_gid = staff_entry.split(':').nth(2).unwrap();
+    // name:x:uid:gid:gecos:home:shell
+    let fields: Vec<&str> = passwd.split(':').collect();
+    assert_eq!(fields[3], staff_gid, "{passwd}");
+    assert_eq!(fields[5], format!("/home/{user}"), "{passwd}");
+    assert_eq!(fields[6], "/bin/bash", "{passwd}");
+    let tools_entry = TestAccounts::entry("group", &tools).expect("the system group was made");
+    assert!(tools_entry.ends_with(&format!(":{user}")), "{tools_entry}");
+    let system = TestAccounts::entry("passwd", &system_user).expect("the system user was made");
+    assert!(system.ends_with(":/usr/sbin/nologin"), "{system}");
+
+    // everything is there: nothing to do
+    let second = steward_deploy(&project, "REAL_USER_NAME", prefix, &[]);
+    assert!(second.contains("4 deployed (no changes)"), "{second}");
+
+    // drift: the system user is removed by hand; a dry-run shows it and changes nothing
+    run_ok(Command::new("userdel").arg(&system_user));
+    let dry = steward_deploy(&project, "REAL_USER_NAME", prefix, &["--dry-run"]);
+    assert!(dry.contains("1 would change"), "{dry}");
+    assert!(dry.contains(&system_user), "{dry}");
+    assert_eq!(TestAccounts::entry("passwd", &system_user), None);
+
+    let repair = steward_deploy(&project, "REAL_USER_NAME", prefix, &["--repair"]);
+    assert!(repair.contains("1 created"), "{repair}");
+    let system = TestAccounts::entry("passwd", &system_user).expect("the system user is back");
+    assert!(system.ends_with(":/usr/sbin/nologin"), "{system}");
 }

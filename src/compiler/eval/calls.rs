@@ -189,6 +189,10 @@ impl Caller for PluginCall<'_, '_> {
         let ent = rt.p.entity(rt.inst_entity(inst));
         let mut out = Vec::with_capacity(ent.slots.len());
         for (slot, aid) in ent.slots.iter().enumerate() {
+            // an empty optional relation is asked for: reading it raises in Python
+            if rt.is_empty_relation(inst, slot as u16) {
+                continue;
+            }
             if let Some(v) = rt.frozen_attr(inst, slot as u16) {
                 out.push((rt.p.attr(*aid).name.clone(), v));
             }
@@ -253,8 +257,9 @@ impl Runtime<'_> {
             if let Some(sym) = self.p.syms.get(name) {
                 let e = self.inst_entity(inst);
                 if self.p.entity(e).slot(sym).is_some() {
-                    let v = self.read_attr_or_empty(&Value::Instance(inst), sym, span, "value")?;
-                    return Ok(Some(v.unwrap_or(Value::Null)));
+                    // an optional relation left empty is missing, as std's template resolver
+                    // makes it (its `OptionalValueException` becomes Jinja's `missing`)
+                    return self.read_attr_or_empty(&Value::Instance(inst), sym, span, "value");
                 }
             }
         }

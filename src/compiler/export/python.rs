@@ -67,6 +67,10 @@ impl PyModel for ExportModel<'_, '_> {
         let ent = self.rt.p.entity(self.rt.inst_entity(inst));
         let mut out = Vec::with_capacity(ent.slots.len());
         for (slot, aid) in ent.slots.iter().enumerate() {
+            // an empty optional relation is asked for: reading it raises in Python
+            if self.rt.is_empty_relation(inst, slot as u16) {
+                continue;
+            }
             if let Some(v) = self.rt.frozen_attr(inst, slot as u16) {
                 out.push((self.rt.p.attr(*aid).name.clone(), v));
             }
@@ -83,6 +87,9 @@ impl PyModel for ExportModel<'_, '_> {
                 p.entity(e).full_name
             ));
         };
+        if self.rt.is_empty_relation(inst, slot) {
+            return Answer::Empty;
+        }
         match self.rt.frozen_attr(inst, slot) {
             Some(v) => Answer::Value(v),
             None => Answer::Unset,

@@ -46,6 +46,9 @@ pub enum Answer {
     Unset,
     /// No such attribute (Python gets an `AttributeError`).
     Missing(String),
+    /// An optional relation left empty: Python gets inmanta-core's `OptionalValueException`,
+    /// which module code catches (the openstack module's mappers do).
+    Empty,
     Err(String),
 }
 
@@ -364,6 +367,7 @@ impl PyHost {
                             }
                             Answer::Unset => json!({"unset": true}),
                             Answer::Missing(m) => json!({"missing": m}),
+                            Answer::Empty => json!({"empty": true}),
                             Answer::Err(m) => json!({"err": m}),
                         }
                     }
@@ -389,6 +393,7 @@ impl PyHost {
                         Answer::Value(v) => json!({"v": self.encode(&v, model, false)}),
                         Answer::Unset => json!({"unset": true}),
                         Answer::Missing(m) | Answer::Err(m) => json!({"err": m}),
+                        Answer::Empty => json!({"err": "no value"}),
                     }
                 }
                 other => json!({"err": format!("unknown question {other}")}),

@@ -532,10 +532,7 @@ impl PyModel for CallModel<'_> {
             .read_attr_or_empty(&Value::Instance(inst), sym, attr)
         {
             Ok(Some(v)) => Answer::Value(v),
-            Ok(None) => Answer::Err(format!(
-                "Optional variable accessed that has no value (attribute `{attr}` of `{}`)",
-                self.caller.value_str(&Value::Instance(inst))
-            )),
+            Ok(None) => Answer::Empty,
             Err(Stop::Wait(w)) => {
                 self.wait = Some(w);
                 Answer::Unset

@@ -10,7 +10,12 @@
 //! as `@[…]`/`@{…}`).
 //!
 //! Instances behave as the reference's proxies: an attribute is read when the template reads
-//! it, waiting for its complete value. Every plugin is a filter too, as the reference registers
+//! it, waiting for its complete value. std's template reaches the variables in scope through
+//! its Jinja proxy, where an optional relation left empty, or an attribute the entity does not
+//! have, is undefined (`is defined` is false: the files module's systemd unit template relies
+//! on it); keyword arguments, list items and dict values are plain proxies, as plugin
+//! arguments are: a missing attribute is undefined there too (the proxy raises an
+//! `AttributeError`), but reading an empty optional relation fails as it does in the model. Every plugin is a filter too, as the reference registers
 //! them: `ns::name` written `ns.name`, called with the piped value first
 //! (`{{ keys | std.key_sort("name") }}`). Both need the caller, which minijinja can not hold
 //! during a render, so a render notes the attributes and filter calls it has no value for yet
@@ -75,7 +80,7 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
     let mut ctx: BTreeMap<String, minijinja::Value> = BTreeMap::new();
     if !a.extra.is_empty() {
         for (k, v) in &a.extra {
-            ctx.insert(k.to_string(), to_jinja(c, v, &shared));
+            ctx.insert(k.to_string(), to_jinja(c, v, &shared, Proxy::Plain));
         }
     } else {
         let mut names: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
@@ -98,10 +103,10 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
                     // `std::linux` written `std.linux`: nest under the namespace name
                     let inner = root_name.split("::").nth(1).unwrap_or("").to_string();
                     let mut m = BTreeMap::new();
-                    m.insert(inner, to_jinja(c, &v, &shared));
+                    m.insert(inner, to_jinja(c, &v, &shared, Proxy::Jinja));
                     ctx.insert(key, minijinja::Value::from(m));
                 } else {
-                    ctx.insert(key, to_jinja(c, &v, &shared));
+                    ctx.insert(key, to_jinja(c, &v, &shared, Proxy::Jinja));
                 }
             }
         }
@@ -116,16 +121,29 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
                 Err(e) => Err(fail(a, "std::template", format!("{e}"))),
             };
         }
-        for (inst, name) in attributes {
-            let value = read_attribute(c, inst, &name)?.map(|v| to_jinja(c, &v, &shared));
-            shared.lock().attributes.insert((inst, name), value);
+        for (inst, name, proxy) in attributes {
+            let value = match read_attribute(c, inst, &name)? {
+                Read::Value(v) => Some(to_jinja(c, &v, &shared, proxy)),
+                // both proxies raise an AttributeError, which Jinja makes undefined
+                Read::NoSuchAttribute => None,
+                Read::Empty if proxy == Proxy::Jinja => None,
+                // a plain proxy reads as the model does: the model's own error
+                Read::Empty => {
+                    let sym = c.program().syms.get(&name).expect("an attribute's name");
+                    c.read_attr(&Value::Instance(inst), sym, "value")?;
+                    unreachable!("reading an empty optional relation fails")
+                }
+            };
+            shared.lock().attributes.insert((inst, name, proxy), value);
         }
         for (key, name, args) in filters {
             let args = args
                 .iter()
                 .map(|v| from_jinja(v, &mut HashMap::new()))
                 .collect();
-            let result = call_filter(c, a, &name, args)?.map(|v| to_jinja(c, &v, &shared));
+            // std's filters return their result through its Jinja proxy
+            let result =
+                call_filter(c, a, &name, args)?.map(|v| to_jinja(c, &v, &shared, Proxy::Jinja));
             shared.lock().filters.insert(key, result);
         }
     }
@@ -141,13 +159,22 @@ fn render(c: &mut dyn Caller, a: &mut Args) -> Outcome<Value> {
 #[derive(Clone, Default)]
 struct Shared(Arc<Mutex<Resolved>>);
 
+/// Which of the reference's proxies holds an instance in a template: std's Jinja proxy (the
+/// variables in scope, and what their attributes lead to) or the plain one (keyword
+/// arguments, list items, dict values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Proxy {
+    Jinja,
+    Plain,
+}
+
 #[derive(Default)]
 struct Resolved {
-    /// By instance and attribute name; `None`: the instance has no such attribute.
-    attributes: HashMap<(InstId, String), Option<minijinja::Value>>,
+    /// By instance, attribute name and proxy; `None`: undefined in the template.
+    attributes: HashMap<(InstId, String, Proxy), Option<minijinja::Value>>,
     /// By filter name and arguments: the result, or the plugin's failure.
     filters: HashMap<String, Result<minijinja::Value, String>>,
-    wanted_attributes: Vec<(InstId, String)>,
+    wanted_attributes: Vec<(InstId, String, Proxy)>,
     wanted_filters: Vec<FilterCall>,
 }
 
@@ -188,7 +215,7 @@ impl Shared {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn take_wanted(&self) -> (Vec<(InstId, String)>, Vec<FilterCall>) {
+    fn take_wanted(&self) -> (Vec<(InstId, String, Proxy)>, Vec<FilterCall>) {
         let mut r = self.lock();
         let mut attributes = std::mem::take(&mut r.wanted_attributes);
         attributes.sort();
@@ -199,12 +226,12 @@ impl Shared {
         (attributes, filters)
     }
 
-    fn attribute(&self, inst: InstId, name: &str) -> Option<minijinja::Value> {
+    fn attribute(&self, inst: InstId, name: &str, proxy: Proxy) -> Option<minijinja::Value> {
         let mut r = self.lock();
-        match r.attributes.get(&(inst, name.to_string())) {
+        match r.attributes.get(&(inst, name.to_string(), proxy)) {
             Some(v) => v.clone(),
             None => {
-                r.wanted_attributes.push((inst, name.to_string()));
+                r.wanted_attributes.push((inst, name.to_string(), proxy));
                 Some(placeholder())
             }
         }
@@ -236,21 +263,29 @@ impl Shared {
     }
 }
 
-/// An attribute a template reads, as the model reads it (waiting for its complete value);
-/// `None` when the instance has no attribute of that name (undefined in the template).
-fn read_attribute(c: &mut dyn Caller, inst: InstId, name: &str) -> Outcome<Option<Value>> {
+/// What a template reads of an instance's attribute.
+enum Read {
+    Value(Value),
+    /// An optional relation left empty (or assigned null).
+    Empty,
+    NoSuchAttribute,
+}
+
+/// An attribute a template reads, as the model reads it (waiting for its complete value).
+fn read_attribute(c: &mut dyn Caller, inst: InstId, name: &str) -> Outcome<Read> {
     let Some(sym) = c.program().syms.get(name) else {
-        return Ok(None);
+        return Ok(Read::NoSuchAttribute);
     };
     let entity = c.instance_entity(inst);
     if c.program().entity(entity).slot(sym).is_none() {
-        return Ok(None);
+        return Ok(Read::NoSuchAttribute);
     }
-    // an optional relation left empty reads as None
-    Ok(Some(
-        c.read_attr_or_empty(&Value::Instance(inst), sym, "value")?
-            .unwrap_or(Value::Null),
-    ))
+    Ok(
+        match c.read_attr_or_empty(&Value::Instance(inst), sym, "value")? {
+            Some(v) => Read::Value(v),
+            None => Read::Empty,
+        },
+    )
 }
 
 /// The plugins a template may use as filters: those of the compile's namespaces whose dotted
@@ -330,7 +365,9 @@ fn lookup_path(c: &mut dyn Caller, parts: &[&str]) -> Outcome<Option<(String, Va
     Ok(Some((root, cur)))
 }
 
-fn to_jinja(c: &dyn Caller, v: &Value, shared: &Shared) -> minijinja::Value {
+/// A value for a template, held by `proxy` when it is an instance (a list's items and a
+/// dict's values are always plain, as the reference's sequence and dict proxies make them).
+fn to_jinja(c: &dyn Caller, v: &Value, shared: &Shared, proxy: Proxy) -> minijinja::Value {
     match v {
         Value::Null | Value::Unknown => minijinja::Value::from(()),
         Value::Bool(b) => minijinja::Value::from(*b),
@@ -338,19 +375,27 @@ fn to_jinja(c: &dyn Caller, v: &Value, shared: &Shared) -> minijinja::Value {
         Value::BigInt(b) => minijinja::Value::from(b.to_string()),
         Value::Float(f) => minijinja::Value::from(*f),
         Value::Str(s) => minijinja::Value::from(s.to_string()),
-        Value::List(l) => {
-            minijinja::Value::from(l.iter().map(|x| to_jinja(c, x, shared)).collect::<Vec<_>>())
-        }
+        Value::List(l) => minijinja::Value::from(
+            l.iter()
+                .map(|x| to_jinja(c, x, shared, Proxy::Plain))
+                .collect::<Vec<_>>(),
+        ),
         // in the model's order, as a Python dict iterates
         Value::Dict(d) => minijinja::Value::from(
             d.iter()
-                .map(|(k, x)| (minijinja::Value::from(&**k), to_jinja(c, x, shared)))
+                .map(|(k, x)| {
+                    (
+                        minijinja::Value::from(&**k),
+                        to_jinja(c, x, shared, Proxy::Plain),
+                    )
+                })
                 .collect::<IndexMap<_, _>>(),
         ),
         Value::Instance(i) => minijinja::Value::from_object(TemplateInstance {
             inst: *i,
             text: c.names().inst_str(*i),
             shared: shared.clone(),
+            proxy,
         }),
     }
 }
@@ -362,6 +407,7 @@ struct TemplateInstance {
     inst: InstId,
     text: String,
     shared: Shared,
+    proxy: Proxy,
 }
 
 impl std::fmt::Debug for TemplateInstance {
@@ -377,7 +423,7 @@ impl Object for TemplateInstance {
     }
 
     fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
-        self.shared.attribute(self.inst, key.as_str()?)
+        self.shared.attribute(self.inst, key.as_str()?, self.proxy)
     }
 
     fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
