@@ -457,7 +457,13 @@ mod tests {
             );
         }
         bound_changes(&mut c);
-        assert!(c["a_content"].current.as_str().unwrap().starts_with("[cut: "));
+        assert!(
+            c["a_content"]
+                .current
+                .as_str()
+                .unwrap()
+                .starts_with("[cut: ")
+        );
         assert_eq!(c["a_content"].desired, "b");
         assert!(c.contains_key("steward:cut"));
         let size: usize = c

@@ -515,3 +515,44 @@ fn real_user_module_creates_users_and_groups_and_repairs_a_removed_one() {
     let system = TestAccounts::entry("passwd", &system_user).expect("the system user is back");
     assert!(system.ends_with(":/usr/sbin/nologin"), "{system}");
 }
+
+/// A project-local V1 module with its own CRUD handler (examples/inmanta-v1-module), in a
+/// project as its user has it: `requirements.txt` pins the real std, installed by pip with
+/// every dependency. It deploys through the module's handler, a second run changes nothing,
+/// a dry-run shows a drifted file and `--repair` puts it back.
+#[test]
+fn a_project_local_v1_module_with_a_crud_handler_deploys_with_the_real_std_pinned() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    // as root, the embedded cluster stays in the project when its user can enter the dir
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let project = tmp.path().join("motd");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/inmanta-v1-module"),
+        &project,
+    );
+    std::fs::write(
+        project.join("requirements.txt"),
+        "inmanta-module-std==8.1.0\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("out/motd");
+    let deploy = |options: &[&str]| steward_deploy(&project, "MOTD_PATH", &out, options);
+    let first = deploy(&[]);
+    assert!(first.contains("1 deployed (1 created"), "{first}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("Welcome to localhost\n"), "{text}");
+    assert_eq!(mode(&out), 0o644);
+    let second = deploy(&[]);
+    assert!(second.contains("no changes"), "{second}");
+    // drift: the file's content and mode changed behind Steward's back
+    std::fs::write(&out, "tampered\n").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let dry = deploy(&["--dry-run", "--repair"]);
+    assert!(dry.contains("1 would change"), "{dry}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "tampered\n");
+    let repaired = deploy(&["--repair"]);
+    assert!(repaired.contains("1 updated"), "{repaired}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), text);
+    assert_eq!(mode(&out), 0o644);
+}
