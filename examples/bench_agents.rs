@@ -504,6 +504,8 @@ fn main() {
                 names: vec![AGENT.into()],
                 work_dir: work.into(),
                 executor_bin: std::env::current_exe().unwrap(),
+                cache_grace: None,
+                cache_max_size: None,
             };
             let client = Client::new(url, None);
             // as `steward agent run` runs it (cli::remote_command)

@@ -49,6 +49,10 @@ pub struct AgentOptions {
     pub work_dir: PathBuf,
     /// The program started as `steward executor`.
     pub executor_bin: PathBuf,
+    /// How long fetched code and handler environments nobody used stay (None: the
+    /// executor's default, a day), and how much they may take (None: 5 GiB; 0: no cap).
+    pub cache_grace: Option<Duration>,
+    pub cache_max_size: Option<u64>,
 }
 
 /// Reconnect delays: 0.5 s doubling up to 5 s.
@@ -133,7 +137,15 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     std::fs::create_dir_all(opts.work_dir.join("code"))
         .map_err(|e| AgentError::Setup(format!("creating {}: {e}", opts.work_dir.display())))?;
-    let (pool, mut events) = Pool::new(opts.executor_bin.clone(), 64);
+    let (mut pool, mut events) = Pool::new(opts.executor_bin.clone(), 64);
+    let mut cache_env = Vec::new();
+    if let Some(g) = opts.cache_grace {
+        cache_env.push(("STEWARD_CACHE_GRACE".to_string(), g.as_secs().to_string()));
+    }
+    if let Some(m) = opts.cache_max_size {
+        cache_env.push(("STEWARD_CACHE_MAX_SIZE".to_string(), m.to_string()));
+    }
+    pool.set_extra_env(cache_env);
     let mut a = Agent {
         client,
         opts,

@@ -43,6 +43,9 @@ pub const PASSED_ENVIRONMENT: &[&str] = &[
     "PIP_EXTRA_INDEX_URL",
     "PIP_FIND_LINKS",
     "PIP_CACHE_DIR",
+    // what external agents and SSH targets keep of shipped code and handler environments
+    "STEWARD_CACHE_GRACE",
+    "STEWARD_CACHE_MAX_SIZE",
     "HTTP_PROXY",
     "HTTPS_PROXY",
     "NO_PROXY",
@@ -71,6 +74,75 @@ fn remote_target(item: &WorkItem) -> Option<String> {
         return (!uri.starts_with("local:")).then(|| uri.to_string());
     }
     None
+}
+
+/// How long shipped code and handler environments nobody used stay on an agent's machine
+/// or an SSH target (`STEWARD_CACHE_GRACE`, seconds), and how much they may take
+/// (`STEWARD_CACHE_MAX_SIZE`, bytes; 0: no cap).
+pub const TARGET_CACHE_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+pub const TARGET_CACHE_MAX_SIZE: u64 = 5 << 30;
+
+/// On a target (an external agent's machine, an SSH target), nothing knows which versions
+/// are stored: what this machine was shipped (code directories by digest, and the handler
+/// environments under `_venv/`) is removed once unused for the grace period, least recently
+/// used first past the cap, never while a handler process uses it. At most one pass an hour
+/// per code root, whichever executor gets there first.
+fn reap_target_caches(root: &std::path::Path) {
+    use crate::pyenv::reap;
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+    let stamp = root.join(".steward-last-reap");
+    let due = std::fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+        .is_none_or(|age| age >= EVERY);
+    if !due {
+        return;
+    }
+    // one executor does it; the others see the fresh stamp
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&stamp)
+    else {
+        return;
+    };
+    if lock.try_lock().is_err() {
+        return;
+    }
+    let _ = lock.set_modified(std::time::SystemTime::now());
+    let env_secs = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let policy = reap::Policy {
+        grace: env_secs("STEWARD_CACHE_GRACE")
+            .map(std::time::Duration::from_secs)
+            .unwrap_or(TARGET_CACHE_GRACE),
+        max_bytes: match env_secs("STEWARD_CACHE_MAX_SIZE") {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => Some(TARGET_CACHE_MAX_SIZE),
+        },
+    };
+    reap::remove_leftovers(root, std::time::Duration::from_secs(600));
+    let venvs = root.join("_venv");
+    reap::remove_leftovers(&venvs, std::time::Duration::from_secs(600));
+    let mut entries = reap::entries(root);
+    entries.retain(|e| {
+        // code directories are named by their digest
+        e.dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    entries.extend(reap::entries(&venvs));
+    let r = reap::reap(entries, &|_| false, policy);
+    if !r.removed.is_empty() {
+        eprintln!(
+            "executor: removed {} unused cache entries ({} MiB) under {}",
+            r.removed.len(),
+            r.freed >> 20,
+            root.display()
+        );
+    }
 }
 
 /// Run one work item: with the module's handler process when it ships one, else with the
@@ -107,7 +179,17 @@ pub fn execute(
             );
             Outcome::Unavailable
         }
-        (Some(h), _) => external.execute(&mut ctx, item, h),
+        (Some(h), _) => {
+            if item.at_target {
+                // on an agent's machine or an SSH target, what this executor was shipped is
+                // kept by last use (see `reap_target_caches`)
+                crate::pyenv::reap::touch(&h.dir);
+                if let Some(root) = h.dir.parent() {
+                    reap_target_caches(root);
+                }
+            }
+            external.execute(&mut ctx, item, h)
+        }
         (None, None) => {
             ctx.error(
                 format!("no handler for resource type {}", item.resource.type_name),
@@ -202,4 +284,46 @@ pub fn main_loop() -> std::io::Result<()> {
     external.shutdown();
     cache.clear();
     Ok(())
+}
+
+#[cfg(test)]
+mod target_cache_tests {
+    use std::time::{Duration, SystemTime};
+
+    fn entry(dir: &std::path::Path, days_ago: u64) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("f"), "x").unwrap();
+        crate::pyenv::reap::touch(dir);
+        let t = SystemTime::now() - Duration::from_secs(days_ago * 86400);
+        let stamp = dir.join(crate::pyenv::reap::STAMP);
+        std::fs::File::options()
+            .write(true)
+            .open(stamp)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        std::fs::File::open(dir).unwrap().set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn a_target_keeps_what_it_used_lately_and_what_runs() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let (old, fresh, running) = (r.join("aa11"), r.join("bb22"), r.join("cc33"));
+        let (old_env, lib) = (r.join("_venv/0123"), r.join("_lib"));
+        entry(&old, 3);
+        entry(&fresh, 0);
+        entry(&running, 3);
+        entry(&old_env, 2);
+        entry(&lib, 9);
+        let held = crate::pyenv::reap::lock_file(&running, false).unwrap();
+        super::reap_target_caches(r);
+        assert!(!old.exists() && !old_env.exists());
+        assert!(fresh.exists() && running.exists() && lib.exists());
+        // at most once an hour
+        entry(&old, 3);
+        super::reap_target_caches(r);
+        assert!(old.exists());
+        drop(held);
+    }
 }

@@ -20,6 +20,8 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
+pub mod reap;
+
 /// The marker inside a complete environment: the key it was made for.
 const MARKER: &str = ".steward-requirements";
 
@@ -164,6 +166,8 @@ pub struct Ensured {
     /// What venv and pip printed.
     pub output: String,
     pub key: String,
+    /// Held while this value lives: reapers leave the environment alone.
+    pub in_use: reap::InUse,
 }
 
 impl Ensured {
@@ -461,16 +465,30 @@ pub fn ensure(
     let key = key(requirements, &version);
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
-    let lock_path = dir.with_extension("lock");
-    let lock = std::fs::File::create(&lock_path).map_err(io("creating", &lock_path))?;
-    // another process making it: wait, then use what it made
-    lock.lock().map_err(io("locking", &lock_path))?;
+    let lock_path = reap::lock_path(dir);
+    // users hold it shared (compiles, handler processes): one more needs no exclusive lock
+    let shared = reap::lock_file(dir, false).map_err(io("locking", &lock_path))?;
     if is_ready(dir, &key) {
+        reap::touch(dir);
         return Ok(Ensured {
             dir: dir.to_path_buf(),
             created: false,
             output: String::new(),
             key,
+            in_use: reap::InUse::from_lock(shared),
+        });
+    }
+    drop(shared);
+    // another process making it: wait, then use what it made
+    let lock = reap::lock_file(dir, true).map_err(io("locking", &lock_path))?;
+    if is_ready(dir, &key) {
+        let in_use = reap::keep_using(dir, lock).map_err(io("locking", &lock_path))?;
+        return Ok(Ensured {
+            dir: dir.to_path_buf(),
+            created: false,
+            output: String::new(),
+            key,
+            in_use,
         });
     }
     if dir.exists() {
@@ -522,15 +540,19 @@ pub fn ensure(
         // what pip made, no later compile may change
         crate::sandbox::share_read_only(dir, id).map_err(io("sharing", dir))?;
     }
+    reap::record_size(dir);
     let marker = dir.join(MARKER);
     let mut f = std::fs::File::create(&marker).map_err(io("writing", &marker))?;
     f.write_all(key.as_bytes())
         .map_err(io("writing", &marker))?;
+    // used from now on
+    let in_use = reap::keep_using(dir, lock).map_err(io("locking", &lock_path))?;
     Ok(Ensured {
         dir: dir.to_path_buf(),
         created: true,
         output,
         key,
+        in_use,
     })
 }
 
@@ -666,10 +688,13 @@ mod tests {
         assert!(first.created && first.python().exists());
         let again = ensure(&venv, "# nothing\n\n", dir.path(), &opts).unwrap();
         assert!(!again.created);
+        // other requirements remake it once nobody uses it any more
+        let first_key = first.key.clone();
+        drop((first, again));
         // a failed install leaves no usable environment
         let bad = ensure(&venv, "-r does-not-exist.txt\n", dir.path(), &opts).unwrap_err();
         assert!(bad.to_string().contains("does-not-exist.txt"), "{bad}");
-        assert!(!is_ready(&venv, &first.key));
+        assert!(!is_ready(&venv, &first_key));
         let remade = ensure(&venv, "# nothing\n", dir.path(), &opts).unwrap();
         assert!(remade.created);
     }

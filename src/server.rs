@@ -14,6 +14,7 @@ pub mod api_sources;
 pub mod api_tokens;
 pub mod api_versions;
 pub mod auth;
+pub mod caches;
 pub mod console;
 pub mod error;
 pub mod extract;
@@ -198,6 +199,8 @@ pub struct ServerConfig {
     pub executor_bin: PathBuf,
     /// Time between retention passes.
     pub prune_interval: std::time::Duration,
+    /// How long unused Python environments stay and how much they may take.
+    pub python_envs: caches::CachePolicy,
     /// Serve HTTPS with this certificate and key (None: plain HTTP).
     pub tls: Option<tls::TlsFiles>,
     /// Where the other replicas reach this one (None: from the bound address).

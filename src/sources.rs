@@ -101,6 +101,8 @@ struct Inner {
     allow_local: std::sync::atomic::AtomicBool,
     /// Where pip finds the packages commits' requirements name (the operator's choice).
     pip_sources: Mutex<compile::PipSources>,
+    /// Told when a compile made a new Python environment (the reaper looks at the disk).
+    envs_made: Arc<Notify>,
 }
 
 /// Handle on the git side of a server (cheap to clone).
@@ -147,6 +149,7 @@ impl GitSources {
             tenures: replica.then(|| Mutex::new(HashMap::new())),
             allow_local: std::sync::atomic::AtomicBool::new(false),
             pip_sources: Mutex::new(compile::PipSources::default()),
+            envs_made: Arc::new(Notify::new()),
         }));
         let events = notifier.subscribe();
         if replica {
@@ -229,6 +232,11 @@ impl GitSources {
     /// `--pip-find-links`); without them, pip's own configuration of the server's user.
     pub fn set_pip_sources(&self, pip: compile::PipSources) {
         *self.0.pip_sources.lock().unwrap() = pip;
+    }
+
+    /// Notified each time a compile made a new Python environment.
+    pub fn envs_made(&self) -> Arc<Notify> {
+        self.0.envs_made.clone()
     }
 
     /// Why `url` is not fetched here, if it is not.
@@ -844,6 +852,7 @@ impl GitSources {
             compile::Python {
                 envs: &self.0.data_dir.join("python-envs"),
                 pip: &pip_sources,
+                made: &self.0.envs_made,
             },
             self.fence(env).as_ref(),
         )
@@ -857,6 +866,7 @@ impl GitSources {
             diagnostics: &r.diagnostics,
             error: r.error.as_deref(),
             version: r.version,
+            python_env: r.python_env.as_deref(),
         };
         let mut out = Outgoing::default();
         let mut events: Vec<(&str, &str, serde_json::Value)> = Vec::new();

@@ -74,6 +74,14 @@ pub enum AgentCmd {
         /// or ~/.cache/steward/agent]
         #[arg(long, env = "STEWARD_AGENT_DIR", value_name = "DIR")]
         work_dir: Option<std::path::PathBuf>,
+        /// Seconds fetched handler code and handler Python environments stay in the work
+        /// dir after their last use [default: a day]. One in use never goes.
+        #[arg(long, env = "STEWARD_CACHE_GRACE", value_name = "SECS")]
+        cache_grace: Option<u64>,
+        /// The most they may take together; past it the least recently used go
+        /// (`500MiB`, `5GiB`, …; `0`: no cap) [default: 5GiB].
+        #[arg(long, env = "STEWARD_CACHE_MAX_SIZE", value_name = "SIZE", value_parser = crate::cli::server::parse_size)]
+        cache_max_size: Option<u64>,
     },
 }
 
@@ -81,7 +89,12 @@ pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode
     let env = remote.env()?.to_string();
     let c = &remote.client;
     match cmd {
-        AgentCmd::Run { names, work_dir } => {
+        AgentCmd::Run {
+            names,
+            work_dir,
+            cache_grace,
+            cache_max_size,
+        } => {
             let work_dir = work_dir.unwrap_or_else(|| {
                 std::env::var_os("XDG_CACHE_HOME")
                     .map(std::path::PathBuf::from)
@@ -97,6 +110,8 @@ pub async fn run_agent(remote: Remote, cmd: AgentCmd) -> anyhow::Result<ExitCode
                 names,
                 work_dir,
                 executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
+                cache_grace: cache_grace.map(std::time::Duration::from_secs),
+                cache_max_size,
             };
             let stop = async {
                 let mut term =

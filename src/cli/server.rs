@@ -42,6 +42,16 @@ pub struct ServerArgs {
     /// timelines, dry-runs, deliveries and audit records (see the `retention` setting).
     #[arg(long, env = "STEWARD_PRUNE_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub prune_interval: u64,
+    /// The most disk the Python environments may take together: those made for commits'
+    /// requirements (`python-envs/`, with pip's caches) and for handlers (`code/…/_venv`).
+    /// Past it the least recently used go (they are made again when needed); none in use.
+    /// `500MiB`, `20GiB`, … ; `0`: no cap.
+    #[arg(long, env = "STEWARD_MAX_PYTHON_ENVS_SIZE", default_value = "20GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_python_envs_size: u64,
+    /// Seconds an unused Python environment that no stored version needs is kept after its
+    /// last use.
+    #[arg(long, env = "STEWARD_PYTHON_ENV_GRACE", default_value_t = 3600)]
+    pub python_env_grace: u64,
     /// Serve HTTPS: PEM file with the server's certificate, then any intermediate CA
     /// certificates (the full chain). Needs --tls-key. Without both, plain HTTP.
     #[arg(
@@ -290,6 +300,10 @@ pub fn run(mut args: ServerArgs) -> anyhow::Result<ExitCode> {
         scheduler: !args.no_scheduler,
         executor_bin: crate::scheduler::Schedulers::default_executor_bin(),
         prune_interval: std::time::Duration::from_secs(args.prune_interval),
+        python_envs: crate::server::caches::CachePolicy {
+            grace: std::time::Duration::from_secs(args.python_env_grace),
+            max_bytes: (args.max_python_envs_size > 0).then_some(args.max_python_envs_size),
+        },
         tls: match (args.tls_cert, args.tls_key) {
             (Some(cert), Some(key)) => Some(crate::server::tls::TlsFiles { cert, key }),
             // clap requires both or neither
@@ -427,4 +441,49 @@ fn status(args: super::remote::RemoteArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A size: a number of bytes with an optional unit (`KB`, `MB`, `GB`, `TB` powers of 1000;
+/// `KiB`, `MiB`, `GiB`, `TiB` powers of 1024; `B`).
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim());
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (a number with KiB, MiB, GiB, MB, GB, …)"))?;
+    let factor: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        "tib" => 1099511627776.0,
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ));
+        }
+    };
+    Ok((n * factor) as u64)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("500MiB"), Ok(500 << 20));
+        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
+        assert_eq!(parse_size("1.5 GB"), Ok(1_500_000_000));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("lots").is_err());
+    }
 }

@@ -93,6 +93,9 @@ struct HandlerProc {
     /// Steward's handler host for an Inmanta module (speaks `execute` and `version_done`).
     inmanta: bool,
     last_use: Instant,
+    /// Its Python environment, held while it runs (reapers skip it; its code directory is
+    /// held during each action, see [`ExternalPool::execute`]).
+    _in_use: Vec<crate::pyenv::reap::InUse>,
 }
 
 impl HandlerProc {
@@ -121,9 +124,11 @@ impl HandlerProc {
                     args,
                     pythonpath: lib.into_os_string(),
                     hello: json!({}),
+                    in_use: Vec::new(),
                 }
             }
         };
+        let in_use = launch.in_use;
         let shown = Path::new(&launch.program).display().to_string();
         let mut cmd = Command::new(&launch.program);
         cmd.args(&launch.args);
@@ -213,6 +218,7 @@ impl HandlerProc {
             can_reload: false,
             inmanta: h.inmanta.is_some(),
             last_use: Instant::now(),
+            _in_use: in_use,
         };
         let mut hello = json!({"op": "hello", "protocol": PROTOCOL});
         if let (Value::Object(m), Value::Object(x)) = (&mut hello, launch.hello) {
@@ -409,6 +415,9 @@ impl ExternalPool {
 
     /// Run one action of `item` with its module's handler.
     pub fn execute(&mut self, ctx: &mut Context, item: &WorkItem, h: &ExternalHandler) -> Outcome {
+        // the code directory is not removed during the action (best effort: a directory
+        // this executor may not write is the server's, reaped by what stored versions use)
+        let _code_in_use = crate::pyenv::reap::hold(&h.dir);
         let mut proc = match self.take(h) {
             Ok(p) => p,
             Err(e) => {

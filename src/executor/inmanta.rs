@@ -34,6 +34,9 @@ pub struct Launch {
     pub pythonpath: OsString,
     /// Added to the `hello` request.
     pub hello: Value,
+    /// Held while the process runs: the code directory and Python environment it uses stay
+    /// (see [`crate::pyenv::reap`]).
+    pub in_use: Vec<crate::pyenv::reap::InUse>,
 }
 
 /// How to start the handler host for `code` (creating its Python environment if needed).
@@ -48,7 +51,7 @@ pub fn launch(h: &ExternalHandler, code: &InmantaCode) -> Result<Launch, String>
             base.display()
         )
     })?;
-    let python = python_for(base, &code.requirements)?;
+    let (python, env_in_use) = python_for(base, &code.requirements)?;
     let pythonpath = std::env::join_paths([tree.as_path(), h.dir.as_path()])
         .map_err(|e| format!("a path that can not be on PYTHONPATH: {e}"))?;
     Ok(Launch {
@@ -56,6 +59,7 @@ pub fn launch(h: &ExternalHandler, code: &InmantaCode) -> Result<Launch, String>
         args: vec!["-u".into(), tree.join(HOST).into_os_string()],
         pythonpath,
         hello: json!({"imports": code.imports}),
+        in_use: env_in_use.into_iter().collect(),
     })
 }
 
@@ -91,11 +95,14 @@ fn base_python() -> String {
 /// The Python interpreter to run handlers needing `requirements`: the base one when nothing is
 /// to be installed, else that of the virtualenv for this requirement set under
 /// `<base>/_venv/` (made once, see [`crate::pyenv`]).
-pub fn python_for(base: &Path, requirements: &[String]) -> Result<PathBuf, String> {
+pub fn python_for(
+    base: &Path,
+    requirements: &[String],
+) -> Result<(PathBuf, Option<crate::pyenv::reap::InUse>), String> {
     let python = base_python();
     let reqs = installable(requirements);
     if reqs.is_empty() {
-        return Ok(PathBuf::from(python));
+        return Ok((PathBuf::from(python), None));
     }
     let opts = crate::pyenv::InstallOptions {
         base_python: python,
@@ -112,7 +119,7 @@ pub fn python_for(base: &Path, requirements: &[String]) -> Result<PathBuf, Strin
                 reqs.join(", ")
             )
         })?;
-    Ok(made.python())
+    Ok((made.python(), Some(made.in_use)))
 }
 
 /// Report the host's answer to `execute` into `ctx`: logs, changes, what was done, and the

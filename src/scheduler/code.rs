@@ -250,15 +250,15 @@ impl Reaper {
                 (now.duration_since(since) >= grace).then_some(&mut reaped.unused)
             };
             let Some(count) = kind else { continue };
-            let doomed = if leftover {
-                path
-            } else {
-                let doomed = dir.join(format!(".reap-{name}-{}", uuid::Uuid::new_v4()));
-                std::fs::rename(&path, &doomed)?;
+            if leftover {
+                std::fs::remove_dir_all(&path)?;
+            } else if crate::pyenv::reap::remove_unless_held(&path) {
+                // (renamed out of the way first, with its lock file; one a handler process
+                // still runs in is held and stays)
                 self.unused_since.remove(&path);
-                doomed
-            };
-            std::fs::remove_dir_all(&doomed)?;
+            } else {
+                continue;
+            }
             *count += 1;
         }
         Ok(())

@@ -89,6 +89,8 @@ pub struct Pool {
     /// how executors on this machine are confined, and their HOME
     jail: crate::sandbox::Jail,
     home: Option<PathBuf>,
+    /// More variables for local executors (an agent's cache policy).
+    extra_env: Vec<(String, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -130,9 +132,15 @@ impl Pool {
                     ..Default::default()
                 },
                 home: None,
+                extra_env: Vec::new(),
             },
             rx,
         )
+    }
+
+    /// Give local executors these variables too (on top of the passed environment).
+    pub fn set_extra_env(&mut self, vars: Vec<(String, String)>) {
+        self.extra_env = vars;
     }
 
     /// Let this pool hand actions of `external` agents to processes connected to `hub`.
@@ -398,6 +406,7 @@ impl Pool {
                     // handlers run model-controlled code: none of the server's secrets
                     .env_clear()
                     .envs(crate::executor::passed_environment())
+                    .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit());

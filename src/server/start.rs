@@ -353,6 +353,16 @@ async fn serve(
             crate::scheduler::code::REAP_GRACE,
         ))
     });
+    // the Python environments of commits and handlers, within their grace and cap
+    let envs_reaper = state.sources.as_ref().map(|s| {
+        tokio::spawn(super::caches::run(
+            state.pool.clone(),
+            config.data_dir.clone(),
+            config.python_envs,
+            config.prune_interval,
+            s.envs_made(),
+        ))
+    });
     tracing::info!(%addr, %scheme, no_auth = config.no_auth, scheduler = config.scheduler, "steward server listening");
     eprintln!("steward server listening on {scheme}://{addr}");
     let handover = replica.as_ref().map(|(r, _)| r.clone());
@@ -368,7 +378,7 @@ async fn serve(
         .await
         .map_err(ServerError::Serve);
     pruner.abort();
-    if let Some(r) = reaper {
+    for r in [reaper, envs_reaper].into_iter().flatten() {
         r.abort();
     }
     if let Some(s) = schedulers {

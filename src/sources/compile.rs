@@ -56,6 +56,8 @@ pub struct Python<'a> {
     /// `<data dir>/python-envs`
     pub envs: &'a Path,
     pub pip: &'a PipSources,
+    /// Notified when an environment was made.
+    pub made: &'a tokio::sync::Notify,
 }
 
 pub struct CompileResult {
@@ -68,6 +70,8 @@ pub struct CompileResult {
     pub error: Option<String>,
     pub version: Option<i32>,
     pub auto_released: bool,
+    /// The Python environment it used, `<environment id>/<name>` under python-envs/.
+    pub python_env: Option<String>,
 }
 
 /// A stage record: name, start, duration, outcome, detail.
@@ -124,7 +128,7 @@ pub async fn run(
     python: Python<'_>,
     fence: Option<&crate::store::leases::Fence>,
 ) -> CompileResult {
-    let (python_envs, pip_sources) = (python.envs, python.pip);
+    let (python_envs, pip_sources, envs_made) = (python.envs, python.pip, python.made);
     let mut report = Report {
         stages: job.stages.as_array().cloned().unwrap_or_default(),
         result: CompileResult {
@@ -137,6 +141,7 @@ pub async fn run(
             error: None,
             version: None,
             auto_released: false,
+            python_env: None,
         },
     };
 
@@ -224,6 +229,8 @@ pub async fn run(
     // the project's Python environment (V2 modules, plugins' dependencies), shared by the
     // environment's commits with the same requirements
     let mut virtual_env = None;
+    // held until the compile ends: the reaper leaves an environment in use alone
+    let mut _env_in_use = None;
     let requirements = project.join("requirements.txt");
     if requirements.is_file() {
         let at = begin();
@@ -251,6 +258,8 @@ pub async fn run(
             sandbox::private_dir(&tmp, jail2.identity).map_err(|e| e.to_string())?;
             let cache = envs.join(".pip-cache");
             sandbox::private_dir(&cache, jail2.identity).map_err(|e| e.to_string())?;
+            // pip's cache is not removed under pip
+            let _cache_in_use = crate::pyenv::reap::hold(&cache);
             let mut env = crate::executor::passed_environment();
             // the environment's own cache: a cache shared between environments would let
             // one place files another installs
@@ -281,6 +290,9 @@ pub async fn run(
         .await;
         match made {
             Ok(Ok(env)) => {
+                if env.created {
+                    envs_made.notify_one();
+                }
                 report.passed(
                     "python environment",
                     at,
@@ -292,7 +304,13 @@ pub async fn run(
                 );
                 // under a private /tmp too, when the data directory is there
                 jail.keep_visible.push(env.dir.clone());
+                report.result.python_env = env
+                    .dir
+                    .strip_prefix(python_envs)
+                    .ok()
+                    .map(|p| p.display().to_string());
                 virtual_env = Some(env.dir);
+                _env_in_use = Some(env.in_use);
             }
             Ok(Err(e)) => {
                 return report.failed(

@@ -236,6 +236,20 @@ pub async fn live_digests(e: impl PgExecutor<'_>) -> Result<std::collections::Ha
     Ok(rows.into_iter().map(|(d,)| d).collect())
 }
 
+/// The Python requirement lists of the Inmanta handler code that stored versions ship
+/// (each once): the handler environments they need.
+pub async fn live_handler_requirements(e: impl PgExecutor<'_>) -> Result<Vec<Vec<String>>> {
+    let rows: Vec<(serde_json::Value,)> =
+        sqlx::query_as("SELECT DISTINCT inmanta FROM version_handlers WHERE inmanta IS NOT NULL")
+            .fetch_all(e)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(v,)| serde_json::from_value::<crate::model::InmantaCode>(v).ok())
+        .map(|c| c.requirements)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

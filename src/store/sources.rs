@@ -355,6 +355,18 @@ pub async fn start_compile(e: impl PgExecutor<'_>, id: Uuid) -> Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
+/// The Python environments (`<environment id>/<name>` under python-envs/) that compiles of
+/// stored versions used.
+pub async fn python_envs_of_stored_versions(e: impl PgExecutor<'_>) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT c.python_env FROM compiles c JOIN versions v \
+           ON v.environment_id = c.environment_id AND v.number = c.version \
+         WHERE c.python_env IS NOT NULL",
+    )
+    .fetch_all(e)
+    .await?)
+}
+
 /// How a compile ended.
 pub struct CompileEnd<'a> {
     pub success: bool,
@@ -365,12 +377,13 @@ pub struct CompileEnd<'a> {
     pub diagnostics: &'a serde_json::Value,
     pub error: Option<&'a str>,
     pub version: Option<i32>,
+    pub python_env: Option<&'a str>,
 }
 
 pub async fn finish_compile(e: impl PgExecutor<'_>, id: Uuid, end: &CompileEnd<'_>) -> Result<()> {
     sqlx::query(
         "UPDATE compiles SET status = $2, finished_at = now(), stages = $3, exit_code = $4, stdout = $5, stderr = $6, \
-         diagnostics = $7, error = $8, version = $9 WHERE id = $1",
+         diagnostics = $7, error = $8, version = $9, python_env = $10 WHERE id = $1",
     )
     .bind(id)
     .bind(if end.success { "success" } else { "failed" })
@@ -381,6 +394,7 @@ pub async fn finish_compile(e: impl PgExecutor<'_>, id: Uuid, end: &CompileEnd<'
     .bind(end.diagnostics)
     .bind(end.error)
     .bind(end.version)
+    .bind(end.python_env)
     .execute(e)
     .await?;
     Ok(())

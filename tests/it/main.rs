@@ -37,6 +37,7 @@ mod pg_crash;
 mod pg_failover;
 mod pg_security;
 mod pipelined_agents;
+mod python_env_reaper;
 mod python_envs;
 mod python_handlers;
 mod python_handlers_agent;

@@ -239,7 +239,13 @@ fn requirements_get_one_virtualenv_made_once_for_executors_asking_together() {
     let started = Instant::now();
     let pythons: Vec<PathBuf> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..3)
-            .map(|_| s.spawn(|| steward::executor::inmanta::python_for(&code, &reqs).unwrap()))
+            .map(|_| {
+                s.spawn(|| {
+                    steward::executor::inmanta::python_for(&code, &reqs)
+                        .unwrap()
+                        .0
+                })
+            })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -248,7 +254,7 @@ fn requirements_get_one_virtualenv_made_once_for_executors_asking_together() {
     let venvs: Vec<_> = std::fs::read_dir(code.join("_venv"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| !n.ends_with(".lock"))
+        .filter(|n| !n.ends_with(".lock") && !n.starts_with('.'))
         .collect();
     assert_eq!(venvs.len(), 1, "{venvs:?}");
     let out = std::process::Command::new(&pythons[0])
@@ -259,13 +265,17 @@ fn requirements_get_one_virtualenv_made_once_for_executors_asking_together() {
     // asked again: found at once
     let again = Instant::now();
     assert_eq!(
-        steward::executor::inmanta::python_for(&code, &reqs).unwrap(),
+        steward::executor::inmanta::python_for(&code, &reqs)
+            .unwrap()
+            .0,
         pythons[0]
     );
     assert!(again.elapsed().as_millis() < 200);
     // no requirement to install: the base interpreter
     assert_eq!(
-        steward::executor::inmanta::python_for(&code, &["inmanta-core".to_string()]).unwrap(),
+        steward::executor::inmanta::python_for(&code, &["inmanta-core".to_string()])
+            .unwrap()
+            .0,
         PathBuf::from(std::env::var("STEWARD_PYTHON").unwrap_or_else(|_| "python3".into()))
     );
     // a requirement pip can not install: a clear error
