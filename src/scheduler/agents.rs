@@ -203,6 +203,34 @@ pub struct AgentHub {
     state: Arc<Mutex<State>>,
 }
 
+/// Most agents one agent process may host (one session): each is a lease renewed every
+/// second.
+pub const MAX_SESSION_AGENTS: usize = 1000;
+
+/// The agents a process names: at most [`MAX_SESSION_AGENTS`], each a name people can read
+/// (1 to 255 characters, no control or bidirectional-override character), none twice.
+fn check_agent_names(agents: &[String]) -> Result<(), HubError> {
+    if agents.len() > MAX_SESSION_AGENTS {
+        return Err(HubError::Invalid(format!(
+            "an agent process may host at most {MAX_SESSION_AGENTS} agents ({} named)",
+            agents.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for a in agents {
+        store::tokens::check_label("agent name", a, store::tokens::MAX_AGENT_NAME_CHARS).map_err(
+            |e| match e {
+                store::StoreError::Invalid(m) => HubError::Invalid(m),
+                other => HubError::Store(other),
+            },
+        )?;
+        if !seen.insert(a.as_str()) {
+            return Err(HubError::Invalid(format!("agent '{a}' is named twice")));
+        }
+    }
+    Ok(())
+}
+
 fn lease_key(env: Uuid, agent: &str) -> String {
     format!("{env}/{agent}")
 }
@@ -245,6 +273,7 @@ impl AgentHub {
         if hello.agents.is_empty() {
             return Err(HubError::Invalid("name at least one agent to host".into()));
         }
+        check_agent_names(&hello.agents)?;
         if let Some(allowed) = allowed
             && let Some(a) = hello.agents.iter().find(|a| !allowed.contains(a))
         {
@@ -331,21 +360,25 @@ impl AgentHub {
                 fresh.then(|| (s.primary.clone(), s.renewed)),
             )
         };
-        // the heartbeat: renew or take each agent's lease (at most every RENEW_EVERY)
+        // the heartbeat: renew or take every agent's lease in one statement (at most every
+        // RENEW_EVERY)
         let renewing = Instant::now();
         let mut primary = BTreeMap::new();
-        for agent in cached.is_none().then_some(&agents).into_iter().flatten() {
-            let key = lease_key(env, agent);
-            if let Some(term) = store::leases::acquire(
+        if cached.is_none() {
+            let keys: Vec<String> = agents.iter().map(|a| lease_key(env, a)).collect();
+            let held = store::leases::acquire_many(
                 &self.pool,
                 LeaseKind::AgentPrimary,
-                &key,
+                &keys,
                 &instance.to_string(),
                 LEASE_MS,
             )
-            .await?
-            {
-                primary.insert(agent.clone(), term);
+            .await?;
+            let prefix = format!("{env}/");
+            for (key, term) in held {
+                if let Some(agent) = key.strip_prefix(&prefix) {
+                    primary.insert(agent.to_string(), term);
+                }
             }
         }
         let renewed = cached.is_none();

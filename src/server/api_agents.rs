@@ -25,7 +25,7 @@ impl From<HubError> for ApiError {
             }
             HubError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", e.to_string()),
             HubError::Forbidden(m) => ApiError::forbidden(m),
-            HubError::Invalid(m) => ApiError::bad_request(m),
+            HubError::Invalid(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m),
             HubError::Store(s) => s.into(),
         }
     }
@@ -49,7 +49,8 @@ fn hub_for<'a>(state: &'a AppState, caller: &Caller, env: uuid::Uuid) -> ApiResu
 #[utoipa::path(post, operation_id = "open_agent_session", path = "/api/v1/environments/{env}/agent-sessions", tag = AGENTS,
     params(EnvPath), request_body = Hello,
     responses((status = 200, description = "Connected", body = PollReply),
-              (status = 403, description = "The token may not host one of these agents")))]
+              (status = 403, description = "The token may not host one of these agents"),
+              (status = 422, description = "More than 1000 agents, a name that is not 1 to 255 readable characters, or a name given twice")))]
 pub async fn open(
     State(state): State<AppState>,
     caller: Caller,

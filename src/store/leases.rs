@@ -70,6 +70,58 @@ pub async fn acquire(
     .await?)
 }
 
+/// [`acquire`] for many keys of one kind in one statement: the keys taken or renewed, with
+/// their terms (the others are held by someone else). Keys are taken in sorted order, so
+/// two holders asking for overlapping sets never wait for each other in a cycle.
+pub async fn acquire_many(
+    e: impl PgExecutor<'_>,
+    kind: LeaseKind,
+    keys: &[String],
+    holder: &str,
+    ttl_ms: i64,
+) -> Result<Vec<(String, i64)>> {
+    let mut keys = keys.to_vec();
+    keys.sort();
+    keys.dedup();
+    Ok(sqlx::query_as(
+        "INSERT INTO leases (kind, key, holder, term, expires_at) \
+         SELECT $1, k, $3, 1, now() + make_interval(secs => $4::float8 / 1000) \
+         FROM unnest($2::text[]) AS k ORDER BY k \
+         ON CONFLICT (kind, key) DO UPDATE SET \
+           term = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.term ELSE leases.term + 1 END, \
+           acquired_at = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.acquired_at ELSE now() END, \
+           holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, renewed_at = now() \
+         WHERE leases.holder = EXCLUDED.holder OR leases.expires_at < now() \
+         RETURNING key, term",
+    )
+    .bind(kind.as_str())
+    .bind(&keys)
+    .bind(holder)
+    .bind(ttl_ms)
+    .fetch_all(e)
+    .await?)
+}
+
+/// Forget the agent-primary leases that expired more than `after_secs` ago and name an agent
+/// no stored version of its environment uses (an agent process that named agents nobody
+/// deploys to leaves nothing behind). Terms of agents in use are kept, so fencing goes on
+/// counting up for them. Rows deleted.
+pub async fn prune_unused_agent_leases(e: impl PgExecutor<'_>, after_secs: i64) -> Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM leases l WHERE l.ctid IN (SELECT l2.ctid FROM leases l2 \
+           WHERE l2.kind = 'agent' \
+           AND l2.expires_at < now() - make_interval(secs => $1::float8) \
+           AND NOT EXISTS (SELECT 1 FROM version_resources r \
+             WHERE r.environment_id::text = split_part(l2.key, '/', 1) \
+             AND r.agent = substr(l2.key, length(split_part(l2.key, '/', 1)) + 2)) \
+           LIMIT 5000)",
+    )
+    .bind(after_secs as f64)
+    .execute(e)
+    .await?
+    .rows_affected())
+}
+
 /// Does `holder` hold the lease under `term`, unexpired? The fencing check.
 pub async fn holds(
     e: impl PgExecutor<'_>,

@@ -26,6 +26,8 @@ pub struct Pruned {
     pub audit: u64,
     pub code_blobs: u64,
     pub console_sessions: u64,
+    /// Leases and list entries of agents no version uses.
+    pub agent_leases: u64,
 }
 
 impl Pruned {
@@ -39,6 +41,7 @@ impl Pruned {
             + self.audit
             + self.code_blobs
             + self.console_sessions
+            + self.agent_leases
     }
 }
 
@@ -182,6 +185,26 @@ pub async fn prune_global(pool: &PgPool, audit_days: u32) -> Result<Pruned> {
         pool,
         "DELETE FROM console_sessions WHERE secret_hash IN (SELECT secret_hash FROM console_sessions \
          WHERE expires_at < now() LIMIT 5000)",
+        |q| q,
+    )
+    .await?;
+    // leases of agents nobody deploys to, ten minutes after their process let them go
+    loop {
+        let n = super::leases::prune_unused_agent_leases(pool, 600).await?;
+        p.agent_leases += n;
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    // and their rows in the agents list, once their lease is gone (a paused one stays: the
+    // pause is an operator's decision)
+    p.agent_leases += drain(
+        pool,
+        "DELETE FROM agents WHERE (environment_id, name) IN (SELECT a.environment_id, a.name FROM agents a \
+         WHERE NOT a.paused AND NOT a.unpause_on_resume \
+         AND NOT EXISTS (SELECT 1 FROM version_resources r WHERE r.environment_id = a.environment_id AND r.agent = a.name) \
+         AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'agent' AND l.key = a.environment_id::text || '/' || a.name) \
+         LIMIT 5000)",
         |q| q,
     )
     .await?;

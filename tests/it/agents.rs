@@ -692,3 +692,101 @@ async fn module_handler_code_reaches_an_external_agent_by_digest() {
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
+
+/// An agent process may not make the server keep a lease row per name it can think of
+/// (issue 28, defect 4): 50,000 names, a 900 KB name, a name with a bidirectional override
+/// or twice the same name are refused with 422 and a reason, before anything is stored; a
+/// session of 1000 agents works; the leases and list entries of agents no version uses go
+/// once their process is gone, while those of agents in use stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_sessions_are_bounded_and_unused_agents_leave_no_rows_behind() {
+    let (srv, c, env, tmp) =
+        deploying_env("bounded", json!({"agent_map": {WEB: "external"}})).await;
+    // one agent in use: a version deploys to it (through an external process)
+    let v = upload(
+        &c,
+        &env,
+        vec![fs_file(
+            WEB,
+            tmp.path().join("f").to_str().unwrap(),
+            "x",
+            &[],
+        )],
+    )
+    .await;
+    let _ = v;
+    let hello = |agents: Vec<String>| steward::scheduler::agents::Hello {
+        instance: uuid::Uuid::new_v4(),
+        agents,
+        host: "test".into(),
+        version: "test".into(),
+    };
+    let leases = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM leases WHERE kind = 'agent'")
+            .fetch_one(&srv.pool)
+            .await
+            .unwrap()
+    };
+    let refused = |r: steward::client::Result<steward::scheduler::agents::PollReply>| {
+        let e = r.expect_err("refused");
+        assert_eq!(e.status(), Some(422), "{e}");
+        e.to_string()
+    };
+    let many: Vec<String> = (0..50_000).map(|i| format!("a{i}")).collect();
+    let started = Instant::now();
+    let e = refused(c.agent_open(&env, &hello(many)).await);
+    assert!(e.contains("at most 1000 agents"), "{e}");
+    eprintln!("50,000 names refused in {:?}", started.elapsed());
+    let e = refused(c.agent_open(&env, &hello(vec!["x".repeat(900_000)])).await);
+    assert!(e.contains("1 to 255 characters"), "{e}");
+    let e = refused(
+        c.agent_open(&env, &hello(vec!["web\u{202e}bad".into()]))
+            .await,
+    );
+    assert!(e.contains("U+202E"), "{e}");
+    let e = refused(
+        c.agent_open(&env, &hello(vec!["a".into(), "a".into()]))
+            .await,
+    );
+    assert!(e.contains("named twice"), "{e}");
+    assert_eq!(leases().await, 0, "nothing stored for refused sessions");
+
+    // 1000 agents, WEB among them: one statement renews them all
+    let mut names: Vec<String> = (0..999).map(|i| format!("spare-{i}")).collect();
+    names.push(WEB.into());
+    let h = hello(names);
+    let instance = h.instance;
+    let started = Instant::now();
+    let reply = c.agent_open(&env, &h).await.unwrap();
+    eprintln!("a session of 1000 agents opened in {:?}", started.elapsed());
+    assert_eq!(reply.primary.len(), 1000, "{:?}", reply.primary.len());
+    assert_eq!(leases().await, 1000);
+    c.agent_close(&env, instance).await.unwrap();
+    // the process is gone; once its leases lapsed long enough, retention forgets the unused
+    sqlx::query("UPDATE leases SET expires_at = now() - interval '1 hour' WHERE kind = 'agent'")
+        .execute(&srv.pool)
+        .await
+        .unwrap();
+    let pruned = steward::store::retention::prune_all(&srv.pool, None)
+        .await
+        .unwrap();
+    assert!(pruned.agent_leases >= 999, "{pruned:?}");
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT key FROM leases WHERE kind = 'agent' ORDER BY key")
+            .fetch_all(&srv.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        left,
+        vec![format!("{env}/{WEB}")],
+        "the term of an agent in use stays"
+    );
+    let listed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agents WHERE environment_id = $1::uuid AND name LIKE 'spare-%'",
+    )
+    .bind(&env)
+    .fetch_one(&srv.pool)
+    .await
+    .unwrap();
+    assert_eq!(listed, 0, "unused agents stay listed");
+}
