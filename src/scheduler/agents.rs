@@ -520,16 +520,20 @@ impl AgentHub {
             s.wake.notify_waiters();
             s.hello.agents
         };
-        for a in agents {
-            store::leases::release(
-                &self.pool,
-                LeaseKind::AgentPrimary,
-                &lease_key(env, &a),
-                &instance.to_string(),
-            )
-            .await?;
-        }
+        self.release_leases(env, &agents, instance).await?;
         tracing::info!(environment = %env, instance = %instance, "agent process disconnected");
+        Ok(())
+    }
+
+    /// Give back the leases of a process that stops (see [`store::leases::release_agents`]).
+    async fn release_leases(
+        &self,
+        env: Uuid,
+        agents: &[String],
+        instance: Uuid,
+    ) -> Result<(), HubError> {
+        let mut c = self.pool.acquire().await.map_err(store::StoreError::from)?;
+        store::leases::release_agents(&mut c, env, agents, &instance.to_string()).await?;
         Ok(())
     }
 
@@ -572,15 +576,7 @@ impl AgentHub {
         };
         let mut ended = Vec::new();
         for (instance, env, agents) in gone {
-            for a in agents {
-                let _ = store::leases::release(
-                    &self.pool,
-                    LeaseKind::AgentPrimary,
-                    &lease_key(env, &a),
-                    &instance.to_string(),
-                )
-                .await;
-            }
+            let _ = self.release_leases(env, &agents, instance).await;
             ended.push((instance, env));
         }
         ended

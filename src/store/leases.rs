@@ -102,6 +102,37 @@ pub async fn acquire_many(
     .await?)
 }
 
+/// Give back the agent-primary leases `holder` has for `agents` of `env` (a process that
+/// stops), in two statements: those of agents a stored version uses expire now (a standby
+/// takes them, the term counts on); those of agents nobody deploys to are forgotten.
+pub async fn release_agents(
+    c: &mut PgConnection,
+    env: uuid::Uuid,
+    agents: &[String],
+    holder: &str,
+) -> Result<()> {
+    let keys: Vec<String> = agents.iter().map(|a| format!("{env}/{a}")).collect();
+    sqlx::query(
+        "UPDATE leases SET expires_at = now() - interval '1 millisecond' \
+         WHERE kind = 'agent' AND key = ANY($1) AND holder = $2",
+    )
+    .bind(&keys)
+    .bind(holder)
+    .execute(&mut *c)
+    .await?;
+    sqlx::query(
+        "DELETE FROM leases WHERE kind = 'agent' AND key = ANY($1) AND holder = $2 \
+         AND expires_at < now() AND substr(key, 38) NOT IN \
+           (SELECT DISTINCT agent FROM version_resources WHERE environment_id = $3)",
+    )
+    .bind(&keys)
+    .bind(holder)
+    .bind(env)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
 /// Forget the agent-primary leases that expired more than `after_secs` ago and name an agent
 /// no stored version of its environment uses (an agent process that named agents nobody
 /// deploys to leaves nothing behind). Terms of agents in use are kept, so fencing goes on

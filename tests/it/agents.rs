@@ -762,7 +762,17 @@ async fn agent_sessions_are_bounded_and_unused_agents_leave_no_rows_behind() {
     assert_eq!(reply.primary.len(), 1000, "{:?}", reply.primary.len());
     assert_eq!(leases().await, 1000);
     c.agent_close(&env, instance).await.unwrap();
-    // the process is gone; once its leases lapsed long enough, retention forgets the unused
+    // a process that stops gives its leases back: those of agents nobody deploys to go
+    assert_eq!(
+        leases().await,
+        1,
+        "only the lease of the agent in use stays"
+    );
+    // one that vanishes (its session times out) leaves them to lapse; once they lapsed long
+    // enough, retention forgets the unused ones
+    let spares: Vec<String> = (0..50).map(|i| format!("spare-{i}")).collect();
+    c.agent_open(&env, &hello(spares)).await.unwrap();
+    assert_eq!(leases().await, 51);
     sqlx::query("UPDATE leases SET expires_at = now() - interval '1 hour' WHERE kind = 'agent'")
         .execute(&srv.pool)
         .await
@@ -770,7 +780,7 @@ async fn agent_sessions_are_bounded_and_unused_agents_leave_no_rows_behind() {
     let pruned = steward::store::retention::prune_all(&srv.pool, None)
         .await
         .unwrap();
-    assert!(pruned.agent_leases >= 999, "{pruned:?}");
+    assert!(pruned.agent_leases >= 50, "{pruned:?}");
     let left: Vec<String> =
         sqlx::query_scalar("SELECT key FROM leases WHERE kind = 'agent' ORDER BY key")
             .fetch_all(&srv.pool)
