@@ -76,11 +76,13 @@ impl Report {
             f.commits, f.broken_commits, f.releases, f.requests, f.failed_requests
         ));
         s.push_str(&format!(
-            "injections: server kill -9 {}  executor kill -9 {} (+{} found none)  pg_ctl restart {}  server starts {}  slowest recovery {:.1} s\n",
+            "injections: server kill -9 {}  executor kill -9 {} (+{} found none)  pg_ctl restart {}  PostgreSQL kill -9 {}  server+PostgreSQL kill -9 {}  server starts {}  slowest recovery {:.1} s\n",
             f.server_kills,
             f.executor_kills,
             f.executor_kills_skipped,
             f.pg_restarts,
+            f.pg_kills,
+            f.both_kills,
             f.server_starts,
             f.max_recovery_secs
         ));

@@ -18,6 +18,7 @@
 //! panics (`procs.rs`); the server also dies with the harness.
 
 mod checks;
+mod floods;
 mod follow;
 mod procs;
 mod repo;
@@ -95,6 +96,12 @@ pub struct Figures {
     /// Executor kills that found no executor running.
     pub executor_kills_skipped: u32,
     pub pg_restarts: u32,
+    /// kill -9 of the postmaster under the running server (its supervisor starts it again).
+    pub pg_kills: u32,
+    /// kill -9 of the server and of its postmaster at once, then one start.
+    pub both_kills: u32,
+    /// When the database was taken away (a restart, a kill): leases may lapse around then.
+    pub db_faults_at: Vec<DateTime<Utc>>,
     pub requests: u64,
     pub failed_requests: u64,
     pub load_secs: f64,
@@ -196,6 +203,8 @@ enum Fault {
     KillServer,
     KillExecutor,
     RestartPostgres,
+    KillPostgres,
+    KillBoth,
 }
 
 /// Everything the checks look at.
@@ -208,6 +217,10 @@ pub struct Run {
     pub failing_path: PathBuf,
     pub pushed: Vec<Pushed>,
     pub db_url: String,
+    /// The environment whose handler floods its logs, and the agent process naming
+    /// thousands of agents.
+    pub flood_env: String,
+    pub agent_flood: floods::AgentFlood,
 }
 
 /// Run the harness; the report says what passed.
@@ -315,6 +328,7 @@ async fn drive(
     let faults = repo::Repo::create(root, "faults")?;
     let mut round = 1;
     let mut pushed = vec![follow::commit_round(&site, &follows, round, false)?];
+    floods::write_files(&faults.work, &floods::flood_project())?;
     faults.commit(
         &[
             (
@@ -355,12 +369,30 @@ async fn drive(
         .await?
         .id
         .to_string();
+    let flood_env = api
+        .req(api.c.create_environment(
+            "chaos",
+            "flood",
+            Some(json!({"repair_interval": floods::FLOOD_REPAIR_SECS})),
+        ))
+        .await?
+        .id
+        .to_string();
+    let mut agent_flood = floods::AgentFlood {
+        env: api
+            .req(api.c.create_environment("chaos", "agents", None))
+            .await?
+            .id
+            .to_string(),
+        ..Default::default()
+    };
     let mut sources: Vec<(&str, &repo::Repo, &str)> = follows
         .iter()
         .map(|f| (f.env.as_str(), &site, f.name))
         .collect();
     sources.push((&failing_env, &faults, "failing"));
     sources.push((&hanging_env, &faults, "hanging"));
+    sources.push((&flood_env, &faults, "flood"));
     for (env, r, path) in sources {
         // pushes are seen by watching the repository; polling catches what a crash missed
         api.req(api.c.set_source(
@@ -398,6 +430,8 @@ async fn drive(
         Fault::KillExecutor,
         Fault::RestartPostgres,
         Fault::KillServer,
+        Fault::KillPostgres,
+        Fault::KillBoth,
     ];
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i + 1));
@@ -410,6 +444,7 @@ async fn drive(
     // about ten samples of memory and database size over the run
     let sample_every = Duration::from_secs_f64((cfg.minutes * 6.0).clamp(10.0, 300.0));
     let mut next_sample = Instant::now();
+    let mut next_agent_flood = Instant::now() + Duration::from_secs(2);
     // a server kill waits for the next push
     let mut kill_armed = false;
     let mut kill_at: Option<Instant> = None;
@@ -462,10 +497,12 @@ async fn drive(
             say(cfg, started, "kill -9 server; restarted");
         }
         if now >= next_fault && down_since.is_none() && !kill_armed && kill_at.is_none() {
-            let fault = order.pop().unwrap_or(match rng.below(3) {
+            let fault = order.pop().unwrap_or(match rng.below(5) {
                 0 => Fault::KillServer,
                 1 => Fault::KillExecutor,
-                _ => Fault::RestartPostgres,
+                2 => Fault::RestartPostgres,
+                3 => Fault::KillPostgres,
+                _ => Fault::KillBoth,
             });
             match fault {
                 Fault::KillServer => kill_armed = true,
@@ -481,7 +518,54 @@ async fn drive(
                         say(cfg, started, &format!("kill -9 executor {pid}"));
                     }
                 }
+                Fault::KillBoth => {
+                    // a power cut: both at once, then one start that must work
+                    let pg = procs::postmaster_of(&data_dir);
+                    figures.kills_at.push(Utc::now());
+                    figures.db_faults_at.push(Utc::now());
+                    server.kill9();
+                    if let Some(pg) = pg {
+                        procs::kill9(pg);
+                    }
+                    figures.both_kills += 1;
+                    server.spawn()?;
+                    down_since = Some(Instant::now());
+                    say(
+                        cfg,
+                        started,
+                        "kill -9 server and PostgreSQL; restarted once",
+                    );
+                }
+                Fault::KillPostgres => match procs::postmaster_of(&data_dir) {
+                    Some(pg) => {
+                        figures.db_faults_at.push(Utc::now());
+                        procs::kill9(pg);
+                        figures.pg_kills += 1;
+                        // the server's supervisor starts it again; its pool reconnects
+                        let t = Instant::now();
+                        let limit = Duration::from_secs(60);
+                        while api.req(api.c.resources(&follows[0].env)).await.is_err()
+                            && t.elapsed() < limit
+                        {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        let secs = t.elapsed().as_secs_f64();
+                        figures.max_pg_reconnect_secs = figures.max_pg_reconnect_secs.max(secs);
+                        if t.elapsed() >= limit {
+                            figures.pg_reconnect_failures += 1;
+                        }
+                        say(
+                            cfg,
+                            started,
+                            &format!(
+                                "kill -9 PostgreSQL {pg}; the server read the database again {secs:.1} s later"
+                            ),
+                        );
+                    }
+                    None => say(cfg, started, "no postmaster to kill"),
+                },
                 Fault::RestartPostgres => {
+                    figures.db_faults_at.push(Utc::now());
                     let d = data_dir.clone();
                     match tokio::task::spawn_blocking(move || procs::restart_postgres(&d)).await {
                         Ok(Ok(took)) => {
@@ -542,6 +626,10 @@ async fn drive(
                     let _ = api.req(api.c.progress(site, v)).await;
                 }
             }
+        }
+        if now >= next_agent_flood && down_since.is_none() {
+            next_agent_flood = now + rng.millis(5000, 10000);
+            agent_flood.step(&api).await;
         }
         if now >= next_sample {
             next_sample = now + sample_every;
@@ -614,8 +702,26 @@ async fn drive(
         failing_path,
         pushed,
         db_url,
+        flood_env,
+        agent_flood,
     };
     checks::check_all(cfg, &mut run, figures, checks).await;
+    match <sqlx::PgConnection as sqlx::Connection>::connect(&run.db_url).await {
+        Ok(mut db) => {
+            checks.extend(
+                floods::checks(
+                    &run,
+                    &run.flood_env,
+                    &run.agent_flood,
+                    &figures.db_faults_at,
+                    &mut db,
+                )
+                .await,
+            );
+            let _ = sqlx::Connection::close(db).await;
+        }
+        Err(e) => checks.push(Check::fail("floods", e.to_string())),
+    }
     figures.requests = run.api.requests();
     figures.failed_requests = run.api.failed.get();
     figures.server_starts = run.server.starts;

@@ -75,6 +75,9 @@ impl Server {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--admin-token")
             .arg(&self.token)
+            // retention (and so the pruning of agents nobody deploys to) within the run
+            .arg("--prune-interval")
+            .arg("30")
             // nothing from the caller's environment may point it elsewhere
             .env_remove("STEWARD_DATABASE_URL")
             .env_remove("STEWARD_NO_AUTH")
@@ -301,6 +304,17 @@ pub fn restart_postgres(data_dir: &Path) -> Result<Duration, String> {
         ));
     }
     Ok(start.elapsed())
+}
+
+/// The pid of the private cluster's postmaster, from its pid file.
+pub fn postmaster_of(data_dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(data_dir.join("pg/data/postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The server's database URL (its private cluster's `steward` database).
