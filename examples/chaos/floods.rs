@@ -101,7 +101,7 @@ impl AgentFlood {
             host: "chaos".into(),
             version: "chaos".into(),
         };
-        if self.round % 4 == 0 {
+        if self.round.is_multiple_of(4) {
             match api
                 .c
                 .agent_open(&self.env, &hello(50_000, self.round))
