@@ -112,6 +112,8 @@ class DeferredLoader:
                 self.loader.exec_module(module)
             except Exception as e:
                 raise import_failure(module.__name__, e) from e
+            if self.name == "std":
+                route_to_builtin(module)
             for name in python_modules:
                 if name != module.__name__:
                     import_checked(name)
@@ -121,6 +123,28 @@ class DeferredLoader:
             if self.host.load_failure is None:
                 self.host.load_failure = describe(e)
             raise
+
+
+def route_to_builtin(std: Any) -> None:
+    """The real std's `getfact` asks the Inmanta server through `context.get_client()`, which
+    Steward's compiler has none of: it becomes the built-in plugin (which has the
+    environment's facts), for other modules' Python calling `inmanta_plugins.std.getfact` and
+    for the plugin registry alike. Replaced before any other module imports std, so a
+    `from inmanta_plugins.std import getfact` gets this one."""
+    import functools
+
+    original = getattr(std, "getfact", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def getfact(context: Any, resource: Any, fact_name: Any, default_value: Any = None) -> Any:
+        return HOST.getfact(resource, fact_name, default_value)
+
+    std.getfact = getfact
+    plugin_class = getattr(original, "__plugin__", None)
+    if plugin_class is not None:
+        plugin_class.__function__ = staticmethod(getfact)
 
 
 def import_failure(name: str, e: BaseException) -> ImportError:
@@ -281,24 +305,44 @@ class Host:
             raise OptionalValueException(inst, attribute)
         raise Exception(answer.get("err", "the compiler could not answer"))
 
-    def builtin(self, plugin: str, args: list, kwargs: dict) -> Any:
-        """Call one of the compiler's built-in plugins (`std::getfact`, ...)."""
+    def builtin(self, plugin: str, args: list, kwargs: dict, rid: Optional[list] = None) -> Any:
+        """Call one of the compiler's built-in plugins (`std::getfact`, ...); `rid`: the
+        resource id of an instance among the arguments, `[handle, id]`, computed here."""
         from inmanta.execute.proxy import UnsetException
         from inmanta.plugins import PluginException
 
-        answer = self.ask(
-            {
-                "q": "builtin",
-                "plugin": plugin,
-                "args": [self.encode(a) for a in args],
-                "kwargs": {k: self.encode(v) for k, v in kwargs.items()},
-            }
-        )
+        question = {
+            "q": "builtin",
+            "plugin": plugin,
+            "args": [self.encode(a) for a in args],
+            "kwargs": {k: self.encode(v) for k, v in kwargs.items()},
+        }
+        if rid is not None:
+            question["rid"] = rid
+        answer = self.ask(question)
         if "v" in answer:
             return self.decode(answer["v"])
         if "unset" in answer:
             raise UnsetException(f"{plugin} needs a value that is not set yet")
         raise PluginException(answer.get("err", f"{plugin} failed"))
+
+    def getfact(self, resource: Any, fact_name: Any, default_value: Any = None) -> Any:
+        """`std::getfact` called from Python: the built-in plugin, which knows the
+        environment's facts. The resource id of an instance of a Python `@resource` class is
+        computed here, where the class and its mappers are, as the reference's `getfact`
+        does first (reading what is not set yet, or unknown, raises as it does there); the
+        compiler computes those of the types `module.yml` declares."""
+        from inmanta.execute.proxy import DynamicProxy
+        from inmanta.execute.util import Unknown
+        from inmanta.resources import to_id
+
+        rid = None
+        if not isinstance(resource, Unknown):
+            # a value that is no entity fails in `to_id` as in the reference
+            resource_id = to_id(resource)
+            if resource_id is not None and isinstance(resource, DynamicProxy):
+                rid = [resource._get_instance().handle, resource_id]
+        return self.builtin("std::getfact", [resource, fact_name, default_value], {}, rid)
 
     def module_file(self, module_dir: str, path: str) -> str:
         answer = self.ask({"q": "file", "dir": module_dir, "path": path})
@@ -405,6 +449,14 @@ class Host:
         if isinstance(value, NoneValue):
             return None
         return self.encode(value)
+
+    def op_to_id(self, msg: dict) -> Any:
+        """The resource id of an instance (`inmanta.resources.to_id`), None for one that is
+        no resource of a Python class."""
+        from inmanta.execute.proxy import DynamicProxy
+        from inmanta.resources import to_id
+
+        return to_id(DynamicProxy(self.decode(msg["item"])))
 
     def op_export(self, msg: dict) -> Any:
         from inmanta.execute.proxy import DynamicProxy, UnknownException

@@ -58,6 +58,10 @@ pub struct CompileOptions {
     /// `None`: `$VIRTUAL_ENV/bin/python3`, `<project>/.steward/venv/bin/python3` if it exists,
     /// else `python3` on `PATH`. No Python runs for a project that needs none.
     pub python: Option<PathBuf>,
+    /// The environment's parameters and facts, for `std::getfact` (loaded by the caller, in
+    /// one call to the server). `None`: the compile knows no server; the first `getfact` says
+    /// so in a warning, and every fact is unknown (or the call's default).
+    pub facts: Option<crate::model::Facts>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -97,11 +101,87 @@ struct CompileHost<'a> {
     files: std::collections::HashMap<String, String>,
     /// The Python plugin host, started on first use.
     python: plugins::pyhost::PySession,
+    facts: Option<&'a crate::model::Facts>,
+    /// The warnings of the evaluation (facts asked for without a server).
+    warnings: Vec<Diagnostic>,
+    /// The facts asked for and not found: (resource id, name).
+    unknowns: std::collections::BTreeSet<(String, String)>,
+    /// Entity types with an `@resource` class in a module's Python.
+    python_resources: std::collections::HashSet<String>,
+    /// Resource ids of instances computed so far.
+    resource_ids: std::collections::HashMap<value::InstId, String>,
 }
 
 impl plugins::Host for CompileHost<'_> {
     fn print(&mut self, text: &str) {
         (self.print)(text)
+    }
+
+    fn fact(&mut self, resource_id: &str, name: &str, span: source::Span) -> Option<String> {
+        match self.facts {
+            Some(facts) => facts.get(resource_id, name).map(str::to_string),
+            None => {
+                if self.warnings.iter().all(|w| w.code != FACTS_WITHOUT_SERVER) {
+                    self.warnings.push(
+                        Diagnostic::warning(
+                            FACTS_WITHOUT_SERVER,
+                            "facts are not known without a server: std::getfact gives \
+                             unknown (or its default) for every fact in this compile",
+                        )
+                        .at(span)
+                        .with_note(
+                            "steward export and steward deploy ask their server; \
+                             steward compile --facts FILE reads them from a file",
+                        ),
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    fn record_unknown(&mut self, resource_id: &str, name: &str) {
+        self.unknowns
+            .insert((resource_id.to_string(), name.to_string()));
+    }
+
+    fn unknowns(&self) -> Vec<crate::model::UnknownRecord> {
+        self.unknowns
+            .iter()
+            .map(|(resource_id, name)| crate::model::UnknownRecord {
+                resource_id: resource_id.clone(),
+                name: name.clone(),
+                source: "fact".into(),
+            })
+            .collect()
+    }
+
+    fn resource_type(&self, names: &[&str]) -> Option<plugins::ResourceType> {
+        // as the export decides: a Python class anywhere up the hierarchy, else the nearest
+        // module.yml declaration
+        if names.iter().any(|n| self.python_resources.contains(*n)) {
+            return Some(plugins::ResourceType::Python);
+        }
+        names.iter().find_map(|n| {
+            self.modules.values().find_map(|m| {
+                m.yml
+                    .resources
+                    .get(*n)
+                    .map(|def| plugins::ResourceType::Declared {
+                        type_name: n.to_string(),
+                        agent: def.agent.clone(),
+                        id: def.id.clone(),
+                    })
+            })
+        })
+    }
+
+    fn known_resource_id(&self, inst: value::InstId) -> Option<String> {
+        self.resource_ids.get(&inst).cloned()
+    }
+
+    fn remember_resource_id(&mut self, inst: value::InstId, id: String) {
+        self.resource_ids.insert(inst, id);
     }
 
     fn module_file(&self, module: &str, dir: &str, path: &str) -> Result<(String, String), String> {
@@ -242,6 +322,9 @@ fn python_of(
     }
 }
 
+/// The code of the warning that facts are not known (given once per compile).
+pub const FACTS_WITHOUT_SERVER: &str = "facts";
+
 /// Stack of the compiler thread: deep (but bounded) models recurse deeply in the passes.
 const COMPILER_STACK: usize = 256 << 20;
 
@@ -303,7 +386,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
         }
     };
     stats.files = loaded.files.len();
-    let warnings = loaded.warnings;
+    let mut warnings = loaded.warnings;
     let modules = loaded.modules;
     let mut python = python_of(&project, &modules, &opts.env);
     if let Some(host) = early_host {
@@ -336,6 +419,15 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             print,
             files: Default::default(),
             python: python.session,
+            facts: opts.facts.as_ref(),
+            warnings: Vec::new(),
+            unknowns: Default::default(),
+            python_resources: python
+                .modules
+                .values()
+                .flat_map(|m| m.resources.iter().cloned())
+                .collect(),
+            resource_ids: Default::default(),
         };
         if calls_python(&program) {
             host.python.prestart();
@@ -346,7 +438,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             .map_err(|d| vec![d])
             .and_then(|_| rt.run());
         stats.instances = rt.instances.len();
-        match run {
+        let result = match run {
             Err(e) => Err(e),
             Ok(()) if opts.export => {
                 let r = export::export(&mut rt, &modules, &project.name, &python.modules).map(Some);
@@ -356,7 +448,10 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
                 r
             }
             Ok(()) => Ok(None),
-        }
+        };
+        drop(rt);
+        warnings.append(&mut host.warnings);
+        result
     };
     CompileOutcome {
         sources,

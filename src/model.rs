@@ -6,9 +6,12 @@
 
 pub mod cron;
 pub mod diff;
+pub mod facts;
 pub mod placement;
 pub mod settings;
 pub mod urls;
+
+pub use facts::Facts;
 
 use std::collections::BTreeMap;
 
@@ -212,6 +215,20 @@ pub struct ExportFile {
     pub handlers: BTreeMap<String, HandlerCode>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub code: BTreeMap<String, String>,
+    /// The facts and parameters the compile asked for and did not get (`std::getfact`), once
+    /// each, sorted: the server compiles again when one of them arrives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknowns: Vec<UnknownRecord>,
+}
+
+/// A value the compile needed from the environment and did not have (inmanta's
+/// `unknown_parameters` entry): the fact `name` of resource `resource_id` (without version;
+/// empty for an environment parameter), asked for by `source` (`fact` for `std::getfact`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UnknownRecord {
+    pub resource_id: String,
+    pub name: String,
+    pub source: String,
 }
 
 pub const EXPORT_FORMAT: u32 = 1;

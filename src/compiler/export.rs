@@ -474,6 +474,7 @@ pub fn export(
     resources.sort_by(|a, b| a.id.cmp(&b.id));
     undefined.sort();
     Ok(ExportFile {
+        unknowns: rt.host.unknowns(),
         handlers,
         code,
         format: EXPORT_FORMAT,

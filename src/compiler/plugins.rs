@@ -13,6 +13,7 @@
 
 mod bind;
 mod exec;
+mod facts;
 mod files;
 mod json;
 mod net;
@@ -85,6 +86,52 @@ pub trait Host {
         let _ = (namespace, name, text);
         Err("this compile has no data directory".into())
     }
+    /// Fact `name` of resource `resource_id` (without version) in the environment
+    /// (`std::getfact`); `None` when the environment has no such fact, or when the compile
+    /// knows no environment (`span` is the call asking, for saying so).
+    fn fact(&mut self, resource_id: &str, name: &str, span: Span) -> Option<String> {
+        let _ = (resource_id, name, span);
+        None
+    }
+    /// A fact the model asked for and did not get: the export lists it, so the server
+    /// compiles again when it arrives.
+    fn record_unknown(&mut self, resource_id: &str, name: &str) {
+        let _ = (resource_id, name);
+    }
+    /// The facts recorded with [`Host::record_unknown`], once each, sorted.
+    fn unknowns(&self) -> Vec<crate::model::UnknownRecord> {
+        Vec::new()
+    }
+    /// How instances of an entity become resources at export: `names` are the entity's full
+    /// name and its ancestors', nearest first. `None`: they are no resources.
+    fn resource_type(&self, names: &[&str]) -> Option<ResourceType> {
+        let _ = names;
+        None
+    }
+    /// The resource id of an instance computed before (ids of Python resource classes are
+    /// computed in Python, at the call that needed them).
+    fn known_resource_id(&self, inst: InstId) -> Option<String> {
+        let _ = inst;
+        None
+    }
+    /// Keep the resource id of an instance (it can not change: its attributes are final).
+    fn remember_resource_id(&mut self, inst: InstId, id: String) {
+        let _ = (inst, id);
+    }
+}
+
+/// How the instances of a resource type get their id (`type[agent,attribute=value]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResourceType {
+    /// Declared in a `module.yml`: the agent at a dotted attribute path, the id attribute.
+    Declared {
+        type_name: String,
+        agent: String,
+        id: String,
+    },
+    /// An `@resource` class of a module's Python: the class computes it
+    /// (`inmanta.resources.to_id`, with its `get_<field>` mappers).
+    Python,
 }
 
 /// What a plugin may ask of the evaluator calling it, at one call site.
@@ -231,6 +278,7 @@ pub fn all() -> &'static [PluginDef] {
     ALL.get_or_init(|| {
         let mut v = Vec::new();
         v.extend(std_lib::plugins());
+        v.push(facts::getfact());
         v.extend(files::plugins());
         v.extend(exec::plugins());
         v.extend(net::plugins());

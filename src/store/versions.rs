@@ -622,6 +622,7 @@ pub async fn export_of(c: &mut PgConnection, env: Uuid, number: i32) -> Result<E
         metadata: serde_json::from_value(info.metadata).unwrap_or_default(),
         handlers,
         code,
+        unknowns: Vec::new(),
     })
 }
 

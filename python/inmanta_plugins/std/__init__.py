@@ -32,6 +32,11 @@ class FileMarker(str):
         return obj
 
 
+def getfact(context: Any, resource: Any, fact_name: str, default_value: Any = None) -> Any:
+    """A fact of a resource from the environment (the built-in `std::getfact`)."""
+    return _host().getfact(resource, fact_name, default_value)
+
+
 def __getattr__(name: str) -> Any:
     if name.startswith("_"):
         raise AttributeError(name)

@@ -69,6 +69,12 @@ pub trait PyModel {
         let _ = (args, kwargs);
         Answer::Err(format!("{plugin} can not be called from Python here"))
     }
+    /// The resource id Python computed for an instance a built-in call is about to need
+    /// (`std::getfact` on an instance of an `@resource` class): the plugin host is busy with
+    /// the call, so the compiler could not ask it.
+    fn remember_resource_id(&mut self, inst: InstId, id: String) {
+        let _ = (inst, id);
+    }
 }
 
 /// The final reply to a request.
@@ -385,6 +391,12 @@ impl PyHost {
                     }
                 }
                 "builtin" => {
+                    if let Some([h, Json::String(id)]) =
+                        reply.get("rid").and_then(Json::as_array).map(Vec::as_slice)
+                        && let Some(h) = h.as_u64().filter(|h| *h < u32::MAX as u64)
+                    {
+                        model.remember_resource_id(InstId(h as u32), id.clone());
+                    }
                     let plugin = reply.get("plugin").and_then(Json::as_str).unwrap_or("");
                     let none = Json::Null;
                     let args = reply.get("args").unwrap_or(&none);

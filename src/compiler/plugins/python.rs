@@ -554,6 +554,12 @@ impl PyModel for CallModel<'_> {
         self.caller.host().module_file(module, dir, rest)
     }
 
+    fn remember_resource_id(&mut self, inst: InstId, id: String) {
+        if (inst.0 as usize) < self.caller.instance_count() {
+            self.caller.host().remember_resource_id(inst, id);
+        }
+    }
+
     fn builtin(&mut self, plugin: &str, args: &Json, kwargs: &Json) -> Answer {
         let (namespace, name) = plugin.rsplit_once("::").unwrap_or(("", plugin));
         let Some(id) = super::find(namespace, name) else {
@@ -764,6 +770,59 @@ pub fn call(
                     .at(span)
                     .into(),
             )
+        }
+    }
+}
+
+/// The resource id of `inst`, an instance of a type an `@resource` class of a module's Python
+/// defines, computed there (`inmanta.resources.to_id`: the agent path, the id attribute
+/// through the class's mappers), for `plugin` calling at `span`. Waits as a Python plugin
+/// reading the attributes would.
+pub fn resource_id(
+    caller: &mut dyn Caller,
+    inst: InstId,
+    plugin: &str,
+    span: Span,
+) -> Outcome<super::facts::Id> {
+    use super::facts::Id;
+    let fail = |text: String| -> Stop {
+        Diagnostic::error(
+            "plugin",
+            format!("Exception in plugin {plugin}\ncaused by: {text}"),
+        )
+        .at(span)
+        .into()
+    };
+    let mut host = caller.host().take_python().map_err(&fail)?;
+    let mut model = CallModel {
+        caller,
+        span,
+        wait: None,
+        err: None,
+    };
+    let item = host.encode(&Value::Instance(inst), &model, true);
+    let reply = host.request(&json!({"op": "to_id", "item": item}), &mut model);
+    let CallModel {
+        caller, wait, err, ..
+    } = model;
+    caller.host().put_python(host);
+    match reply.map_err(&fail)? {
+        Reply::Ok(Json::String(id)) => Ok(Id::Known(id)),
+        Reply::Ok(_) => Ok(Id::NotAResource),
+        Reply::Unknown => Ok(Id::Unknown),
+        Reply::Unset => match (err, wait) {
+            (Some(e), _) => Err(e),
+            (None, Some(w)) => Err(Stop::Wait(w)),
+            (None, None) => Err(fail(
+                "the resource id needs an attribute that is not set (UnsetException)".into(),
+            )),
+        },
+        Reply::Error {
+            kind,
+            message,
+            traceback,
+        } => {
+            Err(err.unwrap_or_else(|| fail(format!("{kind}: {message}\n{}", traceback.trim_end()))))
         }
     }
 }

@@ -401,23 +401,6 @@ pub fn plugins() -> Vec<PluginDef> {
                 _ => Ok(Value::Bool(false)),
             }
         ),
-        plugin!(
-            "getfact",
-            [
-                req("resource", "any"),
-                req("fact_name", "string"),
-                opt("default_value", "any", Default::Null)
-            ],
-            "any",
-            |_, a| {
-                // facts come from a running environment; during a compile they are unknown
-                if a.values[2].is_null() {
-                    Ok(Value::Unknown)
-                } else {
-                    Ok(a.values[2].clone())
-                }
-            }
-        ),
         plugin!("environment", [], "string", |c, _| Ok(env_or_unknown(
             c,
             "STEWARD_ENVIRONMENT"
