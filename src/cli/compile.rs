@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::compiler::{self, CompileOptions, CompileOutcome};
+use crate::model::Facts;
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
@@ -27,6 +28,11 @@ pub struct CompileArgs {
     /// Recompile on every change to the project's files and print the result.
     #[arg(long)]
     pub watch: bool,
+    /// The environment's parameters and facts for `std::getfact`, from this JSON file
+    /// (`{"parameters": [{"resource_id": …, "name": …, "value": …}, …]}`). Without it the
+    /// compile knows no facts: every one is unknown (or the call's default).
+    #[arg(long, value_name = "FILE")]
+    pub facts: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -51,12 +57,20 @@ pub struct ExportArgs {
 }
 
 /// Run one compile, printing std::print output to stdout and diagnostics to stderr.
-pub(super) fn compile_once(project: &Path, file: &str, export: bool, json: bool) -> CompileOutcome {
+/// `facts`: the environment's parameters and facts, `None` when no server is known.
+pub(super) fn compile_once(
+    project: &Path,
+    file: &str,
+    export: bool,
+    json: bool,
+    facts: Option<Facts>,
+) -> CompileOutcome {
     let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
         main_file: Some(file.to_string()),
         export,
+        facts,
         ..Default::default()
     };
     let outcome = compiler::compile(&opts, &mut |line| {
@@ -106,11 +120,25 @@ fn write_export(outcome: &CompileOutcome, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `--facts` file.
+fn read_facts(path: &Path) -> anyhow::Result<Facts> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Facts::from_json(&text).with_context(|| format!("{}: not a facts file", path.display()))
+}
+
 pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     if args.watch {
         return watch(&args);
     }
-    let outcome = compile_once(&args.project, &args.file, args.export.is_some(), args.json);
+    let facts = args.facts.as_deref().map(read_facts).transpose()?;
+    let outcome = compile_once(
+        &args.project,
+        &args.file,
+        args.export.is_some(),
+        args.json,
+        facts,
+    );
     if let Some(path) = &args.export {
         write_export(&outcome, path)?;
     }
@@ -122,7 +150,10 @@ pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let outcome = compile_once(&args.project, &args.file, true, args.remote.json);
+    // TODO(facts-store): ask the server for the environment's facts (one list call,
+    // `Client::list_parameters(env, None)`) once that branch is merged; until then an export
+    // compiles as without a server
+    let outcome = compile_once(&args.project, &args.file, true, args.remote.json, None);
     if let Some(path) = &args.json_file {
         write_export(&outcome, path)?;
         if outcome.is_ok() {
@@ -234,7 +265,21 @@ fn watch(args: &CompileArgs) -> anyhow::Result<ExitCode> {
     eprintln!("watching {} (Ctrl-C to stop)", args.project.display());
     loop {
         let start = Instant::now();
-        let outcome = compile_once(&args.project, &args.file, args.export.is_some(), args.json);
+        // the file is read again each time: it may change between compiles as the project does
+        let facts = match args.facts.as_deref().map(read_facts).transpose() {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                None
+            }
+        };
+        let outcome = compile_once(
+            &args.project,
+            &args.file,
+            args.export.is_some(),
+            args.json,
+            facts,
+        );
         if let Some(path) = &args.export
             && let Err(e) = write_export(&outcome, path)
         {
