@@ -192,12 +192,12 @@ def called(x: "any") -> "string":
 
 
 @plugin
-def through_std(ctx: Context, thing: "mymod::Thing") -> "list":
+def through_std(ctx: Context, thing: "mymod::Thing", resource: "std::Entity") -> "list":
     # std's plugins called from Python, as modules do (`std` is built in: they run in the
     # compiler), the Context first where the reference's function declares one
     import inmanta_plugins.std as std
 
-    fact = std.getfact(ctx, thing, "size")
+    fact = std.getfact(ctx, resource, "size")
     try:
         std.no_such_plugin(1)
         missing = "no error"
@@ -206,7 +206,7 @@ def through_std(ctx: Context, thing: "mymod::Thing") -> "list":
     return [
         std.count(thing.peers),
         std.is_unknown(fact),
-        std.getfact(ctx, thing, "size", default_value="none yet"),
+        std.getfact(ctx, resource, "size", default_value="none yet"),
         std.replace("a-b", "-", "+"),
         missing,
     ]
@@ -242,8 +242,9 @@ fn python_plugins_call_the_built_in_std_plugins() {
     let dir = mymod(
         r#"
 import mymod
+import std::testing
 a = mymod::Thing(name="a")
-std::print(mymod::through_std(a))
+std::print(mymod::through_std(a, std::testing::NullResource(name="n")))
 a.peers += mymod::Thing(name="b")
 a.peers += mymod::Thing(name="c")
 "#,
