@@ -212,6 +212,22 @@ pub struct ExportFile {
     pub handlers: BTreeMap<String, HandlerCode>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub code: BTreeMap<String, String>,
+    /// The unknown values the compile could not resolve (facts and parameters it asked for
+    /// that were not there): recorded with the version, so that the value arriving later
+    /// triggers a recompile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknowns: Vec<UnknownRecord>,
+}
+
+/// An unknown value a compile met: which fact (of which resource) or parameter it was.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UnknownRecord {
+    /// The resource's id without version (`vm::Host[agent,name=x]`); `''` for a parameter.
+    pub resource_id: String,
+    /// The fact's or parameter's name.
+    pub name: String,
+    /// What asked for it: `fact`, `parameter` or `plugin`.
+    pub source: String,
 }
 
 pub const EXPORT_FORMAT: u32 = 1;

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod code;
 pub mod deploy;
 pub mod environments;
+pub mod facts;
 pub mod failover;
 pub mod leases;
 pub mod outbox;

@@ -476,6 +476,8 @@ pub fn export(
     Ok(ExportFile {
         handlers,
         code,
+        // filled by the compile once getfact records what it could not resolve
+        unknowns: Vec::new(),
         format: EXPORT_FORMAT,
         resources,
         undefined,
