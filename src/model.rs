@@ -215,19 +215,21 @@ pub struct ExportFile {
     pub handlers: BTreeMap<String, HandlerCode>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub code: BTreeMap<String, String>,
-    /// The facts and parameters the compile asked for and did not get (`std::getfact`), once
-    /// each, sorted: the server compiles again when one of them arrives.
+    /// The unknown values the compile could not resolve (facts and parameters it asked for
+    /// that were not there): recorded with the version, so that the value arriving later
+    /// triggers a recompile.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknowns: Vec<UnknownRecord>,
 }
 
-/// A value the compile needed from the environment and did not have (inmanta's
-/// `unknown_parameters` entry): the fact `name` of resource `resource_id` (without version;
-/// empty for an environment parameter), asked for by `source` (`fact` for `std::getfact`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// An unknown value a compile met: which fact (of which resource) or parameter it was.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UnknownRecord {
+    /// The resource's id without version (`vm::Host[agent,name=x]`); `''` for a parameter.
     pub resource_id: String,
+    /// The fact's or parameter's name.
     pub name: String,
+    /// What asked for it: `fact`, `parameter` or `plugin`.
     pub source: String,
 }
 

@@ -162,12 +162,22 @@ struct Inner {
     wake: Notify,
     stopping: AtomicBool,
     /// serializes ticks and the graceful stop; holds when the last tick went through
-    turn: tokio::sync::Mutex<Option<Instant>>,
+    /// One balancing round at a time; what the last rounds saw of the database.
+    turn: tokio::sync::Mutex<Rounds>,
 }
 
 /// This replica (cheap to clone).
 #[derive(Clone)]
 pub struct Replica(Arc<Inner>);
+
+/// What the balancing rounds remember between them.
+#[derive(Default)]
+struct Rounds {
+    /// When a round last reached the database.
+    last_ok: Option<Instant>,
+    /// Until when rounds only take back this replica's own lapsed leases (after an outage).
+    recovering_until: Option<Instant>,
+}
 
 impl Replica {
     /// Join: make sure there is a shared secret (the first replica makes it). Workers are
@@ -191,7 +201,7 @@ impl Replica {
             workers: Mutex::new(Vec::new()),
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
-            turn: tokio::sync::Mutex::new(None),
+            turn: tokio::sync::Mutex::new(Rounds::default()),
         })))
     }
 
@@ -349,9 +359,25 @@ impl Replica {
                 (_, Some(term)) if *term == tenure.term() => {
                     tracing::debug!(replica = %cfg.id, environment = %env, "lease busy (a write holds it); renewed next time");
                 }
-                // expired while we could not renew, or taken over
+                // expired while we could not renew (the database was away), or taken over
                 _ => {
-                    tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lost; its work stops here");
+                    // nobody took it: keep it under the same term, so that no other replica
+                    // snatches it while this one restarts its work; adopted again here once
+                    // the old work has stopped (it is held but not owned)
+                    let kept = leases::revive(
+                        pool,
+                        LeaseKind::Environment,
+                        &key,
+                        &cfg.id,
+                        tenure.term(),
+                        cfg.ttl_ms(),
+                    )
+                    .await?;
+                    if kept.is_some() {
+                        tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lapsed and nobody took it; its work restarts here under the same term");
+                    } else {
+                        tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lost; its work stops here");
+                    }
                     self.let_go_in_background(env);
                 }
             }
@@ -382,11 +408,19 @@ impl Replica {
     }
 
     async fn tick(&self) -> Result<(), StoreError> {
-        let mut last_ok = self.0.turn.lock().await;
+        let mut rounds = self.0.turn.lock().await;
         // back after longer than the lease time without the database: the other replicas
-        // may be too, and their heartbeats look stale for a moment; this round only takes
-        // back this replica's own lapsed leases, the next one (a heartbeat later) shares
-        let recovering = last_ok.is_some_and(|t| t.elapsed() > self.0.config.lease_ttl);
+        // may be too, and their heartbeats look stale until each has renewed once; for two
+        // heartbeats (rounds woken early included) this replica only takes back its own
+        // lapsed leases, and shares what is free after that
+        let now = Instant::now();
+        if rounds
+            .last_ok
+            .is_some_and(|t| now.duration_since(t) > self.0.config.lease_ttl)
+        {
+            rounds.recovering_until = Some(now + self.0.config.heartbeat * 2);
+        }
+        let recovering = rounds.recovering_until.is_some_and(|t| now < t);
         if self.0.stopping.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -490,7 +524,7 @@ impl Replica {
             }
         }
         let _ = store::replicas::forget_silent(pool, 3600.0).await;
-        *last_ok = Some(Instant::now());
+        rounds.last_ok = Some(Instant::now());
         Ok(())
     }
 

@@ -208,7 +208,7 @@ impl Schedulers {
                 }
                 Ok(Event::Deleted { environment }) => self.stop(environment),
                 Ok(Event::Resync) => self.resync().await,
-                Ok(Event::Created { .. }) => {}
+                Ok(Event::Created { .. }) | Ok(Event::Facts { .. }) => {}
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     // events were lost: every scheduler re-reads what it may have missed
                     tracing::warn!(

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod code;
 pub mod deploy;
 pub mod environments;
+pub mod facts;
 pub mod failover;
 pub mod leases;
 pub mod outbox;
@@ -81,7 +82,19 @@ impl From<sqlx::Error> for StoreError {
 
 impl From<sqlx::migrate::MigrateError> for StoreError {
     fn from(e: sqlx::migrate::MigrateError) -> StoreError {
-        StoreError::Database(format!("migration failed: {e}"))
+        use sqlx::migrate::MigrateError;
+        match e {
+            // the database went away while migrating: worth waiting for, like any query
+            MigrateError::Execute(inner) | MigrateError::ExecuteMigration(inner, _) => {
+                match StoreError::from(inner) {
+                    StoreError::Unavailable(m) => {
+                        StoreError::Unavailable(format!("migration interrupted: {m}"))
+                    }
+                    other => StoreError::Database(format!("migration failed: {other}")),
+                }
+            }
+            e => StoreError::Database(format!("migration failed: {e}")),
+        }
     }
 }
 

@@ -457,7 +457,7 @@ async fn drive(
             figures.unexpected_exits += 1;
             checks.push(Check::fail(
                 "server exit",
-                format!("{e} (restarted)\n{}", procs::tail(&server.log, 20)),
+                format!("{e} (restarted)\n{}", procs::exit_reason(&server.log, 8)),
             ));
             server.spawn()?;
             down_since = Some(Instant::now());

@@ -325,6 +325,24 @@ pub fn database_url(data_dir: &Path) -> Result<String, String> {
 }
 
 /// The last `n` lines of a file (the server log, for a failure).
+/// Why a process that logs to `path` ended: its last `error` lines (what the CLI prints
+/// before exit status 2, ERROR records), then the last `n` lines: the render of a check
+/// shows only its first lines, and the reason must be among them.
+pub fn exit_reason(path: &Path, n: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let errors: Vec<&str> = s
+        .lines()
+        .rev()
+        .filter(|l| l.starts_with("error") || l.contains(" ERROR "))
+        .take(3)
+        .collect();
+    let mut out: Vec<&str> = errors.into_iter().rev().collect();
+    out.push("(last lines of its log:)");
+    let lines: Vec<&str> = s.lines().collect();
+    out.extend(&lines[lines.len().saturating_sub(n)..]);
+    out.join("\n")
+}
+
 pub fn tail(path: &Path, n: usize) -> String {
     let s = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();

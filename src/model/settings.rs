@@ -312,6 +312,21 @@ pub struct EnvSettings {
     /// The SSH targets and key files this environment may use (only a global admin changes
     /// it); none by default.
     pub ssh_allowed: SshAllowed,
+    /// Seconds a fact (a value a handler reports about a resource) stays valid; an older one
+    /// counts as unknown to a compile until it is renewed.
+    #[schema(minimum = 1)]
+    pub fact_expire: u64,
+    /// Seconds after which an expiring fact is asked for again from its resource's agent;
+    /// null (the default): a third of `fact_expire`.
+    #[schema(minimum = 1)]
+    pub fact_renew: Option<u64>,
+    /// Seconds between two requests to an agent for the missing facts of one resource.
+    #[schema(minimum = 1)]
+    pub fact_resource_block: u64,
+    /// Seconds (a fraction allowed) between a fact or parameter resolving an unknown value
+    /// and the recompile it triggers: facts arriving together make one compile.
+    #[schema(minimum = 0, maximum = 3600)]
+    pub recompile_backoff: f64,
 }
 
 impl Default for EnvSettings {
@@ -331,6 +346,10 @@ impl Default for EnvSettings {
             agent_map: std::collections::BTreeMap::new(),
             ssh: SshSettings::default(),
             ssh_allowed: SshAllowed::default(),
+            fact_expire: 3600,
+            fact_renew: None,
+            fact_resource_block: 60,
+            recompile_backoff: 0.1,
         }
     }
 }
@@ -407,6 +426,24 @@ impl EnvSettings {
         if self.ssh.connect_timeout == 0 || self.ssh.connect_timeout > 300 {
             return Err("ssh.connect_timeout must be between 1 and 300 seconds".into());
         }
+        if self.fact_expire == 0 {
+            return Err("fact_expire must be at least 1 second".into());
+        }
+        if let Some(renew) = self.fact_renew
+            && (renew == 0 || renew >= self.fact_expire)
+        {
+            return Err(
+                "fact_renew must be at least 1 second and less than fact_expire (or null: a third of it)"
+                    .into(),
+            );
+        }
+        if self.fact_resource_block == 0 {
+            return Err("fact_resource_block must be at least 1 second".into());
+        }
+        if !(self.recompile_backoff.is_finite() && (0.0..=3600.0).contains(&self.recompile_backoff))
+        {
+            return Err("recompile_backoff must be between 0 and 3600 seconds".into());
+        }
         let r = &self.retention;
         if r.days == 0 || r.audit_days == 0 {
             return Err("retention.days and retention.audit_days must be at least 1".into());
@@ -418,6 +455,12 @@ impl EnvSettings {
             );
         }
         Ok(())
+    }
+
+    /// Seconds after which an expiring fact is renewed: `fact_renew`, or a third of
+    /// `fact_expire` (at least one second).
+    pub fn fact_renew_secs(&self) -> u64 {
+        self.fact_renew.unwrap_or((self.fact_expire / 3).max(1))
     }
 
     /// Settings as stored: a stored blob that fails to parse falls back to defaults.
@@ -487,6 +530,37 @@ mod tests {
         assert!(
             s.patched(&serde_json::json!({"ssh_allowed": {"identities": ["id_rsa"]}}))
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn fact_settings() {
+        let s = EnvSettings::default();
+        assert_eq!((s.fact_expire, s.fact_renew_secs()), (3600, 1200));
+        assert_eq!(s.fact_resource_block, 60);
+        assert_eq!(s.recompile_backoff, 0.1);
+        let p = s.patched(&serde_json::json!({"fact_expire": 90})).unwrap();
+        assert_eq!(p.fact_renew_secs(), 30, "a third of fact_expire when unset");
+        let p = p.patched(&serde_json::json!({"fact_renew": 10})).unwrap();
+        assert_eq!(p.fact_renew_secs(), 10);
+        let p = p.patched(&serde_json::json!({"fact_renew": null})).unwrap();
+        assert_eq!(p.fact_renew, None);
+        for bad in [
+            serde_json::json!({"fact_expire": 0}),
+            serde_json::json!({"fact_renew": 3600}),
+            serde_json::json!({"fact_renew": 0}),
+            serde_json::json!({"fact_resource_block": 0}),
+            serde_json::json!({"recompile_backoff": -1}),
+            serde_json::json!({"recompile_backoff": 4000}),
+            serde_json::json!({"recompile_backoff": "soon"}),
+        ] {
+            assert!(s.patched(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            s.patched(&serde_json::json!({"recompile_backoff": 0.5}))
+                .unwrap()
+                .recompile_backoff,
+            0.5
         );
     }
 

@@ -262,16 +262,50 @@ pub async fn rotate_replica_secret(
     Ok(rotated?)
 }
 
+/// How long a starting server waits for a database that is not there yet (booting, being
+/// restarted, a failover) before it gives up.
+const DATABASE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Connect, migrate and make sure an admin can get in, waiting for a database that is
+/// unavailable (with a warning each time) rather than exiting at once: a server restarted
+/// together with its database after a crash must not die because PostgreSQL took a moment.
+async fn prepare_database(
+    config: &ServerConfig,
+    url: &str,
+) -> Result<(sqlx::PgPool, Option<String>), ServerError> {
+    let deadline = std::time::Instant::now() + DATABASE_WAIT;
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let pool = store::connect(url, 32).await?;
+            store::migrate(&pool).await?;
+            let admin = if config.no_auth {
+                None
+            } else {
+                bootstrap_admin(&pool, config.admin_token.as_deref()).await?
+            };
+            Ok::<_, StoreError>((pool, admin))
+        }
+        .await;
+        match attempt {
+            Ok(ready) => return Ok(ready),
+            Err(e @ StoreError::Unavailable(_)) if std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "the database is not available yet; waiting for it");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 async fn serve(
     config: &ServerConfig,
     url: &str,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 ) -> Result<(), ServerError> {
-    let pool = store::connect(url, 32).await?;
-    store::migrate(&pool).await?;
-    if !config.no_auth
-        && let Some(secret) = bootstrap_admin(&pool, config.admin_token.as_deref()).await?
-    {
+    let (pool, first_admin) = prepare_database(config, url).await?;
+    if let Some(secret) = first_admin {
         // printed once, on stdout, for the operator; never stored in clear
         println!("First admin token (shown only now, keep it safe): {secret}");
     }

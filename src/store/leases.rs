@@ -286,6 +286,34 @@ pub async fn renew_all(
     Ok(Renewal { renewed, busy })
 }
 
+/// Take back a lease of `holder` that lapsed under `term` while nobody took it (the
+/// database was away for longer than the lease time): it keeps its term, as if renewed in
+/// time. None when someone else took it meanwhile, or a writer holds its row (never waits).
+pub async fn revive(
+    e: impl PgExecutor<'_>,
+    kind: LeaseKind,
+    key: &str,
+    holder: &str,
+    term: i64,
+    ttl_ms: i64,
+) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar(
+        "UPDATE leases l SET expires_at = now() + make_interval(secs => $5::float8 / 1000), \
+         renewed_at = now() \
+         FROM (SELECT kind, key FROM leases WHERE kind = $1 AND key = $2 AND holder = $3 \
+               AND term = $4 FOR NO KEY UPDATE SKIP LOCKED) mine \
+         WHERE l.kind = mine.kind AND l.key = mine.key \
+         RETURNING l.term",
+    )
+    .bind(kind.as_str())
+    .bind(key)
+    .bind(holder)
+    .bind(term)
+    .bind(ttl_ms)
+    .fetch_optional(e)
+    .await?)
+}
+
 /// The leases of a kind `holder` holds right now (not expired): (key, term). Never waits
 /// for a lock.
 pub async fn held_by(

@@ -28,6 +28,8 @@ pub struct Pruned {
     pub console_sessions: u64,
     /// Leases and list entries of agents no version uses.
     pub agent_leases: u64,
+    /// Facts of resources that are in no stored version any more.
+    pub facts: u64,
 }
 
 impl Pruned {
@@ -42,6 +44,7 @@ impl Pruned {
             + self.code_blobs
             + self.console_sessions
             + self.agent_leases
+            + self.facts
     }
 }
 
@@ -157,6 +160,18 @@ pub async fn prune_environment(
         |q| q.bind(env).bind(r.audit_days as i32),
     )
     .await?;
+    // facts of resources no stored version holds (an hour's grace: a fact may be set for a
+    // resource whose version is being stored); the environment's parameters never go
+    p.facts += drain(
+        pool,
+        "DELETE FROM parameters WHERE id IN (SELECT p.id FROM parameters p \
+         WHERE p.environment_id = $1 AND p.resource_id <> '' AND p.updated < now() - interval '1 hour' \
+         AND NOT EXISTS (SELECT 1 FROM version_resources vr \
+           WHERE vr.environment_id = p.environment_id AND vr.resource_id = p.resource_id) \
+         LIMIT 5000)",
+        |q| q.bind(env),
+    )
+    .await?;
     Ok(p)
 }
 
@@ -240,6 +255,7 @@ pub async fn prune_all(pool: &PgPool, since: Option<DateTime<Utc>>) -> Result<Pr
         total.webhook_deliveries += p.webhook_deliveries;
         total.outbox += p.outbox;
         total.audit += p.audit;
+        total.facts += p.facts;
     }
     Ok(total)
 }

@@ -168,6 +168,7 @@ pub fn validate_export(export: &ExportFile) -> Result<()> {
 pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Result<Stored> {
     validate_export(nv.export)?;
     super::code::validate(nv.export)?;
+    super::facts::validate_unknowns(&nv.export.unknowns)?;
     let env = environments::lock(&mut *c, env_id).await?;
     let (prev,): (Option<i32>,) =
         sqlx::query_as("SELECT max(number) FROM versions WHERE environment_id = $1")
@@ -268,6 +269,7 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
     .execute(&mut *c)
     .await?;
     super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
+    super::facts::record_unknowns(&mut *c, env_id, number, &nv.export.unknowns).await?;
     // diff against the previous version
     let new_digests: BTreeMap<String, ResourceDigest> = res
         .iter()
@@ -622,7 +624,11 @@ pub async fn export_of(c: &mut PgConnection, env: Uuid, number: i32) -> Result<E
         metadata: serde_json::from_value(info.metadata).unwrap_or_default(),
         handlers,
         code,
-        unknowns: Vec::new(),
+        unknowns: super::facts::unknowns_of(&mut *c, env, number)
+            .await?
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect(),
     })
 }
 

@@ -326,3 +326,70 @@ fn steward_deploy_killed_with_its_postgresql_is_finished_by_the_next_run() {
         );
     }
 }
+
+/// The database is not up yet when the server starts (a boot where PostgreSQL comes later,
+/// a restart after a crash that took both, a failover): the server waits for it, saying
+/// so, instead of exiting, and serves once it is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_started_before_its_database_waits_for_it() {
+    let (_base, data) = data_dir();
+    let pg_root = data.with_extension("pg");
+    let cluster = steward::store::cluster::PgCluster::new(&pg_root).unwrap();
+    cluster.start(true).unwrap();
+    cluster.ensure_database("steward").unwrap();
+    let url = cluster.url("steward");
+    cluster.stop().unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    let port = free_port();
+    let admin = "stw_test_admin_pg_crash_waits";
+    let c = Client::new(&format!("http://127.0.0.1:{port}"), Some(admin.into()));
+    let mut child = Command::new(steward_bin())
+        .args(["server", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(&data)
+        .env("STEWARD_DATABASE_URL", &url)
+        .env("STEWARD_EXECUTOR_USER", "server")
+        .env("STEWARD_ADMIN_TOKEN", admin)
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(data.with_extension("log"))
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the server exited while its database was not up yet:\n{}",
+        log_of(&data)
+    );
+    assert!(
+        log_of(&data).contains("the database is not available yet; waiting for it"),
+        "{}",
+        log_of(&data)
+    );
+    let started = Instant::now();
+    cluster.start(true).unwrap();
+    healthy(&c, &mut child, &data, 60).await;
+    eprintln!(
+        "served {:.1} s after its database came up",
+        started.elapsed().as_secs_f64()
+    );
+    let env = c
+        .create_environment("late", "db", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    c.upload(&env, &null_export(3, None), json!({}))
+        .await
+        .unwrap();
+    wait_deployed(&c, &env, 1, 60).await;
+    // SAFETY: a signal to our own child
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    cluster.stop().unwrap();
+}

@@ -642,6 +642,18 @@ async fn after_a_database_outage_longer_than_the_lease_each_replica_resumes_its_
     let (_, took) = set.settled(&envs, 2, 30).await;
     eprintln!("owned again {took:?} after the database came back");
     let after = terms(&set.status().await);
+    if before != after {
+        for r in set.replicas.iter().flatten() {
+            let log = std::fs::read_to_string(r.data.path().join("server.log")).unwrap_or_default();
+            eprintln!("--- replica log ---");
+            for l in log
+                .lines()
+                .filter(|l| l.contains("lease") || l.contains("owned here"))
+            {
+                eprintln!("{l}");
+            }
+        }
+    }
     assert_eq!(
         before, after,
         "environments moved or changed terms after the outage"
