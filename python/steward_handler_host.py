@@ -7,7 +7,10 @@ stdin/stdout (stdout is reserved for the protocol: `print` goes to stderr):
     hello          import the packages named in `imports` (so their `@provider` classes
                    register); answers the resource types that have a handler
     execute        deserialize the resource, run the handler's own `deploy` (or `execute`
-                   with dry_run=True in a dry-run), answer status, change, changes and logs
+                   with dry_run=True in a dry-run), answer status, change, changes, logs and
+                   the facts it set (`ctx.set_fact`)
+    facts          run the handler's `check_facts` (its `facts()`), answer them with those
+                   it set and the logs
     version_done   the deploy of a version is done: drop the cache entries bound to it
     shutdown       close the cache (running `call_on_delete`) and exit
 """
@@ -82,6 +85,12 @@ class Host:
         return {"ok": True, "protocol": 1, "providers": sorted(handler.Commander.get_handlers())}
 
     def execute(self, req: dict) -> dict:
+        return self._run(req, facts=False)
+
+    def facts(self, req: dict) -> dict:
+        return self._run(req, facts=True)
+
+    def _run(self, req: dict, facts: bool) -> dict:
         from inmanta import const, resources
         from inmanta.agent import handler
 
@@ -138,7 +147,11 @@ class Host:
                 ctx.exception("Unable to find a handler for %(resource_id)s", resource_id=resource.id.resource_version_str())
             else:
                 try:
-                    if dry_run:
+                    if facts:
+                        for name, value in (provider.check_facts(ctx, resource) or {}).items():
+                            ctx.set_fact(name, value)
+                        ctx.set_status(const.ResourceState.dry)
+                    elif dry_run:
                         provider.execute(ctx, resource, dry_run=True)
                     else:
                         provider.deploy(ctx, resource, {})
@@ -166,6 +179,10 @@ class Host:
             "change": ctx.change.value,
             "changes": ctx.changes,
             "logs": ctx.logs,
+            "facts": [
+                {"id": f["id"], "value": f["value"] if isinstance(f["value"], str) else json.dumps(f["value"], default=_json_default), "expires": f.get("expires", True)}
+                for f in ctx.facts
+            ],
         }
 
     def version_done(self, req: dict) -> dict:
@@ -194,7 +211,7 @@ def main() -> None:
     sys.stdout = sys.stderr
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     host = Host()
-    ops = {"hello": host.hello, "execute": host.execute, "version_done": host.version_done}
+    ops = {"hello": host.hello, "execute": host.execute, "facts": host.facts, "version_done": host.version_done}
     for line in sys.stdin:
         line = line.strip()
         if not line:

@@ -668,6 +668,7 @@ fn unavailable(
         started_at: started,
         finished_at: chrono::Utc::now(),
         state: None,
+        facts: Vec::new(),
     }
 }
 

@@ -154,7 +154,8 @@ pub fn execute(
 ) -> WorkResult {
     let started_at = Utc::now();
     cache.tick(item.version);
-    let dry_run = item.kind == ActionKind::Dryrun;
+    // asked for facts, a handler reads and changes nothing either
+    let dry_run = item.kind != ActionKind::Deploy;
     let mut ctx = Context::new(
         &item.resource.id.0,
         dry_run,
@@ -197,6 +198,8 @@ pub fn execute(
             );
             Outcome::Unavailable
         }
+        // built-in handlers know no facts: nothing to report, nothing to do
+        (None, Some(_)) if item.kind == ActionKind::Facts => Outcome::Dry,
         (None, Some(h)) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
             h.execute(&mut ctx, &item.resource.attributes)
         })) {
@@ -212,7 +215,7 @@ pub fn execute(
             }
         },
     };
-    let (messages, changes, change) = ctx.into_parts();
+    let (messages, changes, change, facts) = ctx.into_parts();
     WorkResult {
         action_id: item.action_id,
         outcome,
@@ -222,6 +225,7 @@ pub fn execute(
         started_at,
         finished_at: Utc::now(),
         state: None,
+        facts,
     }
 }
 

@@ -54,6 +54,8 @@ struct Inner {
     /// With replicas: the environments this replica owns (only they are scheduled here).
     /// None: this process schedules every environment.
     tenures: Option<Mutex<HashMap<Uuid, Tenure>>>,
+    /// Facts handlers report are told here once stored (recompiles follow them).
+    notifier: Notifier,
 }
 
 struct Running {
@@ -104,6 +106,7 @@ impl Schedulers {
             code_dir,
             running: Mutex::new(HashMap::new()),
             tenures: replica.then(|| Mutex::new(HashMap::new())),
+            notifier: notifier.clone(),
         }));
         // subscribe before scanning, so no release falls between the two
         let events = notifier.subscribe();
@@ -168,8 +171,9 @@ impl Schedulers {
         let bin = self.0.executor_bin.clone();
         let code = self.0.code_dir.clone();
         let hub = self.0.hub.clone();
+        let notifier = self.0.notifier.clone();
         let task = tokio::spawn(env::EnvScheduler::run(
-            env, pool, bin, code, hub, rx, tenure,
+            env, pool, bin, code, hub, rx, tenure, notifier,
         ));
         running.insert(
             env,

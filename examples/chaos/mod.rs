@@ -455,6 +455,15 @@ async fn drive(
         }
         if let Err(e) = server.alive() {
             figures.unexpected_exits += 1;
+            // what it said last on the way out first: the report shows a few lines only
+            let log = procs::tail(&server.log, 200);
+            let said = log
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("error") || l.contains(" ERROR "))
+                .unwrap_or("(no error line)")
+                .to_string();
+            say(cfg, started, &format!("the server exited on its own: {e}: {said}"));
             checks.push(Check::fail(
                 "server exit",
                 format!("{e} (restarted)\n{}", procs::exit_reason(&server.log, 8)),

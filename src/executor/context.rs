@@ -7,7 +7,7 @@ use chrono::Utc;
 use serde_json::Value;
 
 use super::cache::Cache;
-use super::protocol::{Change, LogLine};
+use super::protocol::{Change, FactReport, LogLine};
 use crate::model::diff::AttributeChange;
 
 pub type Attrs = serde_json::Map<String, Value>;
@@ -22,6 +22,7 @@ pub struct Context<'a> {
     messages: Vec<LogLine>,
     changes: BTreeMap<String, AttributeChange>,
     change: Change,
+    facts: Vec<FactReport>,
     /// Data passed from `read` to create/update/delete.
     pub scratch: serde_json::Map<String, Value>,
 }
@@ -43,6 +44,7 @@ impl<'a> Context<'a> {
             messages: Vec::new(),
             changes: BTreeMap::new(),
             change: Change::Nochange,
+            facts: Vec::new(),
             scratch: serde_json::Map::new(),
         }
     }
@@ -105,7 +107,25 @@ impl<'a> Context<'a> {
         self.change
     }
 
-    pub fn into_parts(self) -> (Vec<LogLine>, BTreeMap<String, AttributeChange>, Change) {
-        (self.messages, self.changes, self.change)
+    /// A fact about the resource, for the server's parameter store.
+    pub fn set_fact(&mut self, name: impl Into<String>, value: impl Into<String>, expires: bool) {
+        let name = name.into();
+        self.facts.retain(|f| f.name != name);
+        self.facts.push(FactReport {
+            name,
+            value: value.into(),
+            expires,
+        });
+    }
+
+    pub fn into_parts(
+        self,
+    ) -> (
+        Vec<LogLine>,
+        BTreeMap<String, AttributeChange>,
+        Change,
+        Vec<FactReport>,
+    ) {
+        (self.messages, self.changes, self.change, self.facts)
     }
 }

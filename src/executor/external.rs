@@ -435,6 +435,12 @@ impl ExternalPool {
         if h.inmanta.is_some() {
             return self.execute_inmanta(ctx, item, h, proc, budget);
         }
+        // a handler of the plain protocol has no facts to be asked for (it may report them
+        // with its answers, `"facts"`)
+        if item.kind == super::protocol::ActionKind::Facts {
+            self.put_back(&h.digest, proc);
+            return Outcome::Dry;
+        }
         let crud = ExternalCrud {
             proc: Mutex::new(&mut proc),
             item,
@@ -467,8 +473,13 @@ impl ExternalPool {
         budget: Duration,
     ) -> Outcome {
         let r = &item.resource;
+        let op = if item.kind == super::protocol::ActionKind::Facts {
+            "facts"
+        } else {
+            "execute"
+        };
         let req = json!({
-            "op": "execute",
+            "op": op,
             "resource": {"id": r.id.0, "type": r.type_name, "agent": r.agent,
                          "attributes": r.attributes, "requires": r.requires},
             "dry_run": ctx.dry_run,
@@ -595,6 +606,7 @@ impl ExternalCrud<'_, '_> {
             }
         };
         log_records(ctx, &answer);
+        super::inmanta::take_facts(ctx, &answer);
         if let Some(reason) = answer.get("skip").and_then(Value::as_str) {
             return Err(HandlerError::Skip(reason.to_string()));
         }

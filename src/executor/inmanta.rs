@@ -126,6 +126,7 @@ pub fn python_for(
 /// outcome.
 pub fn apply_answer(ctx: &mut Context, answer: &Value) -> Outcome {
     super::external::log_records(ctx, answer);
+    take_facts(ctx, answer);
     if answer.get("ok") != Some(&Value::Bool(true)) {
         let msg = answer
             .get("error")
@@ -175,6 +176,29 @@ pub fn apply_answer(ctx: &mut Context, answer: &Value) -> Outcome {
             );
             Outcome::Failed
         }
+    }
+}
+
+/// The facts of an answer (`"facts": [{"id"|"name", "value", "expires"}]`): values that are
+/// not strings are stored as their JSON text, as Inmanta stores what is not a string as its
+/// text.
+pub fn take_facts(ctx: &mut Context, answer: &Value) {
+    let Some(list) = answer.get("facts").and_then(Value::as_array) else {
+        return;
+    };
+    for f in list {
+        let name = f
+            .get("id")
+            .or_else(|| f.get("name"))
+            .and_then(Value::as_str);
+        let Some(name) = name else { continue };
+        let value = match f.get("value") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => continue,
+            Some(v) => v.to_string(),
+        };
+        let expires = f.get("expires").and_then(Value::as_bool).unwrap_or(true);
+        ctx.set_fact(name, value, expires);
     }
 }
 

@@ -220,8 +220,43 @@ pub fn bound_changes(changes: &mut std::collections::BTreeMap<String, AttributeC
     *changes = kept;
 }
 
+/// Facts one action may report, and the size of a fact's name and value.
+pub const MAX_FACTS: usize = 1000;
+pub const MAX_FACT_NAME: usize = 255;
+pub const MAX_FACT_VALUE: usize = 64 * 1024;
+
 /// Everything a result carries within the limits of this module.
 pub fn bound_result(r: &mut WorkResult) {
+    if r.facts.len() > MAX_FACTS {
+        let dropped = r.facts.len() - MAX_FACTS;
+        r.facts.truncate(MAX_FACTS);
+        r.messages.push(LogLine {
+            level: "warning".into(),
+            message: format!(
+                "{dropped} more facts dropped: an action reports at most {MAX_FACTS} facts"
+            ),
+            fields: Default::default(),
+            at: chrono::Utc::now(),
+        });
+    }
+    // a fact whose name is too long is no fact a model can ask for: dropped, and said so
+    let before = r.facts.len();
+    r.facts
+        .retain(|f| !f.name.is_empty() && f.name.chars().count() <= MAX_FACT_NAME);
+    if r.facts.len() < before {
+        r.messages.push(LogLine {
+            level: "warning".into(),
+            message: format!(
+                "{} facts with an empty name or one over {MAX_FACT_NAME} characters dropped",
+                before - r.facts.len()
+            ),
+            fields: Default::default(),
+            at: chrono::Utc::now(),
+        });
+    }
+    for f in &mut r.facts {
+        cut_text(&mut f.value, MAX_FACT_VALUE, "a fact");
+    }
     bound_messages(&mut r.messages);
     bound_changes(&mut r.changes);
     if let Some(state) = &mut r.state {

@@ -17,6 +17,8 @@ pub enum ActionKind {
     Deploy,
     /// Report what a deploy would change, change nothing.
     Dryrun,
+    /// Report the resource's facts (an Inmanta handler's `facts()`), change nothing.
+    Facts,
 }
 
 /// What a handler run ended in (SCHEDULER.md §2.2).
@@ -79,6 +81,22 @@ pub struct LogLine {
     pub at: DateTime<Utc>,
 }
 
+/// A fact a handler learned about its resource: `ctx.set_fact(name, value, expires)` during an
+/// action, or what its `facts()` answered when asked. The value as Inmanta stores it: a
+/// string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FactReport {
+    pub name: String,
+    pub value: String,
+    /// Renewed and expiring (`fact_expire`); false: kept until the resource is gone.
+    #[serde(default = "default_true")]
+    pub expires: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkItem {
     pub action_id: Uuid,
@@ -131,6 +149,9 @@ pub struct WorkResult {
     /// The resource as the handler last saw it (after the action), when it reads state.
     #[serde(default)]
     pub state: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Facts the handler reported about the resource.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub facts: Vec<FactReport>,
 }
 
 /// Scheduler -> executor.
@@ -202,6 +223,10 @@ impl WorkResult {
         }
         if let Some(state) = &mut self.state {
             clean_map(state);
+        }
+        for f in &mut self.facts {
+            clean_text(&mut f.name);
+            clean_text(&mut f.value);
         }
     }
 }

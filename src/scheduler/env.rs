@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 mod control;
 mod dispatch;
+mod facts;
 mod intents;
 mod isolation;
 mod persist;
@@ -83,6 +84,9 @@ pub struct Status {
     pub dirty: usize,
     pub queued: usize,
     pub running: usize,
+    /// Handlers asked for facts since the scheduler started (renewals, missing facts).
+    #[serde(default)]
+    pub fact_requests: u64,
 }
 
 struct RunInfo {
@@ -136,6 +140,8 @@ pub struct EnvScheduler {
     open_versions: std::collections::BTreeSet<i32>,
     /// this replica's lease on the environment (None: the process owns everything)
     tenure: Option<Tenure>,
+    /// what keeps the model's facts fresh
+    facts: facts::FactRefresh,
 }
 
 impl EnvScheduler {
@@ -148,6 +154,7 @@ impl EnvScheduler {
         hub: super::agents::AgentHub,
         mut control: mpsc::UnboundedReceiver<Control>,
         tenure: Option<Tenure>,
+        notifier: crate::events::Notifier,
     ) {
         let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
         let exec_pool = exec_pool.with_hub(env, hub);
@@ -157,6 +164,7 @@ impl EnvScheduler {
             env,
             wrx,
             tenure.as_ref().map(|t| t.fence().clone()),
+            notifier,
         ));
         let mut s = EnvScheduler {
             env,
@@ -183,6 +191,7 @@ impl EnvScheduler {
             repair_pending: false,
             open_versions: Default::default(),
             tenure,
+            facts: Default::default(),
         };
         // the database may be away at start: keep trying
         // (and the executors' sandbox must be ready before any of them starts)
@@ -224,6 +233,7 @@ impl EnvScheduler {
                 _ = reap_tick.tick() => s.executors.reap(Duration::from_secs(60)),
             }
             s.on_time(Utc::now());
+            s.refresh_facts().await;
             s.dispatch().await;
             s.executors.wake_agents();
             s.flush();

@@ -18,18 +18,22 @@ pub enum Priority {
     /// retries of failures: their own lane, after new intent
     Retry = 5,
     IntervalRepair = 6,
+    /// asking a handler for its resource's facts: last, it changes nothing
+    Facts = 7,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TaskKey {
     Deploy(String),
     Dryrun(Uuid, String),
+    /// Ask the handler for the resource's facts (a refresh).
+    Facts(String),
 }
 
 impl TaskKey {
     pub fn resource(&self) -> &str {
         match self {
-            TaskKey::Deploy(r) | TaskKey::Dryrun(_, r) => r,
+            TaskKey::Deploy(r) | TaskKey::Dryrun(_, r) | TaskKey::Facts(r) => r,
         }
     }
 }

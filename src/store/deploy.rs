@@ -100,11 +100,14 @@ pub struct Batch {
     pub orphaned: Vec<(String, i32)>,
     pub progress: Option<i32>,
     pub dryrun_results: Vec<(Uuid, String, String, serde_json::Value, serde_json::Value)>,
+    /// Facts handlers reported (`ctx.set_fact`, a refresh).
+    pub facts: Vec<super::facts::NewParam>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
         self.states.is_empty()
+            && self.facts.is_empty()
             && self.actions.is_empty()
             && self.orphaned.is_empty()
             && self.progress.is_none()
@@ -135,7 +138,12 @@ pub async fn holds_epoch(c: &mut PgConnection, env: Uuid, epoch: i64) -> Result<
     Ok(current == Some(epoch))
 }
 
-pub async fn write_batch(c: &mut PgConnection, env: Uuid, b: &Batch) -> Result<()> {
+/// Write a batch; what its facts changed (to tell, once committed).
+pub async fn write_batch(
+    c: &mut PgConnection,
+    env: Uuid,
+    b: &Batch,
+) -> Result<super::facts::SetOutcome> {
     // followers (console pages) re-read once this commits
     super::changes::notify(&mut *c, env).await?;
     if !b.states.is_empty() {
@@ -283,7 +291,10 @@ pub async fn write_batch(c: &mut PgConnection, env: Uuid, b: &Batch) -> Result<(
         .execute(&mut *c)
         .await?;
     }
-    Ok(())
+    if b.facts.is_empty() {
+        return Ok(super::facts::SetOutcome::default());
+    }
+    super::facts::set_many(&mut *c, env, &b.facts).await
 }
 
 // ------------------------------------------------------------------------ agents

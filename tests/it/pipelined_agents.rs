@@ -164,6 +164,7 @@ async fn a_process_that_opens_its_session_again_gets_its_work_again_and_reports_
             started_at: now,
             finished_at: now,
             state: None,
+            facts: vec![],
         },
     };
     let twice = Poll {

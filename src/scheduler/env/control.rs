@@ -92,6 +92,7 @@ impl EnvScheduler {
             dirty: self.model.dirty.len(),
             queued: self.queue.len(),
             running: self.running.len(),
+            fact_requests: self.facts.requested,
         }
     }
 

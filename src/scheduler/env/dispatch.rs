@@ -108,6 +108,7 @@ impl EnvScheduler {
         let now = Utc::now();
         let label = match &key {
             TaskKey::Dryrun(..) => "dryrun",
+            TaskKey::Facts(..) => "getfact",
             TaskKey::Deploy(id) if self.tombstones.contains_key(id) => "delete",
             _ if matches!(priority, Priority::UserRepair | Priority::IntervalRepair) => "repair",
             _ => "deploy",
@@ -133,6 +134,19 @@ impl EnvScheduler {
                     code.clone(),
                 ),
                 (None, None) => {
+                    self.queue.finish(&key);
+                    return;
+                }
+            },
+            // facts of the resource as the model has it now; gone from the model: dropped
+            TaskKey::Facts(id) => match self.model.get(id) {
+                Some(r) => {
+                    let intent = self.model.intents[r].clone();
+                    let code = self.handlers.get(&intent.type_name).cloned();
+                    let v = self.model.version.unwrap_or(0);
+                    (ActionKind::Facts, intent, v, None, code)
+                }
+                None => {
                     self.queue.finish(&key);
                     return;
                 }
@@ -398,6 +412,16 @@ impl EnvScheduler {
         let run = self.queue.finish(&key);
         let now = Utc::now();
         match &key {
+            TaskKey::Facts(rid) => {
+                self.take_facts(rid, &res);
+                // a refresh that worked leaves no record (thousands of them would bury the
+                // log); one that failed says why
+                if !matches!(res.outcome, Outcome::Dry | Outcome::Deployed) {
+                    self.batch
+                        .actions
+                        .push(action_record(self.env, info.version, rid, "getfact", &res));
+                }
+            }
             TaskKey::Dryrun(id, rid) => {
                 self.batch.dryrun_results.push((
                     *id,
@@ -418,6 +442,7 @@ impl EnvScheduler {
                     .push(action_record(self.env, info.version, rid, "dryrun", &res));
             }
             TaskKey::Deploy(rid) => {
+                self.take_facts(rid, &res);
                 self.batch.actions.push(action_record(
                     self.env,
                     info.version,
@@ -469,6 +494,28 @@ impl EnvScheduler {
                 }
                 self.arm_timer(r, now);
                 self.mark_state(r);
+            }
+        }
+    }
+
+    /// The facts a handler reported for `rid`, for the parameter store: what the store
+    /// would refuse (a name too long, an id it can not read) is dropped here, with a warning,
+    /// so that it can not cost the batch it travels in.
+    pub(super) fn take_facts(&mut self, rid: &str, res: &WorkResult) {
+        for f in &res.facts {
+            let p = crate::store::facts::NewParam {
+                name: f.name.clone(),
+                resource_id: rid.to_string(),
+                value: f.value.clone(),
+                source: "fact".into(),
+                metadata: serde_json::json!({}),
+                expires: f.expires,
+            };
+            match crate::store::facts::validate(std::slice::from_ref(&p)) {
+                Ok(mut ok) => self.batch.facts.append(&mut ok),
+                Err(e) => {
+                    tracing::warn!(environment = %self.env, resource = rid, fact = %f.name, error = %e, "a fact the handler reported is not stored")
+                }
             }
         }
     }

@@ -46,6 +46,7 @@ pub(super) async fn writer(
     env: Uuid,
     mut rx: mpsc::UnboundedReceiver<Batch>,
     fence: Option<Fence>,
+    notifier: crate::events::Notifier,
 ) {
     let fence = fence.as_ref();
     // this scheduler's epoch: from now on, an older scheduler of the environment (one that
@@ -68,6 +69,7 @@ pub(super) async fn writer(
             batch.actions.extend(more.actions);
             batch.orphaned.extend(more.orphaned);
             batch.dryrun_results.extend(more.dryrun_results);
+            batch.facts.extend(more.facts);
             if more.progress.is_some() {
                 batch.progress = more.progress;
             }
@@ -89,7 +91,18 @@ pub(super) async fn writer(
         loop {
             let r = write_fenced(&pool, env, epoch, fence, &batch).await;
             match r {
-                Ok(()) => break,
+                Ok(facts) => {
+                    // facts are told once stored: a recompile may follow them
+                    if !facts.changed.is_empty() || !facts.resolved_versions.is_empty() {
+                        notifier.send(crate::events::Event::facts(
+                            env,
+                            facts.resolved_versions,
+                            facts.changed,
+                            false,
+                        ));
+                    }
+                    break;
+                }
                 Err(Fenced::Out) => {
                     tracing::error!(
                         environment = %env, epoch,
@@ -143,7 +156,7 @@ async fn write_row_by_row(
         b: &Batch,
     ) -> Result<(), store::StoreError> {
         match write_fenced(pool, env, epoch, fence, b).await {
-            Ok(()) => Ok(()),
+            Ok(_) => Ok(()),
             Err(Fenced::Out) => Err(store::StoreError::Conflict(
                 "fenced: another scheduler took over".into(),
             )),
@@ -204,6 +217,16 @@ async fn write_row_by_row(
             lost("dry-run result", &id, &e);
         }
     }
+    for fact in batch.facts {
+        let id = format!("{} {}", fact.resource_id, fact.name);
+        let b = Batch {
+            facts: vec![fact],
+            ..Default::default()
+        };
+        if let Err(e) = one(pool, env, epoch, fence, &b).await {
+            lost("fact", &id, &e);
+        }
+    }
     let rest = Batch {
         orphaned: batch.orphaned,
         progress: batch.progress,
@@ -230,7 +253,7 @@ async fn write_fenced(
     epoch: i64,
     fence: Option<&Fence>,
     batch: &Batch,
-) -> Result<(), Fenced> {
+) -> Result<store::facts::SetOutcome, Fenced> {
     let mut tx = pool.begin().await.map_err(|e| Fenced::Store(e.into()))?;
     if let Some(f) = fence {
         match f.check(&mut tx).await {
@@ -245,10 +268,11 @@ async fn write_fenced(
     {
         return Err(Fenced::Out);
     }
-    store::deploy::write_batch(&mut tx, env, batch)
+    let facts = store::deploy::write_batch(&mut tx, env, batch)
         .await
         .map_err(Fenced::Store)?;
-    tx.commit().await.map_err(|e| Fenced::Store(e.into()))
+    tx.commit().await.map_err(|e| Fenced::Store(e.into()))?;
+    Ok(facts)
 }
 
 pub(super) fn synthetic(
@@ -276,6 +300,7 @@ pub(super) fn synthetic(
         started_at: started,
         finished_at: now,
         state: None,
+        facts: Vec::new(),
     }
 }
 
