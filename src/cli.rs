@@ -5,6 +5,7 @@ mod compile;
 mod control;
 mod deploy;
 mod env;
+mod param;
 mod progress;
 mod project;
 pub mod remote;
@@ -33,6 +34,7 @@ use clap::{Parser, Subcommand, ValueEnum};
                   Against a server (--server, --env, --token, or STEWARD_* variables, or .steward.toml):\n  \
                   steward server               run the server\n  \
                   steward env|version|resource|token|agent|dryrun|source|compile-report …\n  \
+                  steward param|fact …         parameters and facts compiles read\n  \
                   steward env deploy|repair|halt|resume   deploy control of an environment"
 )]
 pub struct Cli {
@@ -82,6 +84,12 @@ pub enum Command {
     Agent(Remote<control::AgentCmd>),
     /// Dry-runs: what a deploy of a version would change, without changing anything.
     Dryrun(Remote<control::DryrunCmd>),
+    /// Parameters of an environment: values its model reads with std::getfact (list, get,
+    /// set, delete); setting one the last compile missed compiles the model again.
+    Param(Remote<param::ParamCmd>),
+    /// Facts: values handlers report about resources (an IP address a VM got), which the
+    /// model reads with std::getfact; list them.
+    Fact(Remote<param::FactCmd>),
     /// Run handlers for a scheduler (started by the server; speaks JSON lines on stdin/stdout).
     #[command(hide = true)]
     Executor {
@@ -163,6 +171,8 @@ pub fn main() -> ExitCode {
         Command::CompileReport(r) => remote_command(r.remote, r.cmd, source::run_report),
         Command::Agent(r) => remote_command(r.remote, r.cmd, control::run_agent),
         Command::Dryrun(r) => remote_command(r.remote, r.cmd, control::run_dryrun),
+        Command::Param(r) => remote_command(r.remote, r.cmd, param::run_param),
+        Command::Fact(r) => remote_command(r.remote, r.cmd, param::run_fact),
         Command::Executor { .. } => server::run_executor(),
     };
     match result {

@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::model::ExportFile;
 use crate::store::actions::ActionRecord;
 use crate::store::environments::{Environment, Project};
+use crate::store::facts::{Param, ParameterItem, WriteResult};
 use crate::store::state::ResourceWithState;
 use crate::store::tokens::Token;
 use crate::store::versions::{StoredResource, VersionInfo};
@@ -405,6 +406,116 @@ impl Client {
             Method::POST,
             &format!("{}/actions", Self::env(env)),
             Some(record),
+        )
+        .await
+    }
+
+    // ---------------------------------------------------------------- parameters and facts
+
+    /// `?resource_id=…` for a fact, nothing for a parameter.
+    fn resource_query(resource_id: Option<&str>) -> String {
+        match resource_id {
+            Some(r) => format!("?resource_id={}", encode_segment(r)),
+            None => String::new(),
+        }
+    }
+
+    /// The parameters and facts of `env`: all (`None`), or one resource's facts (`Some("")`:
+    /// the environment's parameters only). Facts older than `fact_expire` are marked
+    /// `expired`.
+    pub async fn list_parameters(
+        &self,
+        env: &str,
+        resource_id: Option<&str>,
+    ) -> Result<Vec<Param>> {
+        self.get(&format!(
+            "{}/parameters{}",
+            Self::env(env),
+            Self::resource_query(resource_id)
+        ))
+        .await
+    }
+
+    /// The facts of `env` (all, or one resource's), without its parameters.
+    pub async fn list_facts(&self, env: &str, resource_id: Option<&str>) -> Result<Vec<Param>> {
+        self.get(&format!(
+            "{}/facts{}",
+            Self::env(env),
+            Self::resource_query(resource_id)
+        ))
+        .await
+    }
+
+    /// A parameter (`resource_id` None) or a fact; a 404 when there is none.
+    pub async fn get_parameter(
+        &self,
+        env: &str,
+        name: &str,
+        resource_id: Option<&str>,
+    ) -> Result<Param> {
+        self.get(&format!(
+            "{}/parameters/{}{}",
+            Self::env(env),
+            encode_segment(name),
+            Self::resource_query(resource_id)
+        ))
+        .await
+    }
+
+    /// Set a parameter (`resource_id` None) or a fact. `body` is
+    /// `{"value", "source"?, "metadata"?, "expires"?, "recompile"?}`; see
+    /// the reference (`docs/api.md`).
+    pub async fn set_parameter(
+        &self,
+        env: &str,
+        name: &str,
+        resource_id: Option<&str>,
+        body: &serde_json::Value,
+    ) -> Result<Param> {
+        self.call(
+            Method::PUT,
+            &format!(
+                "{}/parameters/{}{}",
+                Self::env(env),
+                encode_segment(name),
+                Self::resource_query(resource_id)
+            ),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Set several parameters and facts at once (at most 1000): what changed, and the
+    /// versions whose unknowns they resolved.
+    pub async fn set_parameters(
+        &self,
+        env: &str,
+        parameters: &[ParameterItem],
+        recompile: bool,
+    ) -> Result<WriteResult> {
+        self.call(
+            Method::PUT,
+            &format!("{}/parameters", Self::env(env)),
+            Some(&json!({"parameters": parameters, "recompile": recompile})),
+        )
+        .await
+    }
+
+    pub async fn delete_parameter(
+        &self,
+        env: &str,
+        name: &str,
+        resource_id: Option<&str>,
+    ) -> Result<()> {
+        self.call(
+            Method::DELETE,
+            &format!(
+                "{}/parameters/{}{}",
+                Self::env(env),
+                encode_segment(name),
+                Self::resource_query(resource_id)
+            ),
+            None::<&()>,
         )
         .await
     }

@@ -9,6 +9,8 @@
 pub mod api_agents;
 pub mod api_deploy;
 pub mod api_envs;
+pub mod api_facts;
+pub mod api_inmanta;
 pub mod api_resources;
 pub mod api_sources;
 pub mod api_tokens;
@@ -80,6 +82,8 @@ pub fn api() -> OpenApiRouter<AppState> {
     use api_agents as a;
     use api_deploy as d;
     use api_envs as e;
+    use api_facts as f;
+    use api_inmanta as i;
     use api_resources as r;
     use api_sources as s;
     use api_tokens as t;
@@ -163,6 +167,20 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(t::list, t::create))
         .routes(routes!(t::revoke))
         .routes(routes!(t::audit_all))
+        .routes(routes!(f::list_parameters, f::set_parameters))
+        .routes(routes!(
+            f::get_parameter,
+            f::set_parameter,
+            f::delete_parameter
+        ))
+        .routes(routes!(f::list_facts))
+        .routes(routes!(i::set_parameters))
+        .routes(routes!(i::get_param, i::set_param, i::delete_param))
+        .routes(routes!(i::list_params))
+        .routes(routes!(i::set_fact))
+        .routes(routes!(i::set_parameter))
+        .routes(routes!(i::get_facts))
+        .routes(routes!(i::get_fact))
         .routes(routes!(ops::replicas))
         .routes(routes!(owner::owner_call))
 }

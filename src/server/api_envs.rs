@@ -220,6 +220,22 @@ pub struct SettingsPatch {
     /// only the keys given change
     #[serde(default)]
     retention: crate::model::settings::Retention,
+    /// seconds a fact stays valid
+    #[schema(minimum = 1)]
+    #[serde(default)]
+    fact_expire: u64,
+    /// seconds after which a fact is renewed; null: a third of fact_expire
+    #[schema(minimum = 1)]
+    #[serde(default)]
+    fact_renew: Option<u64>,
+    /// seconds between two requests for the missing facts of one resource
+    #[schema(minimum = 1)]
+    #[serde(default)]
+    fact_resource_block: u64,
+    /// seconds between a value resolving an unknown and the recompile
+    #[schema(minimum = 0, maximum = 3600)]
+    #[serde(default)]
+    recompile_backoff: f64,
 }
 
 /// An interval in a settings change: seconds, or a cron schedule.

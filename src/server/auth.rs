@@ -39,16 +39,23 @@ pub fn allowed(role: Role, global: bool, perm: Perm) -> bool {
     }
 }
 
-/// The only routes an agent token reaches: what `steward agent run` calls. Everything an
-/// agent process needs (its work, the handler code, where to report) comes through its
-/// sessions, which hand out only the agents the token names; every other route (resource
-/// lists, attributes, action logs and the older action report) is refused, so a token for
-/// `web1` can neither read nor report `db1`'s resources.
-pub const AGENT_ROUTES: [&str; 4] = [
+/// The only routes an agent token reaches: what `steward agent run` calls, and the writes of
+/// facts (Steward's and Inmanta's routes). Everything an agent process needs (its work, the
+/// handler code, where to report) comes through its sessions, which hand out only the agents
+/// the token names; every other route (resource lists, attributes, action logs and the older
+/// action report) is refused, so a token for `web1` can neither read nor report `db1`'s
+/// resources. The fact routes refuse an agent token everything but writing facts of its
+/// agents' resources (`server::api_facts`).
+pub const AGENT_ROUTES: [&str; 9] = [
     "/api/v1/environments/{env}/agent-sessions",
     "/api/v1/environments/{env}/agent-sessions/{id}/poll",
     "/api/v1/environments/{env}/agent-sessions/{id}",
     "/api/v1/environments/{env}/code/{digest}",
+    "/api/v1/environments/{env}/parameters",
+    "/api/v1/environments/{env}/parameters/{name}",
+    "/api/v1/parameters",
+    "/api/v1/parameter/{id}",
+    "/api/v2/facts/{name}",
 ];
 
 /// What a caller showed to be let in, kept so that an owner-only call forwarded to another

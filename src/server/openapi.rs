@@ -21,6 +21,8 @@ pub const SOURCES: &str = "git sources";
 pub const DEPLOY: &str = "deploy control";
 pub const TOKENS: &str = "tokens and audit";
 pub const AGENTS: &str = "agent processes";
+pub const FACTS: &str = "parameters and facts";
+pub const INMANTA: &str = "Inmanta-compatible";
 
 /// The name of the security scheme: `Authorization: Bearer <token>`.
 pub const BEARER: &str = "bearer";
@@ -48,6 +50,8 @@ pub const BEARER: &str = "bearer";
         (name = DEPLOY, description = "Deploy and repair triggers, dry-runs, agents, halt and resume, deploy progress."),
         (name = TOKENS, description = "API tokens and the audit log."),
         (name = AGENTS, description = "External agent processes (`steward agent run`): sessions, polls with results and work, handler code."),
+        (name = FACTS, description = "Parameters (values of the environment) and facts (values handlers report about resources) that compiles read; a value that resolves an unknown of a version makes its model compile again."),
+        (name = INMANTA, description = "Inmanta's routes for parameters and facts, as inmanta-core's client calls them: the environment in the `X-Inmanta-tid` header, Inmanta's answer shapes."),
     )
 )]
 struct Base;

@@ -85,6 +85,56 @@ pub struct SetOutcome {
     pub resolved_versions: Vec<i32>,
 }
 
+/// One value of a batch (`PUT /api/v1/environments/{env}/parameters`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParameterItem {
+    pub name: String,
+    /// A fact's resource; empty or absent: a parameter of the environment.
+    #[serde(default)]
+    pub resource_id: String,
+    pub value: String,
+    /// `user` by default (`fact` for agent tokens), `plugin` or `report`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+    /// Default: facts expire, parameters never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<bool>,
+}
+
+/// A parameter's or fact's key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ParamKey {
+    /// `''` for a parameter.
+    pub resource_id: String,
+    pub name: String,
+}
+
+/// What a batch changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WriteResult {
+    /// Values that are new or different (the others were renewed: their `updated` is now).
+    pub changed: Vec<ParamKey>,
+    /// Versions whose unknown values this write made known.
+    pub resolved_versions: Vec<i32>,
+}
+
+impl From<SetOutcome> for WriteResult {
+    fn from(o: SetOutcome) -> WriteResult {
+        WriteResult {
+            changed: o
+                .changed
+                .into_iter()
+                .map(|(resource_id, name)| ParamKey { resource_id, name })
+                .collect(),
+            resolved_versions: o.resolved_versions,
+        }
+    }
+}
+
 const COLUMNS: &str =
     "id, environment_id, name, resource_id, value, source, metadata, updated, expires";
 

@@ -24,6 +24,7 @@ mod deploy;
 mod deploy_cli;
 mod deploy_faults;
 mod embedded;
+mod facts_api;
 mod facts_compile;
 mod fault_regressions;
 mod floods;

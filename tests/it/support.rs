@@ -49,6 +49,8 @@ pub struct TestServer {
     pub admin: Option<String>,
     /// The git side, when the server deploys (to set what an operator sets by flags).
     pub sources: Option<steward::sources::GitSources>,
+    /// The server's event channel (to watch what it tells the scheduler and the sources).
+    pub notifier: steward::events::Notifier,
     /// The server's data dir (git mirrors).
     _data: tempfile::TempDir,
 }
@@ -122,6 +124,7 @@ impl TestServer {
             g.set_allow_local(true);
         }
         let sources = state.sources.clone();
+        let notifier = state.notifier.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -136,6 +139,7 @@ impl TestServer {
             pool,
             admin,
             sources,
+            notifier,
             _data: data,
         }
     }
