@@ -11,6 +11,7 @@
 //! Everything is in PostgreSQL: a restart re-queues interrupted compiles.
 
 pub mod compile;
+mod facts;
 pub mod feedback;
 pub mod git;
 mod pipeline;
@@ -67,6 +68,8 @@ enum Msg {
         commit: Option<String>,
         reply: Option<oneshot::Sender<Result<Triggered, SourceError>>>,
     },
+    /// Facts arrived (after their backoff): compile the commit that needs them again.
+    Recompile(facts::PendingFacts),
 }
 
 struct EnvWorker {
@@ -103,6 +106,8 @@ struct Inner {
     pip_sources: Mutex<compile::PipSources>,
     /// Told when a compile made a new Python environment (the reaper looks at the disk).
     envs_made: Arc<Notify>,
+    /// Facts that arrived, by environment, waiting out the recompile backoff.
+    fact_waits: Mutex<HashMap<Uuid, facts::PendingFacts>>,
 }
 
 /// Handle on the git side of a server (cheap to clone).
@@ -150,6 +155,7 @@ impl GitSources {
             allow_local: std::sync::atomic::AtomicBool::new(false),
             pip_sources: Mutex::new(compile::PipSources::default()),
             envs_made: Arc::new(Notify::new()),
+            fact_waits: Mutex::new(HashMap::new()),
         }));
         let events = notifier.subscribe();
         if replica {
@@ -374,6 +380,14 @@ impl GitSources {
             match events.recv().await {
                 Ok(Event::Released { .. }) | Ok(Event::Resync) => self.0.released.notify_one(),
                 Ok(Event::Deleted { environment }) => self.stop(environment),
+                Ok(Event::Facts {
+                    environment,
+                    resolved_versions,
+                    changed,
+                    recompile,
+                }) if self.follows(environment) => {
+                    self.facts_arrived(environment, resolved_versions, changed, recompile)
+                }
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "git sources fell behind on server events")
@@ -432,11 +446,23 @@ impl GitSources {
                     }
                 },
             };
-            let Msg::Trigger {
-                kind,
-                commit,
-                reply,
-            } = msg;
+            let (kind, commit, reply) = match msg {
+                Msg::Trigger {
+                    kind,
+                    commit,
+                    reply,
+                } => (kind, commit, reply),
+                Msg::Recompile(pending) => {
+                    match self.queue_recompile(env, &source, &pending).await {
+                        Ok(true) => queued.notify_one(),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(environment = %env, error = %e, "queueing the recompile for facts failed")
+                        }
+                    }
+                    continue;
+                }
+            };
             // triggers for the tip that arrived meanwhile are answered by this one fetch;
             // one naming a commit waits its turn
             let mut replies: Vec<oneshot::Sender<Result<Triggered, SourceError>>> =

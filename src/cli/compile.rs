@@ -150,10 +150,36 @@ pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    // TODO(facts-store): ask the server for the environment's facts (one list call,
-    // `Client::list_parameters(env, None)`) once that branch is merged; until then an export
-    // compiles as without a server
-    let outcome = compile_once(&args.project, &args.file, true, args.remote.json, None);
+    // the environment's parameters and facts, in one list call to the server the export
+    // goes to; an export to a file with no environment configured knows none (the compile
+    // says so once when the model asks for one)
+    let remote = super::remote::connect(&args.remote, Some(&args.project))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let facts = match remote.environment.clone() {
+        Some(env) => match rt.block_on(remote.client.list_parameters(&env, None)) {
+            Ok(rows) => {
+                let mut facts = Facts::new();
+                for r in rows {
+                    facts.insert(r.resource_id, r.name, r.value);
+                }
+                Some(facts)
+            }
+            Err(e) if args.json_file.is_some() => {
+                eprintln!(
+                    "warning: the parameters and facts of {env} could not be read ({e:#}); they are unknown in this export"
+                );
+                None
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e))
+                    .with_context(|| format!("reading the parameters and facts of {env}"));
+            }
+        },
+        None => None,
+    };
+    let outcome = compile_once(&args.project, &args.file, true, args.remote.json, facts);
     if let Some(path) = &args.json_file {
         write_export(&outcome, path)?;
         if outcome.is_ok() {
@@ -172,12 +198,8 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let Ok(Some(export)) = &outcome.result else {
         return Ok(ExitCode::from(1));
     };
-    let remote = super::remote::connect(&args.remote, Some(&args.project))?;
     let env = remote.env()?.to_string();
     let provenance = git_provenance(&args.project);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     rt.block_on(async {
         let v = remote.client.upload(&env, export, provenance).await?;
         let number = v["number"].as_i64().unwrap_or(0) as i32;

@@ -325,6 +325,15 @@ pub async fn run(
         }
     }
 
+    // the environment's parameters and facts, for std::getfact: one read, handed to the
+    // compile as a file (it reaches no database)
+    let at = begin();
+    let facts_file = workdir.path().join("facts.json");
+    match write_facts_file(pool, env_id, &facts_file).await {
+        Ok(n) => report.passed("facts", at, &format!("{n} parameters and facts")),
+        Err(e) => return report.failed("facts", at, e),
+    }
+
     // compile, in a child process
     let at = begin();
     let export_file = workdir.path().join("export.json");
@@ -333,7 +342,10 @@ pub async fn run(
         &jail,
         workdir.path(),
         &project,
-        &export_file,
+        Files {
+            export: &export_file,
+            facts: &facts_file,
+        },
         timeout,
         virtual_env.as_deref(),
     )
@@ -406,7 +418,7 @@ pub async fn run(
 
     // store as a version
     let at = begin();
-    let provenance = json!({
+    let mut provenance = json!({
         "repository": crate::model::urls::public_url(&source.url),
         "branch": job.branch,
         "commit": job.commit,
@@ -414,6 +426,14 @@ pub async fn run(
         "compile": job.id,
         "trigger": job.trigger,
     });
+    // a recompile for facts says which values arrived and which versions waited for them
+    if let Some(why) = job.stages.as_array().and_then(|st| {
+        st.iter()
+            .find(|s| s["name"] == "facts arrived")
+            .map(|s| s["why"].clone())
+    }) {
+        provenance["facts"] = why;
+    }
     let stored = async {
         let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
         // a replica that lost the environment meanwhile stores nothing: the new owner
@@ -696,12 +716,34 @@ fn base_python(other_user: bool) -> String {
 /// `steward compile --json --export FILE -p DIR`, isolated from the server and from every
 /// other compile by `jail` (its identity, namespaces and limits: see docs/isolation.md), with
 /// a clean environment and a private TMPDIR inside `workdir`.
+/// The files a compile reads and writes besides its project.
+struct Files<'a> {
+    /// Where it writes the export.
+    export: &'a Path,
+    /// The environment's parameters and facts (`--facts`).
+    facts: &'a Path,
+}
+
+/// Write the environment's parameters and facts as a `--facts` file; how many there are.
+async fn write_facts_file(pool: &sqlx::PgPool, env: uuid::Uuid, path: &Path) -> Result<usize, String> {
+    let rows = store::facts::list(pool, env, None)
+        .await
+        .map_err(|e| format!("reading the environment's facts failed: {e}"))?;
+    let mut facts = crate::model::facts::Facts::new();
+    for r in &rows {
+        facts.insert(r.resource_id.clone(), r.name.clone(), r.value.clone());
+    }
+    let text = facts.to_json();
+    std::fs::write(path, text).map_err(|e| format!("can not write {}: {e}", path.display()))?;
+    Ok(rows.len())
+}
+
 async fn run_compiler(
     bin: &Path,
     jail: &sandbox::Jail,
     workdir: &Path,
     project: &Path,
-    export: &PathBuf,
+    files: Files<'_>,
     timeout: Duration,
     virtual_env: Option<&Path>,
 ) -> Result<Ran, String> {
@@ -715,7 +757,9 @@ async fn run_compiler(
     cmd.arg("compile")
         .arg("--json")
         .arg("--export")
-        .arg(export)
+        .arg(files.export)
+        .arg("--facts")
+        .arg(files.facts)
         .arg("-p")
         .arg(project)
         .current_dir(project)

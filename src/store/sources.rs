@@ -588,3 +588,18 @@ pub async fn move_url_credentials(
     .await?;
     Ok(())
 }
+
+/// The compile of an environment that is queued or running, if any (the newest): its
+/// status and commit.
+pub async fn pending_compile(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+) -> Result<Option<(String, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT status, commit, branch FROM compiles WHERE environment_id = $1 \
+         AND status IN ('queued', 'running') ORDER BY (status = 'queued') DESC, requested_at DESC LIMIT 1",
+    )
+    .bind(env)
+    .fetch_optional(e)
+    .await?)
+}

@@ -26,6 +26,7 @@ mod deploy_faults;
 mod embedded;
 mod facts_api;
 mod facts_compile;
+mod facts_e2e;
 mod fault_regressions;
 mod floods;
 mod gitops;
