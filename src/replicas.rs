@@ -360,28 +360,34 @@ impl Replica {
                     tracing::debug!(replica = %cfg.id, environment = %env, "lease busy (a write holds it); renewed next time");
                 }
                 // expired while we could not renew (the database was away), or taken over
-                _ => {
-                    // nobody took it: keep it under the same term, so that no other replica
-                    // snatches it while this one restarts its work; adopted again here once
-                    // the old work has stopped (it is held but not owned)
-                    let kept = leases::revive(
-                        pool,
-                        LeaseKind::Environment,
-                        &key,
-                        &cfg.id,
-                        tenure.term(),
-                        cfg.ttl_ms(),
-                    )
-                    .await?;
-                    if kept.is_some() {
-                        tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lapsed and nobody took it; its work restarts here under the same term");
-                    } else {
-                        tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lost; its work stops here");
-                    }
-                    self.let_go_in_background(env);
-                }
+                _ => self.lapsed(env, &tenure).await?,
             }
         }
+        Ok(())
+    }
+
+    /// The lease of an environment this replica works on is not its own any more (by the
+    /// database's clock). When nobody took it, it is kept under the same term, so that no
+    /// other replica snatches it while this one restarts its work (adopted again here once
+    /// the old work has stopped: it is held but not owned); otherwise it is lost. Either
+    /// way the work under the old tenure stops.
+    async fn lapsed(&self, env: Uuid, tenure: &Tenure) -> Result<(), StoreError> {
+        let cfg = &self.0.config;
+        let kept = leases::revive(
+            &self.0.lease_pool,
+            LeaseKind::Environment,
+            &env.to_string(),
+            &cfg.id,
+            tenure.term(),
+            cfg.ttl_ms(),
+        )
+        .await?;
+        if kept.is_some() {
+            tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lapsed and nobody took it; its work restarts here under the same term");
+        } else {
+            tracing::warn!(replica = %cfg.id, environment = %env, term = tenure.term(), "lease of environment lost; its work stops here");
+        }
+        self.let_go_in_background(env);
         Ok(())
     }
 
@@ -445,6 +451,22 @@ impl Replica {
                 // renewed at most a heartbeat ago: trusted for that much less
                 let until = t0 + cfg.trusted().saturating_sub(cfg.heartbeat);
                 self.adopt(env, *term, until).await;
+            }
+        }
+        // worked on here but not held by the database's clock (this replica was paused or
+        // cut off past its lease): the renewal may not have run yet, and this round must
+        // not count or hand over what is not its own
+        let owned_now: Vec<(Uuid, Tenure)> = self
+            .0
+            .owned
+            .lock()
+            .expect("owned")
+            .iter()
+            .map(|(e, t)| (*e, t.clone()))
+            .collect();
+        for (env, tenure) in owned_now {
+            if held.get(&env.to_string()) != Some(&tenure.term()) {
+                self.lapsed(env, &tenure).await?;
             }
         }
         // environments deleted meanwhile
