@@ -463,7 +463,11 @@ async fn drive(
                 .find(|l| l.starts_with("error") || l.contains(" ERROR "))
                 .unwrap_or("(no error line)")
                 .to_string();
-            say(cfg, started, &format!("the server exited on its own: {e}: {said}"));
+            say(
+                cfg,
+                started,
+                &format!("the server exited on its own: {e}: {said}"),
+            );
             checks.push(Check::fail(
                 "server exit",
                 format!("{e} (restarted)\n{}", procs::exit_reason(&server.log, 8)),

@@ -477,8 +477,6 @@ pub fn export(
         unknowns: rt.host.unknowns(),
         handlers,
         code,
-        // filled by the compile once getfact records what it could not resolve
-        unknowns: Vec::new(),
         format: EXPORT_FORMAT,
         resources,
         undefined,

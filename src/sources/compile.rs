@@ -725,7 +725,11 @@ struct Files<'a> {
 }
 
 /// Write the environment's parameters and facts as a `--facts` file; how many there are.
-async fn write_facts_file(pool: &sqlx::PgPool, env: uuid::Uuid, path: &Path) -> Result<usize, String> {
+async fn write_facts_file(
+    pool: &sqlx::PgPool,
+    env: uuid::Uuid,
+    path: &Path,
+) -> Result<usize, String> {
     let rows = store::facts::list(pool, env, None)
         .await
         .map_err(|e| format!("reading the environment's facts failed: {e}"))?;
@@ -885,7 +889,10 @@ mod tests {
             &jail,
             work.path(),
             &project,
-            &work.path().join("export.json"),
+            Files {
+                export: &work.path().join("export.json"),
+                facts: &work.path().join("facts.json"),
+            },
             Duration::from_secs(7),
             None,
         )

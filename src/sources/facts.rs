@@ -116,13 +116,12 @@ impl GitSources {
             let Some(pending) = me.0.fact_waits.lock().expect("fact waits").remove(&env) else {
                 return;
             };
-            let tx = me
-                .0
-                .workers
-                .lock()
-                .expect("workers")
-                .get(&env)
-                .map(|w| w.tx.clone());
+            let tx =
+                me.0.workers
+                    .lock()
+                    .expect("workers")
+                    .get(&env)
+                    .map(|w| w.tx.clone());
             match tx {
                 Some(tx) => {
                     let _ = tx.send(Msg::Recompile(pending));

@@ -123,7 +123,10 @@ async fn a_fact_a_handler_reports_recompiles_the_same_commit_and_deploys_what_wa
     assert_eq!(version["provenance"]["commit"], commit.as_str());
     let why = &version["provenance"]["facts"];
     assert_eq!(why["changed"][0]["name"], "ip_address", "{why:#}");
-    assert_eq!(why["changed"][0]["resource_id"], "vm::Host[localhost,name=vm1]");
+    assert_eq!(
+        why["changed"][0]["resource_id"],
+        "vm::Host[localhost,name=vm1]"
+    );
     assert!(
         why["resolves"].as_array().unwrap().contains(&json!(v1)),
         "{why:#}"
@@ -142,9 +145,13 @@ async fn a_fact_a_handler_reports_recompiles_the_same_commit_and_deploys_what_wa
     assert_eq!(triggers.len(), 2, "{all:#}");
     assert!(triggers.contains(&"fact"));
     // and the fact is stored where `steward fact list` shows it
-    let facts = steward::store::facts::list(&srv.pool, env.parse().unwrap(), Some("vm::Host[localhost,name=vm1]"))
-        .await
-        .unwrap();
+    let facts = steward::store::facts::list(
+        &srv.pool,
+        env.parse().unwrap(),
+        Some("vm::Host[localhost,name=vm1]"),
+    )
+    .await
+    .unwrap();
     assert_eq!(facts.len(), 1, "{facts:?}");
     assert_eq!(facts[0].value, "10.0.0.7");
     assert_eq!(facts[0].source, "fact");

@@ -417,9 +417,13 @@ impl EnvScheduler {
                 // a refresh that worked leaves no record (thousands of them would bury the
                 // log); one that failed says why
                 if !matches!(res.outcome, Outcome::Dry | Outcome::Deployed) {
-                    self.batch
-                        .actions
-                        .push(action_record(self.env, info.version, rid, "getfact", &res));
+                    self.batch.actions.push(action_record(
+                        self.env,
+                        info.version,
+                        rid,
+                        "getfact",
+                        &res,
+                    ));
                 }
             }
             TaskKey::Dryrun(id, rid) => {

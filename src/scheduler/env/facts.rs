@@ -33,10 +33,7 @@ pub struct FactRefresh {
 impl FactRefresh {
     /// May `agent` be asked once more now? Takes a token if so.
     fn take(&mut self, agent: &str, now: Instant) -> bool {
-        let (tokens, at) = self
-            .budget
-            .entry(agent.to_string())
-            .or_insert((BURST, now));
+        let (tokens, at) = self.budget.entry(agent.to_string()).or_insert((BURST, now));
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * PER_AGENT_PER_SEC).min(BURST);
         *at = now;
         if *tokens >= 1.0 {
@@ -68,7 +65,8 @@ impl EnvScheduler {
         };
         let renew = self.settings.fact_renew_secs();
         let before = chrono::Utc::now() - chrono::Duration::seconds(renew as i64);
-        let due = match store::facts::due_for_renewal(&self.pool, self.env, before, SCAN_LIMIT).await
+        let due = match store::facts::due_for_renewal(&self.pool, self.env, before, SCAN_LIMIT)
+            .await
         {
             Ok(d) => d,
             Err(e) => {
@@ -81,7 +79,9 @@ impl EnvScheduler {
         {
             Ok(u) => u
                 .into_iter()
-                .filter(|(u, resolved)| !resolved && u.source == "fact" && !u.resource_id.is_empty())
+                .filter(|(u, resolved)| {
+                    !resolved && u.source == "fact" && !u.resource_id.is_empty()
+                })
                 .map(|(u, _)| u.resource_id)
                 .collect(),
             Err(e) => {
@@ -91,12 +91,17 @@ impl EnvScheduler {
         };
         let block = Duration::from_secs(self.settings.fact_resource_block);
         let now = Instant::now();
-        self.facts.asked.retain(|_, at| now.duration_since(*at) < block);
+        self.facts
+            .asked
+            .retain(|_, at| now.duration_since(*at) < block);
         let mut wanted: Vec<(String, &str)> = missing
             .into_iter()
             .map(|r| (r, "a fact the model needs is missing"))
             .collect();
-        wanted.extend(due.into_iter().map(|r| (r, "its facts are due for renewal")));
+        wanted.extend(
+            due.into_iter()
+                .map(|r| (r, "its facts are due for renewal")),
+        );
         for (rid, why) in wanted {
             if self.facts.asked.contains_key(&rid) {
                 continue;
