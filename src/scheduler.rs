@@ -167,13 +167,18 @@ impl Schedulers {
             tracing::warn!(environment = %env, "the scheduler had stopped; starting it again");
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let pool = self.0.pool.clone();
-        let bin = self.0.executor_bin.clone();
-        let code = self.0.code_dir.clone();
-        let hub = self.0.hub.clone();
-        let notifier = self.0.notifier.clone();
+        let links = env::Links {
+            executor_bin: self.0.executor_bin.clone(),
+            code_dir: self.0.code_dir.clone(),
+            hub: self.0.hub.clone(),
+            notifier: self.0.notifier.clone(),
+        };
         let task = tokio::spawn(env::EnvScheduler::run(
-            env, pool, bin, code, hub, rx, tenure, notifier,
+            env,
+            self.0.pool.clone(),
+            links,
+            rx,
+            tenure,
         ));
         running.insert(
             env,

@@ -144,18 +144,33 @@ pub struct EnvScheduler {
     facts: facts::FactRefresh,
 }
 
+/// What an environment's scheduler uses that the whole server shares.
+pub struct Links {
+    /// The `steward executor` binary.
+    pub executor_bin: PathBuf,
+    /// Where handler code is unpacked.
+    pub code_dir: PathBuf,
+    /// The external agents' connections.
+    pub hub: super::agents::AgentHub,
+    /// The server's events (facts that arrived go out on it).
+    pub notifier: crate::events::Notifier,
+}
+
 impl EnvScheduler {
     /// Rebuild from the database and run until stopped.
     pub async fn run(
         env: Uuid,
         pool: PgPool,
-        executor_bin: PathBuf,
-        code_dir: PathBuf,
-        hub: super::agents::AgentHub,
+        links: Links,
         mut control: mpsc::UnboundedReceiver<Control>,
         tenure: Option<Tenure>,
-        notifier: crate::events::Notifier,
     ) {
+        let Links {
+            executor_bin,
+            code_dir,
+            hub,
+            notifier,
+        } = links;
         let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
         let exec_pool = exec_pool.with_hub(env, hub);
         let (wtx, wrx) = mpsc::unbounded_channel();

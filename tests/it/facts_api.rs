@@ -911,7 +911,7 @@ async fn a_value_that_resolves_an_unknown_marks_its_versions_and_tells_the_trigg
     assert!(recorded.iter().all(|(_, resolved)| !resolved));
     // the version's export carries them (a rollback keeps them)
     let exported =
-        steward::store::versions::export_of(&mut *srv.pool.acquire().await.unwrap(), id, v2)
+        steward::store::versions::export_of(&mut srv.pool.acquire().await.unwrap(), id, v2)
             .await
             .unwrap();
     assert_eq!(exported.unknowns.len(), 2);
