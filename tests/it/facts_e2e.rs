@@ -7,7 +7,9 @@
 
 use serde_json::json;
 
-use crate::gitops_support::{Repo, compiled, follow, git_ok, read, timeline};
+use steward::client::Client;
+
+use crate::gitops_support::{Repo, compiled, git_ok, read, timeline};
 use crate::support::{TestServer, eventually, wait_deployed};
 
 const VM_CF: &str = r#"
@@ -81,61 +83,88 @@ fs::File(host=host, path="{out}/web.conf", content="backend {{{{ip}}}}\n", mode=
     repo.commit(&main, "a vm and a file naming its address")
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_fact_a_handler_reports_recompiles_the_same_commit_and_deploys_what_waited_for_it() {
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let repo = Repo::new();
-    let commit = commit_project(&repo, "localhost");
-    git_ok(&repo.work, &["push", "-q", "origin", "HEAD:main"]);
-    let env = follow(&c, "facts", &repo, json!({})).await;
-    c.trigger_compile(&env, None).await.unwrap();
+/// An environment with `settings` following `repo`'s main branch (polling off).
+async fn follow_with(c: &Client, name: &str, repo: &Repo, settings: serde_json::Value) -> String {
+    let env = c
+        .create_environment("facts", name, Some(settings))
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    c.set_source(
+        &env,
+        &json!({"url": repo.url(), "branch": "main", "webhook_secret": "s3cret", "poll_interval": 0}),
+    )
+    .await
+    .unwrap();
+    env
+}
 
-    let first = compiled(&c, &env, &commit, 60).await;
+/// The whole loop, whatever runs the handlers: the push compiles (the VM deploys, the file
+/// naming its address is undefined), the handler's fact arrives, the same commit is compiled
+/// again once, and its version deploys the file with the value. `log` is shown on failure.
+async fn converges(
+    srv: &TestServer,
+    c: &Client,
+    env: &str,
+    repo: &Repo,
+    commit: &str,
+    agent: &str,
+    log: &dyn Fn() -> String,
+) {
+    c.trigger_compile(env, None).await.unwrap();
+    let first = compiled(c, env, commit, 60).await;
     assert_eq!(first["status"], "success", "{first:#}");
     let v1 = first["version"].as_i64().unwrap() as i32;
-    let export = c.version(&env, v1).await.unwrap();
-    assert_ne!(export["provenance"]["trigger"], "fact", "{export:#}");
+    let version = c.version(env, v1).await.unwrap();
+    assert_ne!(version["provenance"]["trigger"], "fact", "{version:#}");
+    let vm_id = format!("vm::Host[{agent},name=vm1]");
+    let web_id = format!("fs::File[{agent},path={}/web.conf]", repo.out.display());
+    // the file waits for the address: undefined in the first version, not deployed
+    let (_, rows) = c.resources(env).await.unwrap();
+    if let Some(web) = rows.iter().find(|r| r.resource_id == web_id) {
+        assert_eq!(web.compliance, "undefined", "{rows:#?}");
+    }
 
     // the fact arrives with the deploy of the VM; the same commit is compiled again
-    let second = eventually(60, "a recompile for the fact", || async {
-        let list = c.compiles(&env, 100).await.ok()?;
+    let second = eventually(90, "a recompile for the fact", || async {
+        let list = c.compiles(env, 100).await.ok()?;
         let hit = list.as_array()?.iter().find(|r| {
             r["trigger"] == "fact" && (r["status"] == "success" || r["status"] == "failed")
         })?;
         Some(hit.clone())
     })
     .await;
-    assert_eq!(second["commit"], commit.as_str(), "{second:#}");
+    assert_eq!(second["commit"], commit, "{second:#}");
     assert_eq!(second["status"], "success", "{second:#}");
     let v2 = second["version"].as_i64().unwrap() as i32;
     assert!(v2 > v1);
-    wait_deployed(&c, &env, v2, 60).await;
+    let p = wait_deployed(c, env, v2, 90).await;
+    assert_eq!(p["by_status"]["deployed"], 2, "{p}\n{}", log());
     assert_eq!(
         read(&repo.out.join("web.conf")).as_deref(),
-        Some("backend 10.0.0.7\n")
+        Some("backend 10.0.0.7\n"),
+        "{}",
+        log()
     );
     assert_eq!(read(&repo.out.join("vm1")).as_deref(), Some("10.0.0.7\n"));
 
     // why it was made, in the provenance and in the commit's timeline
-    let version = c.version(&env, v2).await.unwrap();
+    let version = c.version(env, v2).await.unwrap();
     assert_eq!(version["provenance"]["trigger"], "fact", "{version:#}");
-    assert_eq!(version["provenance"]["commit"], commit.as_str());
+    assert_eq!(version["provenance"]["commit"], commit);
     let why = &version["provenance"]["facts"];
     assert_eq!(why["changed"][0]["name"], "ip_address", "{why:#}");
-    assert_eq!(
-        why["changed"][0]["resource_id"],
-        "vm::Host[localhost,name=vm1]"
-    );
+    assert_eq!(why["changed"][0]["resource_id"], vm_id.as_str());
     assert!(
         why["resolves"].as_array().unwrap().contains(&json!(v1)),
         "{why:#}"
     );
-    let events = timeline(&c, &env, &commit).await;
+    let events = timeline(c, env, commit).await;
     assert!(events.iter().any(|e| e == "recompile"), "{events:?}");
 
     // nothing else was compiled: one compile for the push, one for the fact
-    let all = c.compiles(&env, 100).await.unwrap();
+    let all = c.compiles(env, 100).await.unwrap();
     let triggers: Vec<&str> = all
         .as_array()
         .unwrap()
@@ -144,15 +173,77 @@ async fn a_fact_a_handler_reports_recompiles_the_same_commit_and_deploys_what_wa
         .collect();
     assert_eq!(triggers.len(), 2, "{all:#}");
     assert!(triggers.contains(&"fact"));
-    // and the fact is stored where `steward fact list` shows it
-    let facts = steward::store::facts::list(
-        &srv.pool,
-        env.parse().unwrap(),
-        Some("vm::Host[localhost,name=vm1]"),
-    )
-    .await
-    .unwrap();
+    // and the fact is stored where `steward fact list` shows it, from the handler
+    let facts = steward::store::facts::list(&srv.pool, env.parse().unwrap(), Some(&vm_id))
+        .await
+        .unwrap();
     assert_eq!(facts.len(), 1, "{facts:?}");
     assert_eq!(facts[0].value, "10.0.0.7");
     assert_eq!(facts[0].source, "fact");
+    assert!(facts[0].expires);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fact_a_handler_reports_recompiles_the_same_commit_and_deploys_what_waited_for_it() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    let commit = commit_project(&repo, "localhost");
+    git_ok(&repo.work, &["push", "-q", "origin", "HEAD:main"]);
+    let env = follow_with(&c, "local", &repo, json!({})).await;
+    converges(&srv, &c, &env, &repo, &commit, "localhost", &String::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_loop_through_an_external_agent() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    let commit = commit_project(&repo, "localhost");
+    git_ok(&repo.work, &["push", "-q", "origin", "HEAD:main"]);
+    let env = follow_with(
+        &c,
+        "external",
+        &repo,
+        json!({"agent_map": {"localhost": "external"}}),
+    )
+    .await;
+    let token = c
+        .create_agent_token("agent", &env, &["localhost".to_string()])
+        .await
+        .unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = crate::python_handlers_agent::spawn_agent(&srv, &token, &env, dir.path());
+    let log_path = dir.path().join("a.log");
+    let log = move || std::fs::read_to_string(&log_path).unwrap_or_default();
+    converges(&srv, &c, &env, &repo, &commit, "localhost", &log).await;
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_loop_over_ssh() {
+    let sshd = crate::ssh_support::Sshd::start();
+    let uri = format!("ssh://{}@127.0.0.1:{}", sshd.user, sshd.port);
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    let commit = commit_project(&repo, "web1");
+    git_ok(&repo.work, &["push", "-q", "origin", "HEAD:main"]);
+    let env = follow_with(
+        &c,
+        "ssh",
+        &repo,
+        json!({
+            "agent_map": {"web1": uri},
+            "ssh": {"known_hosts": sshd.known_hosts, "identity": sshd.client_key},
+            "ssh_allowed": sshd.allowed(),
+        }),
+    )
+    .await;
+    let log = || sshd.log();
+    converges(&srv, &c, &env, &repo, &commit, "web1", &log).await;
 }

@@ -12,7 +12,7 @@ use crate::deploy::deploying_env;
 use crate::python_handlers::{demo_code, journal, resource, upload, with_code};
 use crate::support::{TestServer, eventually, steward_bin, wait_deployed};
 
-fn spawn_agent(srv: &TestServer, token: &str, env: &str, dir: &Path) -> Child {
+pub fn spawn_agent(srv: &TestServer, token: &str, env: &str, dir: &Path) -> Child {
     Command::new(steward_bin())
         .args(["agent", "run", "--name", "localhost"])
         .env("STEWARD_SERVER", &srv.url)
