@@ -12,6 +12,7 @@
 
 mod envs;
 mod git;
+mod parameters;
 mod render;
 mod resources;
 mod session;
@@ -44,6 +45,7 @@ pub fn router() -> Router<AppState> {
         .merge(versions::routes())
         .merge(resources::routes())
         .merge(git::routes())
+        .merge(parameters::routes())
         // the API's fallback answers JSON; a mistyped console address gets a page
         .route("/console/{*rest}", get(render::not_found))
         .layer(axum::middleware::from_fn(security_headers))

@@ -524,6 +524,44 @@ pub async fn due_for_renewal(
     .await?)
 }
 
+/// At most `limit` of an environment's parameters (`resource_id` `""`) or of one resource's
+/// facts, by name: a page shows a bounded list and asks for one more row to know it was cut.
+pub async fn list_first(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    resource_id: &str,
+    limit: i64,
+) -> Result<Vec<Param>> {
+    let rid = normalize_resource_id(resource_id)?;
+    let sql = format!(
+        "SELECT {COLUMNS} FROM parameters WHERE environment_id = $1 AND resource_id = $2 \
+         ORDER BY name LIMIT $3"
+    );
+    Ok(sqlx::query_as::<_, Param>(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .bind(rid)
+        .bind(limit)
+        .fetch_all(e)
+        .await?)
+}
+
+/// The first `limit` resources (by id) that have facts, each with how many: the console's
+/// overview of an environment's facts without reading them.
+pub async fn fact_counts_by_resource(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    limit: i64,
+) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT resource_id, count(*) FROM parameters WHERE environment_id = $1 \
+         AND resource_id <> '' GROUP BY resource_id ORDER BY resource_id LIMIT $2",
+    )
+    .bind(env)
+    .bind(limit)
+    .fetch_all(e)
+    .await?)
+}
+
 /// How many parameters and facts an environment has (for the console).
 pub async fn counts(e: impl PgExecutor<'_>, env: Uuid) -> Result<(i64, i64)> {
     let (params, facts): (i64, i64) = sqlx::query_as(

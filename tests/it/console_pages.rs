@@ -104,6 +104,7 @@ async fn seed(fx: &Fixture, repo: &Repo) -> (String, String, i32) {
     let v1 = fx.upload(&env, (0..5).map(site).collect()).await;
     wait_deployed(&fx.admin, &env, v1, 60).await;
     let bad = fx.failing_file("cache.conf");
+    let bad_id = bad.id.0.clone();
     let after = crate::support::fs_file(
         crate::console_browser::AGENT,
         &format!("{}/after-cache.conf", fx.dir.path().display()),
@@ -116,6 +117,23 @@ async fn seed(fx: &Fixture, repo: &Repo) -> (String, String, i32) {
     two.push(after);
     let v2 = fx.upload(&env, two.clone()).await;
     wait_deployed(&fx.admin, &env, v2, 60).await;
+    // a parameter, and facts of the failing file (the resource page shown)
+    fx.admin
+        .set_parameter(&env, "region", None, &json!({"value": "eu-west"}))
+        .await
+        .unwrap();
+    for (name, value) in [
+        (
+            "checksum",
+            "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        ),
+        ("owner", "www-data"),
+    ] {
+        fx.admin
+            .set_parameter(&env, name, Some(&bad_id), &json!({"value": value}))
+            .await
+            .unwrap();
+    }
     // v3 waits for an approver
     fx.admin
         .update_settings(&env, &json!({"auto_release": false}))
@@ -213,6 +231,22 @@ async fn every_page_is_accessible_and_photographed() {
     b.click("#save-settings").await;
     b.wait_for("#form-error").await;
     check(&b, "settings-refused", 400, &mut found).await;
+    visit(
+        &b,
+        &fx,
+        &format!("{e}/parameters"),
+        "parameters",
+        &mut found,
+    )
+    .await;
+    visit(
+        &b,
+        &fx,
+        &format!("{e}/parameters/value?name=region"),
+        "parameter-value",
+        &mut found,
+    )
+    .await;
 
     let g = format!("/console/env/{git_env}");
     visit(&b, &fx, &g, "environment-git", &mut found).await;
@@ -236,6 +270,7 @@ async fn every_page_is_accessible_and_photographed() {
         (format!("{e}/versions"), "versions"),
         (format!("{e}/resources"), "resources"),
         (format!("{e}/settings"), "settings"),
+        (format!("{e}/parameters"), "parameters"),
     ] {
         b.goto(&fx.url(&path)).await;
         let (doc, win) = widths(&b).await;

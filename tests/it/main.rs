@@ -15,6 +15,7 @@ mod compiler_cli;
 mod console;
 mod console_browser;
 mod console_counts;
+mod console_facts;
 mod console_git;
 mod console_pages;
 mod console_resources;

@@ -25,6 +25,7 @@ fn all_templates() -> impl Iterator<Item = &'static (&'static str, &'static str)
         .chain(super::versions::TEMPLATES)
         .chain(super::resources::TEMPLATES)
         .chain(super::git::TEMPLATES)
+        .chain(super::parameters::TEMPLATES)
 }
 
 fn templates() -> &'static Environment<'static> {

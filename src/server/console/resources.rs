@@ -1,7 +1,8 @@
 //! Resources: the table of a version's resources with their state (filtered, sorted and
 //! paged in PostgreSQL by [`store::state::page`], the store function the REST list uses
 //! too), and one resource's page: attributes, neighbours, state, why it is blocked, its
-//! deploy history and its actions with the handler's log lines (from the API's handlers).
+//! deploy history, its facts, and its actions with the handler's log lines (from the API's
+//! handlers).
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -136,7 +137,7 @@ impl ListParams {
 }
 
 /// A time as people read it (UTC, to the second).
-fn when(t: Option<DateTime<Utc>>) -> Option<String> {
+pub(super) fn when(t: Option<DateTime<Utc>>) -> Option<String> {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
 }
 
@@ -409,6 +410,7 @@ async fn resource(
             "next_retry": t("next_retry"),
         }))
     });
+    let facts = super::parameters::resource_facts(&state, &visitor, &env, &rid).await?;
     Ok(Page::render(
         "resource.html",
         context! {
@@ -430,6 +432,7 @@ async fn resource(
             versions => val(&detail["versions"]),
             actions => actions,
             actions_capped => actions_capped,
+            facts => facts,
         },
     ))
 }
