@@ -28,6 +28,7 @@ mod embedded;
 mod facts_api;
 mod facts_compile;
 mod facts_e2e;
+mod facts_refresh;
 mod fault_regressions;
 mod floods;
 mod gitops;

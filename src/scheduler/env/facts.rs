@@ -26,6 +26,10 @@ pub struct FactRefresh {
     asked: HashMap<String, Instant>,
     /// agent -> (tokens, when counted)
     budget: HashMap<String, (f64, Instant)>,
+    /// Requests queued or running: (resource, agent). An agent has at most
+    /// [`PER_AGENT_PER_SEC`] of them, so requests that waited behind a busy executor never
+    /// run together with a new burst as a bigger one.
+    outstanding: Vec<(String, String)>,
     /// Requests made since the scheduler started (for tests and status).
     pub requested: u64,
 }
@@ -102,6 +106,17 @@ impl EnvScheduler {
             due.into_iter()
                 .map(|r| (r, "its facts are due for renewal")),
         );
+        // what is still queued or running, per agent
+        let (queue, running) = (&self.queue, &self.running);
+        self.facts.outstanding.retain(|(rid, _)| {
+            let key = TaskKey::Facts(rid.clone());
+            queue.is_queued(&key) || running.contains_key(&key)
+        });
+        let mut waiting: HashMap<String, usize> = HashMap::new();
+        for (_, agent) in &self.facts.outstanding {
+            *waiting.entry(agent.clone()).or_default() += 1;
+        }
+        let mut held_back = false;
         for (rid, why) in wanted {
             if self.facts.asked.contains_key(&rid) {
                 continue;
@@ -111,9 +126,13 @@ impl EnvScheduler {
                 continue;
             };
             let agent = self.model.intents[r].agent.clone();
-            if !self.facts.take(&agent, now) {
+            let queued = waiting.entry(agent.clone()).or_default();
+            if *queued >= PER_AGENT_PER_SEC as usize || !self.facts.take(&agent, now) {
+                held_back = true;
                 continue;
             }
+            *queued += 1;
+            self.facts.outstanding.push((rid.clone(), agent.clone()));
             self.facts.asked.insert(rid.clone(), now);
             self.facts.requested += 1;
             self.queue.schedule(
@@ -125,6 +144,12 @@ impl EnvScheduler {
                 &[],
                 false,
             );
+        }
+        // an agent's budget ran out: look again as soon as it has refilled a little, so a
+        // backlog drains at the agent's rate rather than a burst per scan
+        if held_back {
+            let soon = now_t + Duration::from_secs(1);
+            self.facts.next_scan = Some(self.facts.next_scan.map_or(soon, |t| t.min(soon)));
         }
     }
 }
