@@ -191,7 +191,7 @@ async fn parameters_and_facts_are_set_read_listed_and_deleted() {
 }
 
 /// Run `steward` against the server; `(exit code, stdout, stderr)`.
-fn cli(srv: &TestServer, token: &str, env: &str, args: &[&str]) -> (i32, String, String) {
+pub fn cli(srv: &TestServer, token: &str, env: &str, args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(steward_bin())
         .args(args)
         .env("STEWARD_SERVER", &srv.url)

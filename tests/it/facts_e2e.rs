@@ -192,6 +192,57 @@ async fn a_fact_a_handler_reports_recompiles_the_same_commit_and_deploys_what_wa
     git_ok(&repo.work, &["push", "-q", "origin", "HEAD:main"]);
     let env = follow_with(&c, "local", &repo, json!({})).await;
     converges(&srv, &c, &env, &repo, &commit, "localhost", &String::new).await;
+
+    // parameters set by people: without --recompile nothing is compiled, with it the same
+    // commit is compiled once more (the model may read the value)
+    let admin = srv.admin.clone().unwrap();
+    let count = || async {
+        c.compiles(&env, 100)
+            .await
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let (code, _, err) =
+        crate::facts_api::cli(&srv, &admin, &env, &["param", "set", "region", "eu"]);
+    assert_eq!(code, 0, "{err}");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        count().await,
+        2,
+        "a parameter set without --recompile compiled"
+    );
+    let (code, _, err) = crate::facts_api::cli(
+        &srv,
+        &admin,
+        &env,
+        &["param", "set", "region", "us", "--recompile"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let third = eventually(60, "a recompile for the parameter", || async {
+        let list = c.compiles(&env, 100).await.ok()?;
+        let done: Vec<_> = list
+            .as_array()?
+            .iter()
+            .filter(|r| r["trigger"] == "fact" && r["status"] == "success")
+            .cloned()
+            .collect();
+        (done.len() == 2).then(|| done[0].clone())
+    })
+    .await;
+    assert_eq!(third["commit"], commit.as_str());
+    let v3 = c
+        .version(&env, third["version"].as_i64().unwrap() as i32)
+        .await
+        .unwrap();
+    assert_eq!(v3["provenance"]["facts"]["recompile"], true, "{v3:#}");
+    assert_eq!(
+        v3["provenance"]["facts"]["changed"][0]["name"], "region",
+        "{v3:#}"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(count().await, 3, "one recompile, not more");
 }
 
 #[tokio::test(flavor = "multi_thread")]
