@@ -146,6 +146,19 @@ pub async fn run(remote: Remote, cmd: VersionCmd) -> anyhow::Result<ExitCode> {
             println!("resources:    {}", v["resource_count"]);
             println!("content hash: {}", v["content_hash"].as_str().unwrap_or(""));
             println!("provenance:   {}", v["provenance"]);
+            let u = &v["unknowns"];
+            if u["total"].as_u64().unwrap_or(0) > 0 {
+                println!(
+                    "unknowns:     {} ({} known now)",
+                    u["total"], u["known_now"]
+                );
+                if u["waiting_for_export"] == true {
+                    println!(
+                        "waiting for facts: {} of its unknown values are known now; run `steward export` again to make a version that uses them",
+                        u["known_now"]
+                    );
+                }
+            }
             if let Some(approvals) = v["approvals"].as_array() {
                 for a in approvals {
                     println!(

@@ -155,6 +155,20 @@ pub struct VersionDetail {
     pub active: bool,
     pub approvals: Vec<Approval>,
     pub diff: Vec<DiffEntry>,
+    /// The values its compile asked for and did not have (`std::getfact`).
+    pub unknowns: UnknownsSummary,
+}
+
+/// A version's unknown values: how many, how many are known now, and whether the version
+/// waits for someone to compile again (it was uploaded, so the server can not).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct UnknownsSummary {
+    pub total: usize,
+    /// Facts or parameters that arrived since.
+    pub known_now: usize,
+    /// Known values arrived for a version the server did not compile from a source: run
+    /// `steward export` again to use them.
+    pub waiting_for_export: bool,
 }
 
 /// A version.
@@ -171,7 +185,19 @@ pub async fn get(
     let active = versions::active(&state.pool, env.id).await?;
     let approvals = versions::approvals(&state.pool, env.id, n).await?;
     let diff = versions::stored_diff(&state.pool, env.id, n).await?;
+    let unknowns = crate::store::facts::unknowns_of(&state.pool, env.id, n).await?;
+    let known_now = unknowns.iter().filter(|(_, resolved)| *resolved).count();
+    let compiled_here = info.provenance["commit"].is_string()
+        && info.provenance["compile"].is_string()
+        && crate::store::sources::get_source(&state.pool, env.id)
+            .await?
+            .is_some();
     Ok(Json(VersionDetail {
+        unknowns: UnknownsSummary {
+            total: unknowns.len(),
+            known_now,
+            waiting_for_export: known_now > 0 && !compiled_here,
+        },
         version: info,
         active: active == Some(n),
         approvals,

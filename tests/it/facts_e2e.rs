@@ -298,3 +298,82 @@ async fn the_same_loop_over_ssh() {
     let log = || sshd.log();
     converges(&srv, &c, &env, &repo, &commit, "web1", &log).await;
 }
+
+/// Push to server: the server has no source to compile again, so a version whose unknown
+/// values became known says it waits for an export (`steward version show`), and
+/// `steward export` reads the environment's facts in one call and makes a version that
+/// uses them.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_push_mode_a_version_waits_for_the_next_export_which_uses_the_facts() {
+    let srv = TestServer::start(false).await;
+    let c = srv.admin_client();
+    let admin = srv.admin.clone().unwrap();
+    let env = c
+        .create_environment("facts", "push", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("project.yml"), "name: push\n").unwrap();
+    std::fs::write(
+        project.path().join("main.cf"),
+        r#"import fs
+import std::testing
+vm = std::testing::NullResource(name="vm")
+ip = std::getfact(vm, "ip")
+host = std::Host(name="localhost", os=std::linux)
+fs::File(host=host, path="/srv/web.conf", content="backend {{ip}}", mode=644)
+"#,
+    )
+    .unwrap();
+    let p = project.path().to_str().unwrap();
+    let export = || crate::facts_api::cli(&srv, &admin, &env, &["export", "-p", p]);
+    let show = |n: &str| crate::facts_api::cli(&srv, &admin, &env, &["version", "show", n]);
+    let (code, _, err) = export();
+    assert_eq!(code, 0, "{err}");
+    let v1 = c.version(&env, 1).await.unwrap();
+    assert_eq!(v1["unknowns"]["total"], 1, "{v1:#}");
+    assert_eq!(v1["unknowns"]["waiting_for_export"], false);
+    let (_, out, _) = show("1");
+    assert!(out.contains("unknowns:     1 (0 known now)"), "{out}");
+    assert!(!out.contains("waiting for facts"), "{out}");
+
+    c.set_parameter(
+        &env,
+        "ip",
+        Some("std::testing::NullResource[internal,name=vm]"),
+        &json!({"value": "10.1.1.1"}),
+    )
+    .await
+    .unwrap();
+    let v1 = c.version(&env, 1).await.unwrap();
+    assert_eq!(v1["unknowns"]["known_now"], 1, "{v1:#}");
+    assert_eq!(v1["unknowns"]["waiting_for_export"], true);
+    let (_, out, _) = show("1");
+    assert!(
+        out.contains(
+            "waiting for facts: 1 of its unknown values are known now; run `steward export` again"
+        ),
+        "{out}"
+    );
+
+    let (code, _, err) = export();
+    assert_eq!(code, 0, "{err}");
+    let v2 = c.version(&env, 2).await.unwrap();
+    assert_eq!(v2["unknowns"]["total"], 0, "{v2:#}");
+    let x = steward::store::versions::export_of(
+        &mut srv.pool.acquire().await.unwrap(),
+        env.parse().unwrap(),
+        2,
+    )
+    .await
+    .unwrap();
+    let file = x
+        .resources
+        .iter()
+        .find(|r| r.type_name == "fs::File")
+        .expect("the file is defined now");
+    assert_eq!(file.attributes["content"], "backend 10.1.1.1");
+    assert!(x.undefined.is_empty(), "{:?}", x.undefined);
+}
