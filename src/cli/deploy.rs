@@ -50,9 +50,15 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         .canonicalize()
         .with_context(|| format!("project directory {}", args.project.display()))?;
     let started = Instant::now();
-    // TODO(facts-store): the facts of the private server's environment (one list call)
-    // once that branch is merged; until then a deploy compiles as without a server
-    let outcome = super::compile::compile_once(&project, &args.file, true, false, None);
+    // without facts first: a model that does not compile needs no database, and one that
+    // asks for no fact is compiled once
+    let outcome = super::compile::compile_once(
+        &project,
+        &args.file,
+        true,
+        false,
+        Some(crate::model::Facts::new()),
+    );
     let Ok(Some(export)) = outcome.result else {
         eprintln!("nothing was deployed");
         return Ok(ExitCode::from(1));
@@ -84,40 +90,99 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Rounds of compile and deploy one run makes at most while facts the deploy brings make
+/// unknown values known (a VM made in round 1 reports the address round 2 needs).
+const FACT_ROUNDS: usize = 5;
+
 async fn deploy(
     c: &Client,
     args: &DeployArgs,
     project: &std::path::Path,
-    export: &ExportFile,
+    first: &ExportFile,
 ) -> anyhow::Result<ExitCode> {
-    let env = environment(c, &export.metadata.project).await?;
+    let env = environment(c, &first.metadata.project).await?;
     let mut provenance = super::compile::git_provenance(project);
     provenance["source"] = json!("steward deploy");
     provenance["project_dir"] = json!(project.display().to_string());
-    let v = c.upload(&env, export, provenance).await?;
-    let number = v["number"].as_i64().unwrap_or(0) as i32;
-    let d = &v["diff_summary"];
-    if args.dry_run {
-        return dry_run(c, &env, number).await;
+    // the model asks for facts: compile again with what earlier runs' handlers reported
+    let mut export = if first.unknowns.is_empty() {
+        first.clone()
+    } else {
+        match compile_with_facts(c, &env, args, project).await? {
+            Some(x) => x,
+            None => return Ok(ExitCode::from(1)),
+        }
+    };
+    let mut round = 1;
+    loop {
+        let v = c.upload(&env, &export, provenance.clone()).await?;
+        let number = v["number"].as_i64().unwrap_or(0) as i32;
+        let d = &v["diff_summary"];
+        if args.dry_run {
+            return dry_run(c, &env, number).await;
+        }
+        eprintln!(
+            "version {number}: {} new, {} changed, {} removed, {} unchanged",
+            d["new"], d["updated"], d["deleted"], d["unchanged"]
+        );
+        c.release(&env, number, "steward deploy").await?;
+        if args.repair {
+            let r = c.trigger(&env, true, None, None).await?;
+            eprintln!("repair: verifying {} resources", r["scheduled"]);
+        }
+        let started = Instant::now();
+        let mut progress = follow(c, &env, number).await?;
+        if args.repair {
+            // the version is settled as soon as its resources are deployed, which unchanged
+            // ones are before the repair has run: wait for the agents to have nothing left
+            wait_idle(c, &env).await?;
+            progress = follow(c, &env, number).await?;
+        }
+        // what the handlers reported may be what the model waited for: compile again
+        let known = c.version(&env, number).await?["unknowns"]["known_now"]
+            .as_u64()
+            .unwrap_or(0);
+        if known == 0 || round >= FACT_ROUNDS {
+            if known > 0 {
+                eprintln!(
+                    "{known} unknown values are known now, but this run made {FACT_ROUNDS} rounds already: run `steward deploy` again"
+                );
+            }
+            return summary(c, &env, number, &progress, started.elapsed()).await;
+        }
+        eprintln!("facts arrived for {known} unknown values: compiling again");
+        export = match compile_with_facts(c, &env, args, project).await? {
+            Some(x) => x,
+            None => return Ok(ExitCode::from(1)),
+        };
+        round += 1;
     }
-    eprintln!(
-        "version {number}: {} new, {} changed, {} removed, {} unchanged",
-        d["new"], d["updated"], d["deleted"], d["unchanged"]
-    );
-    c.release(&env, number, "steward deploy").await?;
-    if args.repair {
-        let r = c.trigger(&env, true, None, None).await?;
-        eprintln!("repair: verifying {} resources", r["scheduled"]);
+}
+
+/// Compile the project with the environment's parameters and facts (one list call); None
+/// when it does not compile (the diagnostics are printed).
+async fn compile_with_facts(
+    c: &Client,
+    env: &str,
+    args: &DeployArgs,
+    project: &std::path::Path,
+) -> anyhow::Result<Option<ExportFile>> {
+    let mut facts = crate::model::Facts::new();
+    for r in c.list_parameters(env, None).await? {
+        facts.insert(r.resource_id, r.name, r.value);
     }
-    let started = Instant::now();
-    let mut progress = follow(c, &env, number).await?;
-    if args.repair {
-        // the version is settled as soon as its resources are deployed, which unchanged ones
-        // are before the repair has run: wait for the agents to have nothing left either
-        wait_idle(c, &env).await?;
-        progress = follow(c, &env, number).await?;
+    let (project, file) = (project.to_path_buf(), args.file.clone());
+    let outcome = tokio::task::spawn_blocking(move || {
+        super::compile::compile_once(&project, &file, true, false, Some(facts))
+    })
+    .await?;
+    match outcome.result {
+        Ok(Some(export)) => Ok(Some(export)),
+        _ => {
+            eprintln!("nothing more was deployed");
+            Ok(None)
+        }
     }
-    summary(c, &env, number, &progress, started.elapsed()).await
 }
 
 /// Wait until no agent of the environment has work queued or running.

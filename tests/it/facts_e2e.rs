@@ -377,3 +377,43 @@ fs::File(host=host, path="/srv/web.conf", content="backend {{ip}}", mode=644)
     assert_eq!(file.attributes["content"], "backend 10.1.1.1");
     assert!(x.undefined.is_empty(), "{:?}", x.undefined);
 }
+
+/// Embedded `steward deploy`: one run converges. Round 1 deploys the VM (its handler reports
+/// the address), round 2 compiles again with the facts of the run's own environment and
+/// deploys the file; the next run compiles with them at once and changes nothing.
+#[test]
+fn steward_deploy_compiles_again_when_its_handlers_report_what_the_model_waited_for() {
+    let repo = Repo::new();
+    commit_project(&repo, "localhost");
+    let data = tempfile::tempdir().unwrap();
+    let run = || {
+        let out = std::process::Command::new(crate::support::steward_bin())
+            .arg("deploy")
+            .arg("-p")
+            .arg(&repo.work)
+            .arg("--data-dir")
+            .arg(data.path().join("deploy"))
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let first = run();
+    assert!(
+        first.contains("facts arrived for 1 unknown values: compiling again"),
+        "{first}"
+    );
+    assert_eq!(
+        read(&repo.out.join("web.conf")).as_deref(),
+        Some("backend 10.0.0.7\n"),
+        "{first}"
+    );
+    let second = run();
+    assert!(!second.contains("compiling again"), "{second}");
+    assert!(second.contains("no changes"), "{second}");
+}
