@@ -556,3 +556,32 @@ fn a_project_local_v1_module_with_a_crud_handler_deploys_with_the_real_std_pinne
     assert_eq!(std::fs::read_to_string(&out).unwrap(), text);
     assert_eq!(mode(&out), 0o644);
 }
+
+/// A real public module that uses facts, unchanged: files (`JsonFile` reports what it finds
+/// at a `DiscoveredValue`'s path with `ctx.set_fact`; the model reads it back with
+/// `std::getfact`). One `steward deploy` converges: the first round writes the JSON file and
+/// marks the file that needs the discovered value undefined, the fact arrives, the second
+/// round writes it; the next run changes nothing.
+#[test]
+fn real_files_module_discovers_values_through_facts_and_one_deploy_converges() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/real_files_facts");
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    copy_dir(&fixture.join("project"), &project);
+    let root = tmp.path().join("out");
+    std::fs::create_dir(&root).unwrap();
+    let first = steward_deploy(&project, "REAL_FILES_ROOT", &root, &[]);
+    assert!(
+        first.contains("facts arrived for 1 unknown values: compiling again"),
+        "{first}"
+    );
+    let app: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("app.json")).unwrap()).unwrap();
+    assert_eq!(app["settings"]["port"], 8080);
+    let port: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("port.txt")).unwrap()).unwrap();
+    assert_eq!(port, serde_json::json!({"settings.port": 8080}), "{first}");
+    let second = steward_deploy(&project, "REAL_FILES_ROOT", &root, &[]);
+    assert!(!second.contains("compiling again"), "{second}");
+    assert!(second.contains("no changes"), "{second}");
+}
