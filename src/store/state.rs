@@ -46,12 +46,14 @@ pub struct ResourceList {
     pub total: Option<i64>,
 }
 
-/// The REST status, first match wins.
+/// The REST status, first match wins. A resource blocked for the intent of an earlier
+/// version (undefined then, defined in this one) is not settled until the scheduler merged
+/// this one: a release is not `done` before its first look at it.
 pub const STATUS_SQL: &str = "CASE \
     WHEN s.orphaned_after IS NOT NULL THEN 'orphaned' \
     WHEN s.deploying_since IS NOT NULL THEN 'deploying' \
     WHEN vr.undefined THEN 'undefined' \
-    WHEN s.blocked = 'blocked' THEN 'skipped_for_undefined' \
+    WHEN s.blocked = 'blocked' AND s.intent_hash IS NOT DISTINCT FROM vr.hash THEN 'skipped_for_undefined' \
     WHEN s.last_result IS NULL THEN 'available' \
     WHEN s.last_run_hash IS DISTINCT FROM vr.hash THEN 'available' \
     ELSE s.last_result END";

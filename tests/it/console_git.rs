@@ -57,19 +57,19 @@ async fn compile_reports_show_stages_timeline_and_diagnostics_on_their_source_li
     }
     assert!(git.contains("id=\"trigger-compile\""), "{git}");
 
-    // the good report: its four stages with their timings, the version, the timeline
+    // the good report: its five stages with their timings, the version, the timeline
     let page = ok_page(
         &admin,
         &format!("/console/env/{env}/git/compiles/{good_id}"),
     )
     .await;
-    for stage in ["fetch", "checkout", "compile", "store"] {
+    for stage in ["fetch", "checkout", "facts", "compile", "store"] {
         assert!(
             page.contains(&format!("id=\"stage-{stage}\"")),
             "{stage}: {page}"
         );
     }
-    assert_eq!(page.matches("class=\"stage-took\">").count(), 4, "{page}");
+    assert_eq!(page.matches("class=\"stage-took\">").count(), 5, "{page}");
     assert!(page.matches(" ms</td>").count() + page.matches(" s</td>").count() >= 4);
     assert!(
         page.contains(&format!("versions/{version}\">{version}</a>")),

@@ -30,7 +30,7 @@ async fn push_compiles_releases_and_deploys_only_committed_models() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(stages, ["fetch", "checkout", "compile", "store"]);
+    assert_eq!(stages, ["fetch", "checkout", "facts", "compile", "store"]);
     let v1 = report["version"].as_i64().unwrap() as i32;
     let version = c.version(&env, v1).await.unwrap();
     assert_eq!(version["provenance"]["commit"], first.as_str());
