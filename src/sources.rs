@@ -452,10 +452,16 @@ impl GitSources {
                     commit,
                     reply,
                 } => (kind, commit, reply),
-                Msg::Recompile(pending) => {
-                    match self.queue_recompile(env, &source, &pending).await {
+                Msg::Recompile(facts) => {
+                    match self.queue_recompile(env, &source, &facts).await {
                         Ok(true) => queued.notify_one(),
                         Ok(false) => {}
+                        // the database is away: the facts stay pending and are tried again
+                        Err(SourceError::Store(e @ StoreError::Unavailable(_))) => {
+                            tracing::warn!(environment = %env, error = %e, "queueing the recompile for facts failed; trying again");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            pending.push_back(Msg::Recompile(facts));
+                        }
                         Err(e) => {
                             tracing::warn!(environment = %env, error = %e, "queueing the recompile for facts failed")
                         }
