@@ -559,7 +559,15 @@ impl PgCluster {
         if self.is_running() {
             // left running by an owner that was killed, or still recovering from a crash:
             // ready once it takes a real connection
-            return self.wait_for_connections();
+            match self.wait_for_connections() {
+                Ok(()) => return Ok(()),
+                Err(e) if self.is_running() => return Err(e),
+                // it was dying as we looked (killed together with its owner a moment
+                // ago): start one of our own
+                Err(_) => {
+                    tracing::info!(cluster = %self.root.display(), "the PostgreSQL that was running is gone (killed as this start looked at it); starting it");
+                }
+            }
         }
         self.start_server(durable)
     }

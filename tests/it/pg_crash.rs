@@ -393,3 +393,38 @@ async fn a_server_started_before_its_database_waits_for_it() {
     let _ = child.wait();
     cluster.stop().unwrap();
 }
+
+/// The postmaster named by the pid file dies while the start waits for it to take
+/// connections (it was killed together with its server a moment before the restart, as the
+/// chaos run did: `psql failed … Connection refused`, exit status 2): the start notices it is
+/// gone and starts one of its own.
+#[test]
+fn a_postmaster_that_dies_while_the_start_waits_for_it_is_started_again() {
+    let (_base, data) = data_dir();
+    let cluster = steward::store::cluster::PgCluster::new(&data.join("pg")).unwrap();
+    cluster.start(true).unwrap();
+    cluster.stop().unwrap();
+    let data_dir = data.join("pg/data");
+    // a process working in the data dir, named ready by the pid file: what a postmaster
+    // killed a moment ago looks like until it is gone
+    let mut dying = Command::new("sleep")
+        .arg("1.5")
+        .current_dir(&data_dir)
+        .spawn()
+        .unwrap();
+    let pid_file = format!(
+        "{}\n{}\n0\n5432\n/tmp\nlocalhost\n0 0\nready\n",
+        dying.id(),
+        data_dir.display()
+    );
+    std::fs::write(data_dir.join("postmaster.pid"), pid_file).unwrap();
+    let reaper = std::thread::spawn(move || dying.wait());
+    cluster
+        .start(true)
+        .expect("the start notices the postmaster is gone and starts one");
+    let started = postmaster(&data).expect("a pid file");
+    assert!(alive(started));
+    reaper.join().unwrap().unwrap();
+    assert!(cluster.is_running());
+    cluster.stop().unwrap();
+}
