@@ -259,6 +259,17 @@ impl Replica {
         v
     }
 
+    /// The tenures of the environments this replica works on, taken out of the lock.
+    fn tenures(&self) -> Vec<(Uuid, Tenure)> {
+        self.0
+            .owned
+            .lock()
+            .expect("owned")
+            .iter()
+            .map(|(e, t)| (*e, t.clone()))
+            .collect()
+    }
+
     /// Look at the leases now (an environment was created, a replica stopped).
     pub fn wake(&self) {
         self.0.wake.notify_one();
@@ -343,15 +354,7 @@ impl Replica {
         let renewed: HashMap<String, i64> = renewal.renewed.into_iter().collect();
         let busy: HashMap<String, i64> = renewal.busy.into_iter().collect();
         let valid_until = started + cfg.trusted();
-        let owned: Vec<(Uuid, Tenure)> = self
-            .0
-            .owned
-            .lock()
-            .expect("owned")
-            .iter()
-            .map(|(e, t)| (*e, t.clone()))
-            .collect();
-        for (env, tenure) in owned {
+        for (env, tenure) in self.tenures() {
             let key = env.to_string();
             match (renewed.get(&key), busy.get(&key)) {
                 (Some(term), _) if *term == tenure.term() => tenure.extend(valid_until),
@@ -456,15 +459,7 @@ impl Replica {
         // worked on here but not held by the database's clock (this replica was paused or
         // cut off past its lease): the renewal may not have run yet, and this round must
         // not count or hand over what is not its own
-        let owned_now: Vec<(Uuid, Tenure)> = self
-            .0
-            .owned
-            .lock()
-            .expect("owned")
-            .iter()
-            .map(|(e, t)| (*e, t.clone()))
-            .collect();
-        for (env, tenure) in owned_now {
+        for (env, tenure) in self.tenures() {
             if held.get(&env.to_string()) != Some(&tenure.term()) {
                 self.lapsed(env, &tenure).await?;
             }

@@ -158,14 +158,8 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let facts = match remote.environment.clone() {
-        Some(env) => match rt.block_on(remote.client.list_parameters(&env, None)) {
-            Ok(rows) => {
-                let mut facts = Facts::new();
-                for r in rows {
-                    facts.insert(r.resource_id, r.name, r.value);
-                }
-                Some(facts)
-            }
+        Some(env) => match rt.block_on(environment_facts(&remote.client, &env)) {
+            Ok(facts) => Some(facts),
             Err(e) if args.json_file.is_some() => {
                 eprintln!(
                     "warning: the parameters and facts of {env} could not be read ({e:#}); they are unknown in this export"
@@ -224,6 +218,18 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         }
         Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
     })
+}
+
+/// An environment's parameters and facts as a compile reads them, in one list call.
+pub(super) async fn environment_facts(
+    c: &crate::client::Client,
+    env: &str,
+) -> Result<Facts, crate::client::ClientError> {
+    let mut facts = Facts::new();
+    for r in c.list_parameters(env, None).await? {
+        facts.insert(r.resource_id, r.name, r.value);
+    }
+    Ok(facts)
 }
 
 /// The project's git commit, when it is a git checkout: recorded as provenance.

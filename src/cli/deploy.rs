@@ -167,10 +167,7 @@ async fn compile_with_facts(
     args: &DeployArgs,
     project: &std::path::Path,
 ) -> anyhow::Result<Option<ExportFile>> {
-    let mut facts = crate::model::Facts::new();
-    for r in c.list_parameters(env, None).await? {
-        facts.insert(r.resource_id, r.name, r.value);
-    }
+    let facts = super::compile::environment_facts(c, env).await?;
     let (project, file) = (project.to_path_buf(), args.file.clone());
     let outcome = tokio::task::spawn_blocking(move || {
         super::compile::compile_once(&project, &file, true, false, Some(facts))
