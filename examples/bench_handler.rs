@@ -25,6 +25,11 @@ class Null(CRUDHandler):
 serve(Null())
 "#;
 
+/// Handlers here call no server.
+fn no_server(c: steward::executor::calls::ServerCall) -> steward::executor::calls::CallAnswer {
+    steward::executor::calls::refusal(c.call_id, 501, "no server in this benchmark")
+}
+
 fn item(i: usize, type_name: &str, handler: Option<ExternalHandler>) -> WorkItem {
     let name = format!("r{i}");
     let attributes = json!({"name": name, "value": format!("v{i}"), "purged": false, "send_event": false, "receive_events": true});
@@ -43,6 +48,7 @@ fn item(i: usize, type_name: &str, handler: Option<ExternalHandler>) -> WorkItem
         handler,
         timeout: Some(300),
         at_target: false,
+        environment: None,
     }
 }
 
@@ -72,6 +78,7 @@ fn main() {
         &mut cache,
         &mut pool,
         &item(0, "bench::Null", Some(handler.clone())),
+        &mut no_server,
     );
     assert_eq!(r.outcome.as_str(), "deployed", "{:?}", r.messages);
     println!(
@@ -84,7 +91,7 @@ fn main() {
         .collect();
     let start = Instant::now();
     for it in &items {
-        let r = execute(&mut cache, &mut pool, it);
+        let r = execute(&mut cache, &mut pool, it, &mut no_server);
         assert_eq!(r.outcome.as_str(), "deployed");
     }
     let external = start.elapsed().as_secs_f64() / n as f64;
@@ -94,7 +101,7 @@ fn main() {
         .collect();
     let start = Instant::now();
     for it in &items {
-        let r = execute(&mut cache, &mut pool, it);
+        let r = execute(&mut cache, &mut pool, it, &mut no_server);
         assert_eq!(r.outcome.as_str(), "deployed");
     }
     let builtin = start.elapsed().as_secs_f64() / n as f64;

@@ -11,6 +11,10 @@ stdin/stdout (stdout is reserved for the protocol: `print` goes to stderr):
                    the facts it set (`ctx.set_fact`)
     facts          run the handler's `check_facts` (its `facts()`), answer them with those
                    it set and the logs
+
+During `execute` and `facts`, a handler's `get_client()` calls go out as
+`{"call": METHOD, "args": {...}, "call_id": N}` and the host reads the line
+`{"answer": N, "code": ..., "result": ...}` before it goes on (src/executor/calls.rs).
     version_done   the deploy of a version is done: drop the cache entries bound to it
     shutdown       close the cache (running `call_on_delete`) and exit
 """
@@ -62,12 +66,51 @@ def _json_default(o):
 
 
 class Host:
-    def __init__(self) -> None:
+    def __init__(self, out=None) -> None:
+        import threading
+
+        from inmanta import protocol
         from inmanta.agent.cache import AgentCache
 
         self.cache = AgentCache()
         self.agent = _Agent()
         self.imported: list[str] = []
+        self.out = out
+        self.calls = 0
+        # a handler's threads may call too: one call on the line at a time
+        self.call_lock = threading.Lock()
+        protocol._transport = self.call_server
+
+    def call_server(self, method: str, args: dict) -> tuple:
+        """One call of a handler's client: files from what was shipped, the rest from the
+        executor, whose answer is the next line on stdin with this call's id."""
+        import base64
+
+        if method in ("get_file", "stat_file"):
+            content = self.agent.get_file(str(args.get("id", "")))
+            if content is None:
+                return 404, {"message": f"no file {args.get('id')}"}
+            return 200, ({"content": base64.b64encode(content).decode("ascii")} if method == "get_file" else {})
+        if self.out is None:
+            return 503, {"message": "this handler host has no link to the server"}
+        with self.call_lock:
+            self.calls += 1
+            call_id = self.calls
+            self.out.write(json.dumps({"call": method, "args": args, "call_id": call_id}, default=_json_default) + "\n")
+            self.out.flush()
+            while True:
+                line = sys.stdin.readline()
+                if not line:
+                    return 503, {"message": "the executor closed the handler host's input"}
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("answer") == call_id:
+                    return int(msg.get("code") or 500), msg.get("result")
 
     def hello(self, req: dict) -> dict:
         from inmanta.agent import handler
@@ -135,6 +178,11 @@ class Host:
                 pass
         ctx = handler.HandlerContext(resource, dry_run, action_id=action_id)
         self.agent.name = r.get("agent", "")
+        if req.get("environment"):
+            try:
+                self.agent.environment = uuid.UUID(str(req["environment"]))
+            except ValueError:
+                self.agent.environment = None
         self.agent.reload_requested = bool(req.get("reload"))
         self.cache.open_version(version)
         provider = None
@@ -210,7 +258,7 @@ def main() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    host = Host()
+    host = Host(out)
     ops = {"hello": host.hello, "execute": host.execute, "facts": host.facts, "version_done": host.version_done}
     for line in sys.stdin:
         line = line.strip()

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+mod calls;
+
 use crate::client::{Client, ClientError};
 use crate::executor::protocol::{Outcome, Reply, WorkResult};
 use crate::model::{CodeFile, HandlerCode};
@@ -103,6 +105,9 @@ struct Running {
     proc: ProcId,
     /// the handler timeout, enforced here: an action may have waited for its slot
     deadline: Option<(Instant, u64)>,
+    /// the environment's id, as the server gave it with the work (what a handler's calls
+    /// are scoped to)
+    environment: Option<Uuid>,
 }
 
 struct Agent {
@@ -126,6 +131,8 @@ struct Agent {
     applied: Option<Instant>,
     /// the session is open
     open: bool,
+    /// the environment, as the server said when the session opened
+    environment: Option<crate::scheduler::agents::EnvIdentity>,
     code: HashMap<String, PathBuf>,
 }
 
@@ -160,6 +167,7 @@ pub async fn run(
         lease_until: Instant::now(),
         applied: None,
         open: false,
+        environment: None,
         code: HashMap::new(),
     };
     let mut shutdown = std::pin::pin!(shutdown);
@@ -278,6 +286,7 @@ impl Agent {
             self.expire();
             // what was handed out ahead starts as soon as a slot frees
             self.start_waiting().await;
+            self.pool.send_answers().await;
         }
     }
 
@@ -333,6 +342,9 @@ impl Agent {
                     Request::Open => {
                         tracing::info!(instance = %self.instance, agents = ?self.opts.names, "connected to the server");
                         self.open = true;
+                        if reply.environment.is_some() {
+                            self.environment = reply.environment.clone();
+                        }
                     }
                     // taken (each once, by action id)
                     Request::Report => self.sending.clear(),
@@ -414,6 +426,8 @@ impl Agent {
             }
             // an agent process places nothing over SSH
             PoolEvent::Reply(_, Reply::Ready { .. }) | PoolEvent::SshConnected(..) => {}
+            PoolEvent::Reply(proc, Reply::Call(call)) => self.on_call(proc, *call),
+            PoolEvent::Answer(proc, a) => self.pool.queue_answer(proc, a),
             PoolEvent::Exited(proc, why) => {
                 self.pool.forget(proc);
                 let action = self
@@ -431,6 +445,32 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// A handler calls the server: answered through the API in a task of its own, the answer
+    /// coming back as a [`PoolEvent::Answer`].
+    fn on_call(&mut self, proc: ProcId, call: crate::executor::calls::ServerCall) {
+        let events = self.pool.events();
+        let running = self.running.get(&call.action_id).filter(|r| r.proc == proc);
+        let Some((agent, Some(env))) = running.map(|r| (r.agent.clone(), r.environment)) else {
+            let a = crate::executor::calls::refusal(
+                call.call_id,
+                409,
+                "the action that made this call is over (or its server did not say its environment)",
+            );
+            let _ = events.send(PoolEvent::Answer(proc, a));
+            return;
+        };
+        let link = calls::Link {
+            client: self.client.clone(),
+            env_key: self.opts.environment.clone(),
+            env,
+            identity: self.environment.clone(),
+        };
+        tokio::spawn(async move {
+            let a = calls::answer(&link, &agent, &call).await;
+            let _ = events.send(PoolEvent::Answer(proc, a));
+        });
     }
 
     fn finished(&mut self, result: WorkResult) {
@@ -575,6 +615,7 @@ impl Agent {
                         term,
                         proc,
                         deadline,
+                        environment: item.environment,
                     },
                 );
                 self.pool.send(proc, item).await.map_err(|e| e.to_string())

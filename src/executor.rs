@@ -7,6 +7,7 @@
 //! keeps its [`cache`] across actions.
 
 pub mod cache;
+pub mod calls;
 pub mod context;
 pub mod external;
 pub mod handler;
@@ -147,10 +148,12 @@ fn reap_target_caches(root: &std::path::Path) {
 
 /// Run one work item: with the module's handler process when it ships one, else with the
 /// built-in handler of its type.
+/// `calls` answers what a module's handler asks the server meanwhile ([`calls`]).
 pub fn execute(
     cache: &mut Cache,
     external: &mut external::ExternalPool,
     item: &WorkItem,
+    calls: external::Calls<'_>,
 ) -> WorkResult {
     let started_at = Utc::now();
     cache.tick(item.version);
@@ -189,7 +192,7 @@ pub fn execute(
                     reap_target_caches(root);
                 }
             }
-            external.execute(&mut ctx, item, h)
+            external.execute(&mut ctx, item, h, calls)
         }
         (None, None) => {
             ctx.error(
@@ -229,59 +232,109 @@ pub fn execute(
     }
 }
 
+/// The executor's side of its link to the scheduler: requests in, replies out. While a
+/// handler waits for the answer to a call, requests that come first (work sent ahead, a
+/// version done) wait here in order.
+struct Upstream<R, W> {
+    input: R,
+    out: W,
+    pending: std::collections::VecDeque<Request>,
+}
+
+impl<R: std::io::BufRead, W: Write> Upstream<R, W> {
+    /// The next request; `None` once the input closed.
+    fn next(&mut self) -> std::io::Result<Option<Request>> {
+        if let Some(r) = self.pending.pop_front() {
+            return Ok(Some(r));
+        }
+        self.read()
+    }
+
+    fn read(&mut self) -> std::io::Result<Option<Request>> {
+        loop {
+            let line = match limits::read_line_bounded(&mut self.input, limits::MAX_WORK_LINE)? {
+                limits::Line::End => return Ok(None),
+                limits::Line::Text(line) => line,
+                limits::Line::TooLong(n) => {
+                    eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
+                    continue;
+                }
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str(&line) {
+                Ok(r) => return Ok(Some(r)),
+                Err(e) => eprintln!("executor: bad request line: {e}"),
+            }
+        }
+    }
+
+    fn send(&mut self, reply: &Reply) -> std::io::Result<()> {
+        writeln!(self.out, "{}", serde_json::to_string(reply).expect("json"))?;
+        self.out.flush()
+    }
+
+    /// Pass a handler's call to the scheduler and wait for its answer.
+    fn ask(&mut self, call: calls::ServerCall) -> calls::CallAnswer {
+        let call_id = call.call_id;
+        if let Err(e) = self.send(&Reply::Call(Box::new(call))) {
+            return calls::refusal(call_id, 503, format!("the executor could not ask: {e}"));
+        }
+        loop {
+            match self.read() {
+                Ok(Some(Request::Answer(a))) if a.call_id == call_id => return a,
+                // an answer to a call given up on
+                Ok(Some(Request::Answer(_))) => {}
+                Ok(Some(other)) => self.pending.push_back(other),
+                Ok(None) => {
+                    return calls::refusal(
+                        call_id,
+                        503,
+                        "the executor's link to the server closed",
+                    );
+                }
+                Err(e) => {
+                    return calls::refusal(
+                        call_id,
+                        503,
+                        format!("the executor's link failed: {e}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// `steward executor`: serve work items on stdin until it closes.
 pub fn main_loop() -> std::io::Result<()> {
     // a panic message would otherwise go to stderr in the middle of our protocol logs
     std::panic::set_hook(Box::new(|_| {}));
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut link = Upstream {
+        input: stdin.lock(),
+        out: std::io::BufWriter::new(stdout.lock()),
+        pending: Default::default(),
+    };
     let mut cache = Cache::default();
     let mut external = external::ExternalPool::default();
-    writeln!(
-        out,
-        "{}",
-        serde_json::to_string(&Reply::Ready {
-            pid: std::process::id()
-        })
-        .expect("json")
-    )?;
-    out.flush()?;
-    let mut input = stdin.lock();
-    loop {
-        let line = match limits::read_line_bounded(&mut input, limits::MAX_WORK_LINE)? {
-            limits::Line::End => break,
-            limits::Line::Text(line) => line,
-            limits::Line::TooLong(n) => {
-                eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
-                continue;
-            }
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let req: Request = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("executor: bad request line: {e}");
-                continue;
-            }
-        };
+    link.send(&Reply::Ready {
+        pid: std::process::id(),
+    })?;
+    while let Some(req) = link.next()? {
         match req {
             Request::Shutdown => break,
             Request::VersionDone { version } => {
                 external.version_done(version);
             }
+            // a late answer, to a call whose action ended
+            Request::Answer(_) => {}
             Request::Work(item) => {
-                let mut result = execute(&mut cache, &mut external, &item);
+                let mut result = execute(&mut cache, &mut external, &item, &mut |c| link.ask(c));
                 // what goes back is bounded here already: the server bounds it again
                 result.sanitize();
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string(&Reply::Result(Box::new(result))).expect("json")
-                )?;
-                out.flush()?;
+                link.send(&Reply::Result(Box::new(result)))?;
             }
         }
     }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::calls::{CallAnswer, ServerCall};
 use super::context::{Attrs, Context};
 use super::handler::{CrudHandler, HResult, HandlerError, run_crud};
 use super::limits::{Line, MAX_PROTOCOL_LINE, human};
@@ -35,6 +36,18 @@ const STDERR_TAIL: usize = 4096;
 
 /// Handler processes kept alive by one executor.
 const MAX_PROCESSES: usize = 8;
+
+/// Answers a handler's call to the server in the middle of an action ([`super::calls`]).
+pub type Calls<'a> = &'a mut dyn FnMut(ServerCall) -> CallAnswer;
+
+/// For steps where no call is answered (the plain protocol, `version_done`).
+fn no_calls(c: ServerCall) -> CallAnswer {
+    super::calls::refusal(
+        c.call_id,
+        501,
+        "the server can be called only from an Inmanta handler's action (get_client())",
+    )
+}
 
 /// The Python helper for handler authors (docs/integrations.md), written next to the code.
 pub const PYTHON_HELPER: &str = include_str!("../../python/steward_handler.py");
@@ -224,7 +237,7 @@ impl HandlerProc {
         if let (Value::Object(m), Value::Object(x)) = (&mut hello, launch.hello) {
             m.extend(x);
         }
-        let hello = match p.call(hello, Instant::now() + START_TIMEOUT) {
+        let hello = match p.call(hello, Instant::now() + START_TIMEOUT, &mut no_calls) {
             Ok(h) => h,
             Err(e) => {
                 p.stop();
@@ -292,8 +305,15 @@ impl HandlerProc {
         }
     }
 
-    /// One request, one answer (matched by id), before `deadline`.
-    fn call(&mut self, mut req: Value, deadline: Instant) -> Result<Value, CallError> {
+    /// One request, one answer (matched by id), before `deadline`. A call the handler makes
+    /// to the server meanwhile (`{"call": METHOD, "args": ..., "call_id": N}`) is answered
+    /// through `calls` (`{"answer": N, "code": ..., "result": ...}`) and the wait goes on.
+    fn call(
+        &mut self,
+        mut req: Value,
+        deadline: Instant,
+        calls: Calls<'_>,
+    ) -> Result<Value, CallError> {
         let id = self.next_id;
         self.next_id += 1;
         req["id"] = json!(id);
@@ -326,6 +346,10 @@ impl HandlerProc {
                             return Err(CallError::Garbage(shown));
                         }
                     };
+                    if let Some(method) = v.get("call").and_then(Value::as_str) {
+                        self.answer_call(method, &v, calls)?;
+                        continue;
+                    }
                     match v.get("id").and_then(Value::as_u64) {
                         Some(got) if got == id => return Ok(v),
                         // a late answer to a call we gave up on: skip it
@@ -348,6 +372,26 @@ impl HandlerProc {
                 }
             }
         }
+    }
+
+    /// Pass a handler's call up and its answer back down.
+    fn answer_call(&mut self, method: &str, v: &Value, calls: Calls<'_>) -> Result<(), CallError> {
+        let call_id = v.get("call_id").and_then(Value::as_u64).unwrap_or(0);
+        let a = calls(ServerCall {
+            action_id: uuid::Uuid::nil(),
+            call_id,
+            method: method.to_string(),
+            args: v.get("args").cloned().unwrap_or(Value::Null),
+        });
+        let mut line = serde_json::to_string(&json!({
+            "answer": call_id, "code": a.code, "result": a.result,
+        }))
+        .expect("json");
+        line.push('\n');
+        self.stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| CallError::Io(e.to_string()))
     }
 
     fn stop(&mut self) {
@@ -414,7 +458,13 @@ impl ExternalPool {
     }
 
     /// Run one action of `item` with its module's handler.
-    pub fn execute(&mut self, ctx: &mut Context, item: &WorkItem, h: &ExternalHandler) -> Outcome {
+    pub fn execute(
+        &mut self,
+        ctx: &mut Context,
+        item: &WorkItem,
+        h: &ExternalHandler,
+        calls: Calls<'_>,
+    ) -> Outcome {
         // the code directory is not removed during the action (best effort: a directory
         // this executor may not write is the server's, reaped by what stored versions use)
         let _code_in_use = crate::pyenv::reap::hold(&h.dir);
@@ -433,7 +483,7 @@ impl ExternalPool {
         let budget = Duration::from_secs(item.timeout.unwrap_or(300))
             .saturating_sub(Duration::from_millis(500));
         if h.inmanta.is_some() {
-            return self.execute_inmanta(ctx, item, h, proc, budget);
+            return self.execute_inmanta(ctx, item, h, proc, budget, calls);
         }
         // a handler of the plain protocol has no facts to be asked for (it may report them
         // with its answers, `"facts"`)
@@ -471,6 +521,7 @@ impl ExternalPool {
         h: &ExternalHandler,
         mut proc: HandlerProc,
         budget: Duration,
+        calls: Calls<'_>,
     ) -> Outcome {
         let r = &item.resource;
         let op = if item.kind == super::protocol::ActionKind::Facts {
@@ -486,8 +537,18 @@ impl ExternalPool {
             "reload": ctx.reload,
             "version": item.version,
             "action_id": item.action_id,
+            "environment": item.environment,
         });
-        match proc.call(req, Instant::now() + budget.max(Duration::from_millis(500))) {
+        let action_id = item.action_id;
+        let mut in_action = |mut c: ServerCall| {
+            c.action_id = action_id;
+            calls(c)
+        };
+        match proc.call(
+            req,
+            Instant::now() + budget.max(Duration::from_millis(500)),
+            &mut in_action,
+        ) {
             Ok(answer) => {
                 self.put_back(&h.digest, proc);
                 super::inmanta::apply_answer(ctx, &answer)
@@ -524,7 +585,11 @@ impl ExternalPool {
                 continue;
             }
             let deadline = Instant::now() + Duration::from_secs(10);
-            match p.call(json!({"op": "version_done", "version": version}), deadline) {
+            match p.call(
+                json!({"op": "version_done", "version": version}),
+                deadline,
+                &mut no_calls,
+            ) {
                 Ok(a) => dropped += a.get("dropped").and_then(Value::as_u64).unwrap_or(0),
                 Err(_) => broken.push(digest.clone()),
             }
@@ -595,7 +660,7 @@ impl ExternalCrud<'_, '_> {
         }
         let answer = {
             let mut p = self.proc.lock().expect("handler process");
-            p.call(req, self.deadline)
+            p.call(req, self.deadline, &mut no_calls)
         };
         let answer = match answer {
             Ok(a) => a,

@@ -118,6 +118,10 @@ pub struct WorkItem {
     /// refuses routed resources.
     #[serde(default)]
     pub at_target: bool,
+    /// The environment the resource belongs to: what a handler's client is scoped to
+    /// (`self._agent.environment` of an Inmanta handler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Uuid>,
 }
 
 /// Handler code shipped by a module, materialized on this machine.
@@ -164,6 +168,8 @@ pub enum Request {
     VersionDone {
         version: i32,
     },
+    /// The answer to a handler's [`Reply::Call`].
+    Answer(super::calls::CallAnswer),
     Shutdown,
 }
 
@@ -171,8 +177,13 @@ pub enum Request {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reply {
-    Ready { pid: u32 },
+    Ready {
+        pid: u32,
+    },
     Result(Box<WorkResult>),
+    /// A handler calls the server in the middle of its action (Inmanta's `get_client()`):
+    /// the executor waits for the [`Request::Answer`] (see [`super::calls`]).
+    Call(Box<super::calls::ServerCall>),
 }
 
 /// Text PostgreSQL cannot store (a NUL byte, in `text` or `jsonb`), replaced by U+FFFD.

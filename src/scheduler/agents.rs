@@ -148,6 +148,19 @@ pub struct PollReply {
     /// How long its leases last at least, in milliseconds from when this poll was sent:
     /// start no new action after that without a successful poll.
     pub lease_ms: i64,
+    /// The environment, in the answer to a session's opening (what its handlers'
+    /// `get_environment()` answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvIdentity>,
+}
+
+/// Which environment an agent process serves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EnvIdentity {
+    pub id: Uuid,
+    pub name: String,
+    pub project_id: Uuid,
+    pub project: String,
 }
 
 /// A process as `steward agent list` shows it.
@@ -481,6 +494,7 @@ impl AgentHub {
                         cancel: std::mem::take(&mut s.cancels),
                         primary: s.primary.clone(),
                         lease_ms,
+                        environment: None,
                     });
                 }
             }

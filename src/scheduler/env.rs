@@ -13,6 +13,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
+mod calls;
 mod control;
 mod dispatch;
 mod facts;
@@ -142,6 +143,8 @@ pub struct EnvScheduler {
     tenure: Option<Tenure>,
     /// what keeps the model's facts fresh
     facts: facts::FactRefresh,
+    /// the server's events (facts a handler's call wrote go out on it)
+    notifier: crate::events::Notifier,
 }
 
 /// What an environment's scheduler uses that the whole server shares.
@@ -179,7 +182,7 @@ impl EnvScheduler {
             env,
             wrx,
             tenure.as_ref().map(|t| t.fence().clone()),
-            notifier,
+            notifier.clone(),
         ));
         let mut s = EnvScheduler {
             env,
@@ -207,6 +210,7 @@ impl EnvScheduler {
             open_versions: Default::default(),
             tenure,
             facts: Default::default(),
+            notifier,
         };
         // the database may be away at start: keep trying
         // (and the executors' sandbox must be ready before any of them starts)
@@ -250,6 +254,7 @@ impl EnvScheduler {
             s.on_time(Utc::now());
             s.refresh_facts().await;
             s.dispatch().await;
+            s.executors.send_answers().await;
             s.executors.wake_agents();
             s.flush();
         }

@@ -37,6 +37,9 @@ pub enum PoolEvent {
     /// Connecting to an SSH target (and shipping the executor there) ended; its agents'
     /// actions may start (or fail with the error).
     SshConnected(String, Result<(SshLink, String), String>),
+    /// The answer to a handler's call ([`Reply::Call`]), made in a task of its own: it goes
+    /// to the executor that asked ([`Pool::queue_answer`]).
+    Answer(ProcId, crate::executor::calls::CallAnswer),
 }
 
 /// An SSH target as the pool knows it. Connecting runs in a task of its own, so a host
@@ -91,6 +94,8 @@ pub struct Pool {
     home: Option<PathBuf>,
     /// More variables for local executors (an agent's cache policy).
     extra_env: Vec<(String, String)>,
+    /// Answers to handlers' calls, to write to their executors ([`Pool::send_answers`]).
+    answers: Vec<(ProcId, crate::executor::calls::CallAnswer)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +138,7 @@ impl Pool {
                 },
                 home: None,
                 extra_env: Vec::new(),
+                answers: Vec::new(),
             },
             rx,
         )
@@ -563,6 +569,32 @@ impl Pool {
         line.push('\n');
         for p in self.procs.values_mut() {
             // a closed input means it exited, which its output reports
+            if p.stdin.write_all(line.as_bytes()).await.is_ok() {
+                let _ = p.stdin.flush().await;
+            }
+        }
+    }
+
+    /// Where events for this pool go (a task answering a handler's call sends its
+    /// [`PoolEvent::Answer`] there).
+    pub fn events(&self) -> mpsc::UnboundedSender<PoolEvent> {
+        self.tx.clone()
+    }
+
+    /// An answer to a handler's call, written by the next [`Pool::send_answers`].
+    pub fn queue_answer(&mut self, id: ProcId, a: crate::executor::calls::CallAnswer) {
+        self.answers.push((id, a));
+    }
+
+    /// Write the queued answers to their executors (one that exited meanwhile gets none; its
+    /// exit is reported on its own).
+    pub async fn send_answers(&mut self) {
+        for (id, a) in std::mem::take(&mut self.answers) {
+            let Some(p) = self.procs.get_mut(&id) else {
+                continue;
+            };
+            let mut line = serde_json::to_string(&Request::Answer(a)).expect("json");
+            line.push('\n');
             if p.stdin.write_all(line.as_bytes()).await.is_ok() {
                 let _ = p.stdin.flush().await;
             }

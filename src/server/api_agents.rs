@@ -60,8 +60,14 @@ pub async fn open(
     let env = environment(&state, &caller, &key).await?;
     hub_for(&state, &caller, env.id)?;
     let agents: Vec<String> = hello.agents.clone();
-    let reply = owner::agent_open(&state, &caller, env.id, hello).await?;
+    let mut reply = owner::agent_open(&state, &caller, env.id, hello).await?;
     store::deploy::ensure_agents(&state.pool, env.id, &agents).await?;
+    reply.environment = Some(crate::scheduler::agents::EnvIdentity {
+        id: env.id,
+        name: env.name,
+        project_id: env.project_id,
+        project: env.project,
+    });
     Ok(Json(reply))
 }
 

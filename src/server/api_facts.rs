@@ -25,15 +25,48 @@ use crate::store::environments::Environment;
 use crate::store::facts::{self, NewParam, Param, ParameterItem, SetOutcome, WriteResult};
 use crate::store::{self, StoreError, audit};
 
-/// May this caller read the parameters and facts of `env`? Agent tokens may not (they
-/// only report facts).
+/// May this caller read all the parameters and facts of `env`? Agent tokens may not (they
+/// read what [`authorize_read_of`] allows them).
 pub fn authorize_read(caller: &Caller, env: uuid::Uuid) -> ApiResult<()> {
-    if caller.role == Role::Agent {
-        return Err(ApiError::forbidden(
-            "an agent token writes the facts of its agents' resources; it reads no parameters or facts",
-        ));
+    authorize_read_of(caller, env, None)
+}
+
+/// May this caller read `what` of `env`: everything (`None`), the parameters (`Some("")`)
+/// or one resource's facts? Every role that reads may; an agent token (what its handlers'
+/// `get_client()` calls go through) reads the environment's parameters and the facts of its
+/// agents' resources.
+pub fn authorize_read_of(caller: &Caller, env: uuid::Uuid, what: Option<&str>) -> ApiResult<()> {
+    if caller.role != Role::Agent {
+        return caller.require(Perm::Read, Some(env));
     }
-    caller.require(Perm::Read, Some(env))
+    caller.require(Perm::Report, Some(env))?;
+    match what {
+        None => Err(ApiError::forbidden(
+            "an agent token reads the environment's parameters and the facts of its agents' resources, one resource at a time; not all of them",
+        )),
+        Some("") => Ok(()),
+        Some(rid) => agent_hosts(caller, rid, "read the facts of"),
+    }
+}
+
+/// An agent token touches only the facts of resources whose agent it hosts (any resource of
+/// its environment when it names no agents).
+fn agent_hosts(caller: &Caller, resource_id: &str, doing: &str) -> ApiResult<()> {
+    let rid = facts::normalize_resource_id(resource_id)?;
+    let agent = ResourceId(rid.clone()).agent().to_string();
+    if let Some(mine) = &caller.agents
+        && !mine.contains(&agent)
+    {
+        return Err(ApiError::forbidden(format!(
+            "this agent token can not {doing} {rid}: it hosts {}, not agent '{agent}'",
+            if mine.is_empty() {
+                "no agent".to_string()
+            } else {
+                mine.join(", ")
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// May this caller write (or delete) `p` in `env`? See the module doc.
@@ -55,22 +88,11 @@ pub fn authorize_write(caller: &Caller, env: uuid::Uuid, p: &NewParam) -> ApiRes
             p.name
         )));
     }
-    let rid = facts::normalize_resource_id(&p.resource_id)?;
-    let agent = ResourceId(rid.clone()).agent().to_string();
-    if let Some(mine) = &caller.agents
-        && !mine.contains(&agent)
-    {
-        return Err(ApiError::forbidden(format!(
-            "fact '{}' of {rid}: this agent token hosts {}, not agent '{agent}'",
-            p.name,
-            if mine.is_empty() {
-                "no agent".to_string()
-            } else {
-                mine.join(", ")
-            }
-        )));
-    }
-    Ok(())
+    agent_hosts(
+        caller,
+        &p.resource_id,
+        &format!("write fact '{}' of", p.name),
+    )
 }
 
 /// At most this many names in an audit record of a write.
@@ -218,7 +240,7 @@ pub async fn list_parameters(
     Query(q): Query<ResourceQuery>,
 ) -> ApiResult<Json<Vec<Param>>> {
     let env = environment(&state, &caller, &key).await?;
-    authorize_read(&caller, env.id)?;
+    authorize_read_of(&caller, env.id, q.resource_id.as_deref())?;
     let rows = facts::list(&state.pool, env.id, q.resource_id.as_deref()).await?;
     Ok(Json(answered(&env, rows)))
 }
@@ -233,7 +255,11 @@ pub async fn list_facts(
     Query(q): Query<ResourceQuery>,
 ) -> ApiResult<Json<Vec<Param>>> {
     let env = environment(&state, &caller, &key).await?;
-    authorize_read(&caller, env.id)?;
+    authorize_read_of(
+        &caller,
+        env.id,
+        q.resource_id.as_deref().filter(|r| !r.is_empty()),
+    )?;
     let rows = match q.resource_id.as_deref() {
         None | Some("") => facts::list_facts(&state.pool, env.id).await?,
         Some(r) => facts::list(&state.pool, env.id, Some(r)).await?,
@@ -262,8 +288,8 @@ pub async fn get_parameter(
     Query(q): Query<ResourceQuery>,
 ) -> ApiResult<Json<Param>> {
     let env = environment(&state, &caller, &key).await?;
-    authorize_read(&caller, env.id)?;
     let rid = q.resource_id.unwrap_or_default();
+    authorize_read_of(&caller, env.id, Some(&rid))?;
     let p = facts::get(&state.pool, env.id, &rid, &name)
         .await?
         .ok_or_else(|| not_found(&rid, &name))?;

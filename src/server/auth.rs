@@ -46,13 +46,14 @@ pub fn allowed(role: Role, global: bool, perm: Perm) -> bool {
 /// action report) is refused, so a token for `web1` can neither read nor report `db1`'s
 /// resources. The fact routes refuse an agent token everything but writing facts of its
 /// agents' resources (`server::api_facts`).
-pub const AGENT_ROUTES: [&str; 9] = [
+pub const AGENT_ROUTES: [&str; 10] = [
     "/api/v1/environments/{env}/agent-sessions",
     "/api/v1/environments/{env}/agent-sessions/{id}/poll",
     "/api/v1/environments/{env}/agent-sessions/{id}",
     "/api/v1/environments/{env}/code/{digest}",
     "/api/v1/environments/{env}/parameters",
     "/api/v1/environments/{env}/parameters/{name}",
+    "/api/v1/environments/{env}/facts",
     "/api/v1/parameters",
     "/api/v1/parameter/{id}",
     "/api/v2/facts/{name}",

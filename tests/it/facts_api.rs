@@ -679,13 +679,31 @@ async fn roles_decide_who_reads_and_writes_and_agents_write_only_their_facts() {
         c.get_parameter(&env, "region", None).await.unwrap().value,
         "us"
     );
-    // … and it reads and deletes nothing
+    // … it reads what its handlers' `get_client()` may: the environment's parameters and
+    // its own agent's facts, one resource at a time …
+    for path in [
+        format!("{params}?resource_id="),
+        format!("{params}/region"),
+        format!("{params}/ip?resource_id={}", urlencode(WEB)),
+        format!(
+            "/api/v1/environments/{env}/facts?resource_id={}",
+            urlencode(WEB)
+        ),
+    ] {
+        let (st, v) = send(&srv, &web_agent, M::GET, &path, None, None).await;
+        assert_eq!(st, 200, "GET {path}: {v}");
+    }
+    // … and nothing else, and deletes nothing
     for (m, path) in [
         (M::GET, params.clone()),
         (M::GET, format!("/api/v1/environments/{env}/facts")),
+        (M::GET, format!("{params}/ip?resource_id={}", urlencode(DB))),
         (
             M::GET,
-            format!("{params}/ip?resource_id={}", urlencode(WEB)),
+            format!(
+                "/api/v1/environments/{env}/facts?resource_id={}",
+                urlencode(DB)
+            ),
         ),
         (
             M::DELETE,

@@ -158,6 +158,30 @@ async fn facts_are_renewed_missing_ones_throttled_pinned_ones_left_and_removed_o
         end - renewed.last().unwrap() < 5.5,
         "renewal stopped: {renewed:?}, end {end}"
     );
+    assert!(
+        times_for(&j, "pinned").is_empty(),
+        "an expires=false fact was asked for again"
+    );
+    // asked because the model misses its fact, at most once per block of 3 s
+    let silent = times_for(&j, "silent");
+    assert!(
+        (2..=7).contains(&silent.len()),
+        "a missing fact asked {} times in 16 s with a 3 s block: {silent:?}",
+        silent.len()
+    );
+    for w in silent.windows(2) {
+        assert!(w[1] - w[0] > 2.8, "asked within its block: {silent:?}");
+    }
+    // gone from the model: at most a request already under way, then none
+    let after: Vec<f64> = times_for(&j, "removed")
+        .into_iter()
+        .filter(|t| *t > removed_at + 0.5)
+        .collect();
+    assert!(
+        after.is_empty(),
+        "a removed resource was still asked: {after:?} (removed at {removed_at}, end {end})"
+    );
+
     // the facts as the API shows them: renewed ones fresh, the removed one's expired
     let facts = c.list_facts(&env, None).await.unwrap();
     let by: HashMap<&str, &steward::store::facts::Param> =

@@ -35,6 +35,7 @@ mod gitops;
 mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;
+mod handler_client;
 pub mod integration;
 mod layout;
 mod openapi;

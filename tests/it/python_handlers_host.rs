@@ -89,6 +89,7 @@ fn work(resource: Resource, version: i32, h: &ExternalHandler, kind: ActionKind)
         handler: Some(h.clone()),
         timeout: Some(60),
         at_target: false,
+        environment: None,
     }
 }
 
@@ -105,7 +106,9 @@ fn count(p: &Path, line: &str) -> usize {
 }
 
 fn run(cache: &mut Cache, pool: &mut ExternalPool, item: &WorkItem) -> WorkResult {
-    steward::executor::execute(cache, pool, item)
+    steward::executor::execute(cache, pool, item, &mut |c| {
+        steward::executor::calls::refusal(c.call_id, 501, "no server in this test")
+    })
 }
 
 #[test]

@@ -84,6 +84,7 @@ fn item(kind: ActionKind, resource: steward::model::Resource) -> WorkItem {
         handler: None,
         timeout: Some(60),
         at_target: true,
+        environment: None,
     }
 }
 

@@ -468,7 +468,13 @@ class HandlerAPI(ABC, Generic[TResource]):
         return result
 
     def get_client(self) -> Any:
-        raise NotImplementedError("Steward's executors do not offer the Inmanta server API to handlers")
+        """A client scoped to this agent's environment (see `inmanta.protocol`): the
+        environment's parameters and the facts of the agent's resources."""
+        from inmanta import protocol
+
+        if getattr(self, "_client", None) is None:
+            self._client = protocol.SessionClient("agent", self._agent.sessionid)
+        return self._client
 
     def get_file(self, hash_id: str) -> Optional[bytes]:
         """The content of a file the export uploaded (by its sha1), or None."""

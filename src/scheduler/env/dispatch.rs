@@ -240,6 +240,7 @@ impl EnvScheduler {
             handler,
             timeout: Some(self.settings.handler_timeout),
             at_target: false,
+            environment: Some(self.env),
         };
         let proc = match self.executors.acquire(agent).await {
             Ok(p) => p,
@@ -378,6 +379,8 @@ impl EnvScheduler {
                 }
             }
             PoolEvent::Reply(_, Reply::Ready { .. }) => {}
+            PoolEvent::Reply(proc, Reply::Call(call)) => self.on_call(proc, *call),
+            PoolEvent::Answer(proc, a) => self.executors.queue_answer(proc, a),
             PoolEvent::SshConnected(uri, outcome) => self.executors.ssh_connected(uri, outcome),
             PoolEvent::Exited(proc, why) => {
                 self.executors.forget(proc);

@@ -1,0 +1,3 @@
+"""Inmanta keeps `Result` here too."""
+
+from inmanta.protocol import Result  # noqa: F401
