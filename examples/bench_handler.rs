@@ -49,6 +49,7 @@ fn item(i: usize, type_name: &str, handler: Option<ExternalHandler>) -> WorkItem
         timeout: Some(300),
         at_target: false,
         environment: None,
+        want_facts: false,
     }
 }
 

@@ -166,6 +166,7 @@ pub fn execute(
         item.version,
         cache,
     );
+    ctx.want_facts = item.want_facts;
     // an action of a newer version: older ones are done here (what the scheduler says
     // explicitly to its own executors, an agent process's executors learn this way)
     external.newer_version(item.version);
@@ -201,10 +202,12 @@ pub fn execute(
             );
             Outcome::Unavailable
         }
-        // built-in handlers know no facts: nothing to report, nothing to do
-        (None, Some(_)) if item.kind == ActionKind::Facts => Outcome::Dry,
         (None, Some(h)) => match std::panic::catch_unwind(AssertUnwindSafe(|| {
-            h.execute(&mut ctx, &item.resource.attributes)
+            if item.kind == ActionKind::Facts {
+                h.facts(&mut ctx, &item.resource.attributes)
+            } else {
+                h.execute(&mut ctx, &item.resource.attributes)
+            }
         })) {
             Ok(o) => o,
             Err(p) => {

@@ -935,6 +935,10 @@ impl GitSources {
             self.finish_compile(job.id, &end, &src, &events, out)
                 .await?;
             tracing::info!(environment = %env, commit = %job.commit, version = v, auto_released = r.auto_released, "commit compiled");
+            if r.resolved_meanwhile {
+                tracing::info!(environment = %env, commit = %job.commit, version = v, "values the compile missed arrived while it ran: compiling again");
+                self.facts_arrived(env, vec![v], Vec::new(), false);
+            }
             if r.auto_released {
                 self.0.notifier.send(Event::Released {
                     environment: env,

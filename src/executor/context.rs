@@ -25,6 +25,9 @@ pub struct Context<'a> {
     facts: Vec<FactReport>,
     /// Data passed from `read` to create/update/delete.
     pub scratch: serde_json::Map<String, Value>,
+    /// The model waits for a fact of this resource: built-in handlers report theirs with the
+    /// deploy (otherwise only when asked, so that facts nobody reads cost no writes).
+    pub want_facts: bool,
 }
 
 impl<'a> Context<'a> {
@@ -46,6 +49,7 @@ impl<'a> Context<'a> {
             change: Change::Nochange,
             facts: Vec::new(),
             scratch: serde_json::Map::new(),
+            want_facts: false,
         }
     }
 

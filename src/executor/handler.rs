@@ -37,6 +37,13 @@ pub type HResult<T> = Result<T, HandlerError>;
 /// Any handler: run one action and say how it ended.
 pub trait Handler: Send + Sync {
     fn execute(&self, ctx: &mut Context, desired: &Attrs) -> Outcome;
+
+    /// Report the resource's facts (`ctx.set_fact`) when the server asks for them, changing
+    /// nothing. Most built-in handlers know none.
+    fn facts(&self, ctx: &mut Context, desired: &Attrs) -> Outcome {
+        let _ = (ctx, desired);
+        Outcome::Dry
+    }
 }
 
 pub trait CrudHandler: Send + Sync {
@@ -72,6 +79,12 @@ pub trait CrudHandler: Send + Sync {
 
     fn can_reload(&self) -> bool {
         false
+    }
+
+    /// What the resource's facts are now (`ctx.set_fact`), read only; see [`Handler::facts`].
+    fn facts(&self, ctx: &mut Context, desired: &Attrs) -> HResult<()> {
+        let _ = (ctx, desired);
+        Ok(())
     }
 }
 
@@ -195,5 +208,15 @@ pub struct Crud<H>(pub H);
 impl<H: CrudHandler> Handler for Crud<H> {
     fn execute(&self, ctx: &mut Context, desired: &Attrs) -> Outcome {
         run_crud(&self.0, ctx, desired)
+    }
+
+    fn facts(&self, ctx: &mut Context, desired: &Attrs) -> Outcome {
+        match self.0.facts(ctx, desired) {
+            Ok(()) => Outcome::Dry,
+            Err(e) => {
+                ctx.error(format!("reading facts failed: {e}"), &[]);
+                Outcome::Failed
+            }
+        }
     }
 }

@@ -122,6 +122,10 @@ pub struct WorkItem {
     /// (`self._agent.environment` of an Inmanta handler).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<Uuid>,
+    /// The model waits for a fact of this resource (an unresolved unknown of its version):
+    /// built-in handlers report their facts with the deploy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub want_facts: bool,
 }
 
 /// Handler code shipped by a module, materialized on this machine.

@@ -338,6 +338,7 @@ impl EnvScheduler {
                 .map(|(k, r)| (k.clone(), state_from_row(r)))
                 .collect();
             self.model = Model::restore(v, intents, states);
+            self.load_wanted_facts().await;
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
         }
         self.refresh_placements();

@@ -72,6 +72,10 @@ pub struct CompileResult {
     pub auto_released: bool,
     /// The Python environment it used, `<environment id>/<name>` under python-envs/.
     pub python_env: Option<String>,
+    /// Values the compile missed arrived while it ran (the version's unknowns they answer
+    /// are marked resolved): the version needs a recompile as much as one whose facts come
+    /// later.
+    pub resolved_meanwhile: bool,
 }
 
 /// A stage record: name, start, duration, outcome, detail.
@@ -142,8 +146,10 @@ pub async fn run(
             version: None,
             auto_released: false,
             python_env: None,
+            resolved_meanwhile: false,
         },
     };
+    let started = chrono::Utc::now();
 
     // checkout
     let at = begin();
@@ -452,6 +458,9 @@ pub async fn run(
             },
         )
         .await?;
+        let meanwhile =
+            store::facts::resolve_existing(&mut *tx, job.environment_id, s.info.number, started)
+                .await?;
         store::audit::record(
             &mut *tx,
             "git",
@@ -462,11 +471,12 @@ pub async fn run(
         )
         .await?;
         tx.commit().await.map_err(store::StoreError::from)?;
-        Ok::<_, store::StoreError>(s)
+        Ok::<_, store::StoreError>((s, meanwhile))
     }
     .await;
     match stored {
-        Ok(s) => {
+        Ok((s, meanwhile)) => {
+            report.result.resolved_meanwhile = meanwhile;
             report.passed("store", at, &format!("version {}", s.info.number));
             report.result.success = true;
             report.result.version = Some(s.info.number);

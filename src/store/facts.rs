@@ -488,17 +488,25 @@ pub async fn unknowns_of(
         .collect())
 }
 
-/// Mark resolved the unknowns of `version` whose value exists already (it arrived while the
-/// compile ran, before the version was stored); whether there were any. For the recompile
-/// trigger: such a version needs a recompile as much as one whose fact arrives later.
-pub async fn resolve_existing(e: impl PgExecutor<'_>, env: Uuid, version: i32) -> Result<bool> {
+/// Mark resolved the unknowns of `version` whose value was written since `since` (it arrived
+/// while the compile that started then ran, before the version was stored); whether there
+/// were any. For the recompile trigger: such a version needs a recompile as much as one
+/// whose fact arrives later. Values older than the compile were in its facts file: an
+/// unknown that one of them would answer is not resolved here, so a recompile never loops.
+pub async fn resolve_existing(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+    since: DateTime<Utc>,
+) -> Result<bool> {
     let n = sqlx::query(
         "UPDATE version_unknowns u SET resolved = true WHERE u.environment_id = $1 AND u.version = $2 \
          AND NOT u.resolved AND EXISTS (SELECT 1 FROM parameters p WHERE p.environment_id = u.environment_id \
-           AND p.resource_id = u.resource_id AND p.name = u.name)",
+           AND p.resource_id = u.resource_id AND p.name = u.name AND p.updated >= $3)",
     )
     .bind(env)
     .bind(version)
+    .bind(since)
     .execute(e)
     .await?
     .rows_affected();

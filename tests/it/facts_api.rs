@@ -1053,9 +1053,25 @@ async fn a_value_that_resolves_an_unknown_marks_its_versions_and_tells_the_trigg
         "rolled back with the transaction"
     );
     assert!(c.get_parameter(&env, "mac", Some(WEB)).await.is_err());
-    // a version stored after its value arrived: resolve_existing tells the trigger
-    assert!(facts::resolve_existing(&srv.pool, id, v4).await.unwrap());
-    assert!(!facts::resolve_existing(&srv.pool, id, v4).await.unwrap());
+    // a version stored after its value arrived while its compile ran: resolve_existing
+    // tells the trigger; a value older than the compile (it was in its facts file) does not
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let long_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    assert!(
+        !facts::resolve_existing(&srv.pool, id, v4, later)
+            .await
+            .unwrap()
+    );
+    assert!(
+        facts::resolve_existing(&srv.pool, id, v4, long_ago)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !facts::resolve_existing(&srv.pool, id, v4, long_ago)
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

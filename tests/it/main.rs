@@ -26,6 +26,7 @@ mod deploy_cli;
 mod deploy_faults;
 mod embedded;
 mod facts_api;
+mod facts_builtin;
 mod facts_compile;
 mod facts_e2e;
 mod facts_refresh;

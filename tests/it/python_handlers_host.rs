@@ -90,6 +90,7 @@ fn work(resource: Resource, version: i32, h: &ExternalHandler, kind: ActionKind)
         timeout: Some(60),
         at_target: false,
         environment: None,
+        want_facts: false,
     }
 }
 

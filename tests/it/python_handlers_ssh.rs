@@ -114,6 +114,7 @@ async fn inmanta_handler_code_runs_on_an_ssh_target() {
         timeout: Some(60),
         at_target: true,
         environment: None,
+        want_facts: false,
     };
     let mut send = async |req: Request| {
         let mut line = serde_json::to_string(&req).unwrap();

@@ -85,6 +85,7 @@ fn item(kind: ActionKind, resource: steward::model::Resource) -> WorkItem {
         timeout: Some(60),
         at_target: true,
         environment: None,
+        want_facts: false,
     }
 }
 

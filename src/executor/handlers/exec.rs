@@ -21,6 +21,24 @@ use crate::executor::handler::Handler;
 use crate::executor::limits::{HeadTail, MAX_COMMAND_OUTPUT};
 use crate::executor::protocol::Outcome;
 
+/// At most this much of a command's output is kept as its `stdout` fact (a fact's value
+/// holds at most 64 KiB).
+const STDOUT_FACT: usize = 60 * 1024;
+
+/// A command's output as a fact: without its last newline, cut (at a character) to
+/// [`STDOUT_FACT`].
+fn fact_text(out: &str) -> String {
+    let out = out.strip_suffix('\n').unwrap_or(out);
+    if out.len() <= STDOUT_FACT {
+        return out.to_string();
+    }
+    let mut end = STDOUT_FACT;
+    while !out.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}[cut: {} bytes]", &out[..end], out.len() - end)
+}
+
 /// POSIX shell-like word splitting (quotes and backslashes), no expansion.
 pub fn split_words(s: &str) -> Result<Vec<String>, String> {
     let mut words = Vec::new();
@@ -261,6 +279,13 @@ impl RunHandler {
                 }
                 if r.code.is_some_and(|c| returns.contains(&(c as i64))) {
                     ctx.info("command ran", &fields);
+                    // what the run said, for a model that waits for it
+                    // (`std::getfact(run, "stdout")`); kept until the next run, which is the
+                    // only one that can tell anew
+                    if ctx.want_facts {
+                        ctx.set_fact("exit_code", r.code.unwrap_or(0).to_string(), false);
+                        ctx.set_fact("stdout", fact_text(&r.stdout), false);
+                    }
                     Ok(())
                 } else {
                     ctx.log("error", "command failed", &fields);

@@ -170,7 +170,26 @@ fn write_atomically(path: &str, content: &[u8], mode: Option<u32>) -> HResult<()
 
 pub struct FileHandler;
 
+/// A file's facts: `sha256` (hex) of its content and its `size` in bytes, when it exists.
+/// Reported when asked, and with a deploy that wrote it when the model waits for them; a
+/// model reads them with `std::getfact(file, "sha256")`.
+fn file_facts(ctx: &mut Context, path: &str) -> HResult<()> {
+    use sha2::Digest;
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    ctx.set_fact("sha256", hex::encode(sha2::Sha256::digest(&bytes)), true);
+    ctx.set_fact("size", bytes.len().to_string(), true);
+    Ok(())
+}
+
 impl CrudHandler for FileHandler {
+    fn facts(&self, ctx: &mut Context, desired: &Attrs) -> HResult<()> {
+        file_facts(ctx, &path_of(desired, "path")?)
+    }
+
     fn read(&self, ctx: &mut Context, current: &mut Attrs) -> HResult<bool> {
         let path = path_of(current, "path")?;
         let meta = match std::fs::symlink_metadata(&path) {
@@ -216,6 +235,9 @@ impl CrudHandler for FileHandler {
             &[("path", json!(path)), ("bytes", json!(content.len()))],
         );
         ctx.set_created();
+        if ctx.want_facts {
+            file_facts(ctx, &path)?;
+        }
         Ok(())
     }
 
@@ -237,6 +259,9 @@ impl CrudHandler for FileHandler {
         }
         apply_meta(ctx, &path, desired, true)?;
         ctx.set_updated();
+        if ctx.want_facts && changes.contains_key("content") {
+            file_facts(ctx, &path)?;
+        }
         Ok(())
     }
 

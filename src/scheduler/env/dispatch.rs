@@ -241,6 +241,7 @@ impl EnvScheduler {
             timeout: Some(self.settings.handler_timeout),
             at_target: false,
             environment: Some(self.env),
+            want_facts: self.facts.wanted.contains(&intent.id),
         };
         let proc = match self.executors.acquire(agent).await {
             Ok(p) => p,

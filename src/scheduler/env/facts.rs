@@ -32,6 +32,9 @@ pub struct FactRefresh {
     outstanding: Vec<(String, String)>,
     /// Requests made since the scheduler started (for tests and status).
     pub requested: u64,
+    /// Resources of the model's version with a fact the model waits for (an unresolved
+    /// unknown): their deploys carry `want_facts`, so built-in handlers report theirs.
+    pub wanted: std::collections::HashSet<String>,
 }
 
 impl FactRefresh {
@@ -50,6 +53,21 @@ impl FactRefresh {
 }
 
 impl EnvScheduler {
+    /// The resources whose facts the model's version waits for, from the store (an error
+    /// keeps what was known; the next scan tries again).
+    pub(super) async fn load_wanted_facts(&mut self) {
+        let Some(version) = self.model.version else {
+            self.facts.wanted.clear();
+            return;
+        };
+        match store::facts::unknowns_of(&self.pool, self.env, version).await {
+            Ok(u) => self.facts.wanted = waited_for(u).into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(environment = %self.env, error = %e, "looking for missing facts failed; trying again later")
+            }
+        }
+    }
+
     /// How often the store is looked at: a third of the renewal period, between 1 and 10 s.
     fn fact_scan_every(&self) -> Duration {
         let renew = self.settings.fact_renew_secs();
@@ -81,13 +99,11 @@ impl EnvScheduler {
         let missing: Vec<String> = match store::facts::unknowns_of(&self.pool, self.env, version)
             .await
         {
-            Ok(u) => u
-                .into_iter()
-                .filter(|(u, resolved)| {
-                    !resolved && u.source == "fact" && !u.resource_id.is_empty()
-                })
-                .map(|(u, _)| u.resource_id)
-                .collect(),
+            Ok(u) => {
+                let missing = waited_for(u);
+                self.facts.wanted = missing.iter().cloned().collect();
+                missing
+            }
             Err(e) => {
                 tracing::warn!(environment = %self.env, error = %e, "looking for missing facts failed; trying again later");
                 Vec::new()
@@ -152,6 +168,15 @@ impl EnvScheduler {
             self.facts.next_scan = Some(self.facts.next_scan.map_or(soon, |t| t.min(soon)));
         }
     }
+}
+
+/// The resources of unresolved fact unknowns.
+fn waited_for(unknowns: Vec<(crate::model::UnknownRecord, bool)>) -> Vec<String> {
+    unknowns
+        .into_iter()
+        .filter(|(u, resolved)| !resolved && u.source == "fact" && !u.resource_id.is_empty())
+        .map(|(u, _)| u.resource_id)
+        .collect()
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ impl EnvScheduler {
         let old_handlers = std::mem::replace(&mut self.handlers, new_handlers);
         let old_version = self.model.version;
         let merged = self.model.merge(version, intents);
+        self.load_wanted_facts().await;
         let agents: HashSet<String> = self.model.intents.iter().map(|i| i.agent.clone()).collect();
         let _ = store::deploy::ensure_agents(
             &self.pool,
