@@ -29,6 +29,7 @@ mod facts_api;
 mod facts_builtin;
 mod facts_compile;
 mod facts_e2e;
+mod facts_outage;
 mod facts_refresh;
 mod fault_regressions;
 mod floods;
