@@ -100,6 +100,19 @@ impl GitError {
 
 /// Create the bare mirror at `mirror_dir` if needed and fetch all branches of `url` into it.
 pub fn ensure_mirror(mirror_dir: &Path, url: &str, auth: &Auth) -> Result<(), GitError> {
+    with_remote(mirror_dir, url, auth, |repo, parsed, token| {
+        fetch_into(repo, url, parsed, token, &[FETCH_REFSPEC], true).map(|_| ())
+    })
+}
+
+/// Open (or create) the mirror, set up credentials for `url`, and run `f` with it; a failure
+/// of `f` is classified as a fetch error (authentication, not found, other).
+fn with_remote<T>(
+    mirror_dir: &Path,
+    url: &str,
+    auth: &Auth,
+    f: impl FnOnce(&gix::Repository, &gix::Url, Option<String>) -> Result<T, gix::Error>,
+) -> Result<T, GitError> {
     let parsed = gix::url::parse(url.as_bytes().as_bstr())
         .map_err(|e| GitError::Other(format!("invalid repository url {url:?}: {e}")))?;
     let scheme = parsed.scheme.clone();
@@ -138,36 +151,56 @@ pub fn ensure_mirror(mirror_dir: &Path, url: &str, auth: &Auth) -> Result<(), Gi
     let repo = open_mirror_with(mirror_dir, overrides)?;
     update_remote_config_if_needed(&repo, mirror_dir, url)?;
 
-    let result = fetch_into(&repo, url, &parsed, token);
-    match result {
-        Ok(()) => Ok(()),
-        Err(err) => {
-            let stderr = ssh.as_ref().map(|s| s.stderr()).unwrap_or_default();
-            Err(classify_fetch_error(&shown_url, &err, &stderr))
-        }
-    }
+    f(&repo, &parsed, token).map_err(|err| {
+        let stderr = ssh.as_ref().map(|s| s.stderr()).unwrap_or_default();
+        classify_fetch_error(&shown_url, &err, &stderr)
+    })
 }
 
+/// The remote at `url`, fetching `refspecs` and no tags.
+fn fetch_remote<'r>(
+    repo: &'r gix::Repository,
+    url: &str,
+    refspecs: &[&str],
+) -> Result<gix::Remote<'r>, gix::Error> {
+    Ok(repo
+        .remote_at(url)?
+        .with_refspecs(refspecs.iter().copied(), Direction::Fetch)?
+        .with_fetch_tags(gix::remote::fetch::Tags::None))
+}
+
+/// The credentials callback of a connection to `parsed`: the token, to its host only.
+fn token_credentials(
+    parsed: &gix::Url,
+    token: Option<String>,
+) -> impl FnMut(
+    gix::credentials::helper::Action,
+) -> gix::Result<Option<gix::credentials::protocol::Outcome>>
++ 'static {
+    let expected_host = parsed.host().map(str::to_owned);
+    move |action| credentials(action, token.as_deref(), expected_host.as_deref())
+}
+
+/// Fetch `refspecs`; `prune`: delete local branches the remote no longer has (only for the
+/// branch refspec, which maps every branch).
 fn fetch_into(
     repo: &gix::Repository,
     url: &str,
     parsed: &gix::Url,
     token: Option<String>,
+    refspecs: &[&str],
+    prune: bool,
 ) -> Result<(), gix::Error> {
-    let remote = repo
-        .remote_at(url)?
-        .with_refspecs([FETCH_REFSPEC], Direction::Fetch)?
-        .with_fetch_tags(gix::remote::fetch::Tags::None);
-    let expected_host = parsed.host().map(str::to_owned);
-    let connection = remote
+    let remote = fetch_remote(repo, url, refspecs)?;
+    let outcome = remote
         .connect(Direction::Fetch)?
-        .with_credentials(move |action| {
-            credentials(action, token.as_deref(), expected_host.as_deref())
-        });
-    let outcome = connection
+        .with_credentials(token_credentials(parsed, token))
         .prepare_fetch(gix::progress::Discard, Default::default())?
         .receive(gix::progress::Discard, &AtomicBool::new(false))?;
-    prune_stale_branches(repo, &outcome.ref_map)
+    if prune {
+        prune_stale_branches(repo, &outcome.ref_map)?;
+    }
+    Ok(())
 }
 
 /// Credential callback: hand out the token once (on a 401) and never prompt.
@@ -768,4 +801,8 @@ pub fn read_file(
 }
 
 mod checkout;
+mod merge;
+mod pulls;
 pub use checkout::checkout;
+pub use merge::{Merge, merge_for_preview, parents};
+pub use pulls::{PullRefs, drop_pull, fetch_pull, list_pull_heads};
