@@ -118,8 +118,24 @@ pub fn refusal(call_id: u64, code: u16, message: impl Into<String>) -> CallAnswe
     }
 }
 
-/// A successful answer.
+/// At most this much JSON in one answer: a handler that lists more (thousands of large
+/// parameters) gets a 413 telling it to ask for less, and nothing past the bound is held in
+/// memory on its way down.
+pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// A successful answer, or a 413 when `result` is over [`MAX_ANSWER`].
 pub fn answer(call_id: u64, result: Value) -> CallAnswer {
+    let size = serde_json::to_vec(&result).map(|v| v.len()).unwrap_or(0);
+    if size > MAX_ANSWER {
+        return refusal(
+            call_id,
+            413,
+            format!(
+                "the answer is {size} bytes, over the {} MiB a handler's call may get: ask for one value or one resource's facts",
+                MAX_ANSWER >> 20
+            ),
+        );
+    }
     CallAnswer {
         call_id,
         code: 200,
@@ -376,5 +392,10 @@ mod tests {
             parse(env, "environment_get", &json!({"id": tid})).unwrap(),
             Ask::Environment { shape: Shape::V2 }
         ));
+        // an answer has a bound
+        let big = json!({"parameters": vec!["x".repeat(64 * 1024); 100]});
+        let a = answer(7, big);
+        assert_eq!((a.call_id, a.code), (7, 413), "{}", a.result);
+        assert_eq!(answer(8, json!({"ok": 1})).code, 200);
     }
 }
