@@ -125,7 +125,16 @@ pub(super) async fn writer(
                                 environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
                                 "the database refuses this deploy state; writing it row by row"
                             );
-                            write_row_by_row(&pool, env, epoch, fence, batch).await;
+                            let facts = write_row_by_row(&pool, env, epoch, fence, batch).await;
+                            // the facts that were stored are told, as after a batch
+                            if !facts.changed.is_empty() || !facts.resolved_versions.is_empty() {
+                                notifier.send(crate::events::Event::facts(
+                                    env,
+                                    facts.resolved_versions,
+                                    facts.changed,
+                                    false,
+                                ));
+                            }
                             break;
                         }
                         tracing::warn!(environment = %env, error = %e, "writing deploy state failed; retrying");
@@ -140,23 +149,23 @@ pub(super) async fn writer(
 
 /// One row per transaction: what can be written is; a refused action is written again as a
 /// record of the refusal, a refused state row with the refusal as its message; what is
-/// refused even then is counted and alarmed.
+/// refused even then is counted and alarmed. Returns what the facts that were stored changed.
 async fn write_row_by_row(
     pool: &PgPool,
     env: Uuid,
     epoch: i64,
     fence: Option<&Fence>,
     batch: Batch,
-) {
+) -> store::facts::SetOutcome {
     async fn one(
         pool: &PgPool,
         env: Uuid,
         epoch: i64,
         fence: Option<&Fence>,
         b: &Batch,
-    ) -> Result<(), store::StoreError> {
+    ) -> Result<store::facts::SetOutcome, store::StoreError> {
         match write_fenced(pool, env, epoch, fence, b).await {
-            Ok(_) => Ok(()),
+            Ok(facts) => Ok(facts),
             Err(Fenced::Out) => Err(store::StoreError::Conflict(
                 "fenced: another scheduler took over".into(),
             )),
@@ -217,14 +226,19 @@ async fn write_row_by_row(
             lost("dry-run result", &id, &e);
         }
     }
+    let mut stored = store::facts::SetOutcome::default();
     for fact in batch.facts {
         let id = format!("{} {}", fact.resource_id, fact.name);
         let b = Batch {
             facts: vec![fact],
             ..Default::default()
         };
-        if let Err(e) = one(pool, env, epoch, fence, &b).await {
-            lost("fact", &id, &e);
+        match one(pool, env, epoch, fence, &b).await {
+            Ok(out) => {
+                stored.changed.extend(out.changed);
+                stored.resolved_versions.extend(out.resolved_versions);
+            }
+            Err(e) => lost("fact", &id, &e),
         }
     }
     let rest = Batch {
@@ -237,6 +251,7 @@ async fn write_row_by_row(
     {
         lost("progress marker", "", &e);
     }
+    stored
 }
 
 enum Fenced {
