@@ -33,6 +33,7 @@ mod facts_outage;
 mod facts_refresh;
 mod fault_regressions;
 mod floods;
+mod git_ssh_source;
 mod gitops;
 mod gitops_faults;
 mod gitops_feedback;
