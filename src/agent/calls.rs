@@ -38,14 +38,19 @@ pub async fn answer(link: &Link, agent: &str, call: &ServerCall) -> CallAnswer {
         Ok(a) => a,
         Err((code, msg)) => return calls::refusal(id, code, msg),
     };
+    if let Err((code, msg)) = calls::authorize(agent, &ask) {
+        return calls::refusal(id, code, msg);
+    }
     if let Ask::Environment { shape } = ask {
         return match &link.identity {
             Some(e) => calls::answer(
                 id,
-                shape.wrap(json!({
-                    "id": e.id, "name": e.name, "project": e.project_id,
-                    "project_name": e.project,
-                })),
+                shape.wrap(calls::environment_view(
+                    e.id,
+                    &e.name,
+                    e.project_id,
+                    &e.project,
+                )),
             ),
             None => calls::refusal(
                 id,
@@ -54,22 +59,19 @@ pub async fn answer(link: &Link, agent: &str, call: &ServerCall) -> CallAnswer {
             ),
         };
     }
-    match run(&link.client, &link.env_key, agent, ask).await {
+    match run(&link.client, &link.env_key, ask).await {
         Ok(v) => calls::answer(id, v),
         Err((code, msg)) => calls::refusal(id, code, msg),
     }
 }
 
-async fn run(client: &Client, env: &str, agent: &str, ask: Ask) -> Result<Value, (u16, String)> {
+async fn run(client: &Client, env: &str, ask: Ask) -> Result<Value, (u16, String)> {
     match ask {
         Ask::Get {
             resource_id,
             name,
             shape,
         } => {
-            if !resource_id.is_empty() {
-                calls::check_resource(agent, &resource_id)?;
-            }
             let rid = Some(resource_id.as_str()).filter(|r| !r.is_empty());
             let p = client
                 .get_parameter(env, &name, rid)
@@ -78,9 +80,6 @@ async fn run(client: &Client, env: &str, agent: &str, ask: Ask) -> Result<Value,
             Ok(shape.wrap(json!(p)))
         }
         Ask::List { resource_id, shape } => {
-            if let Some(r) = &resource_id {
-                calls::check_resource(agent, r)?;
-            }
             let rows = client
                 .list_parameters(env, Some(resource_id.as_deref().unwrap_or("")))
                 .await
@@ -93,12 +92,11 @@ async fn run(client: &Client, env: &str, agent: &str, ask: Ask) -> Result<Value,
             one,
             shape,
         } => {
-            calls::check_writes(agent, &items)?;
             if one {
                 let w = &items[0];
                 let body = json!({
                     "value": w.value, "source": w.source, "metadata": w.metadata,
-                    "expires": w.expires.unwrap_or(true), "recompile": recompile,
+                    "expires": w.expires, "recompile": recompile,
                 });
                 let p = client
                     .set_parameter(env, &w.name, Some(&w.resource_id), &body)
@@ -114,7 +112,7 @@ async fn run(client: &Client, env: &str, agent: &str, ask: Ask) -> Result<Value,
                     value: w.value,
                     source: Some(w.source),
                     metadata: Some(w.metadata),
-                    expires: Some(w.expires.unwrap_or(true)),
+                    expires: Some(w.expires),
                 })
                 .collect();
             client

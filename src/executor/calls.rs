@@ -81,7 +81,8 @@ pub struct Write {
     pub value: String,
     pub source: String,
     pub metadata: Value,
-    pub expires: Option<bool>,
+    /// Facts expire unless the call says otherwise.
+    pub expires: bool,
 }
 
 /// What a call asks, checked.
@@ -174,7 +175,7 @@ fn write_of(p: &Value, name_key: &str, method: &str) -> Result<Write, (u16, Stri
             None | Some(Value::Null) => json!({}),
             Some(m) => m.clone(),
         },
-        expires: p.get("expires").and_then(Value::as_bool),
+        expires: p.get("expires").and_then(Value::as_bool).unwrap_or(true),
     })
 }
 
@@ -319,6 +320,26 @@ pub fn check_writes(agent: &str, items: &[Write]) -> Result<(), (u16, String)> {
         check_resource(agent, &w.resource_id)?;
     }
     Ok(())
+}
+
+/// May a handler of `agent` ask `ask`? Both answerers check this before anything else.
+pub fn authorize(agent: &str, ask: &Ask) -> Result<(), (u16, String)> {
+    match ask {
+        Ask::Get { resource_id, .. } if !resource_id.is_empty() => {
+            check_resource(agent, resource_id)
+        }
+        Ask::List {
+            resource_id: Some(r),
+            ..
+        } => check_resource(agent, r),
+        Ask::Set { items, .. } => check_writes(agent, items),
+        _ => Ok(()),
+    }
+}
+
+/// The environment as `get_environment` answers it.
+pub fn environment_view(id: Uuid, name: &str, project_id: Uuid, project: &str) -> Value {
+    json!({"id": id, "name": name, "project": project_id, "project_name": project})
 }
 
 /// The facts of `resource_id` belong to `agent`, or a 403 saying whose they are.

@@ -58,7 +58,10 @@ pub async fn answer(
         Ok(a) => a,
         Err((code, msg)) => return calls::refusal(id, code, msg),
     };
-    match run(pool, notifier, env, agent, ask).await {
+    if let Err((code, msg)) = calls::authorize(agent, &ask) {
+        return calls::refusal(id, code, msg);
+    }
+    match run(pool, notifier, env, ask).await {
         Ok(v) => calls::answer(id, v),
         Err((code, msg)) => calls::refusal(id, code, msg),
     }
@@ -77,7 +80,6 @@ async fn run(
     pool: &PgPool,
     notifier: &crate::events::Notifier,
     env: Uuid,
-    agent: &str,
     ask: Ask,
 ) -> Result<Value, (u16, String)> {
     let environment = store::environments::get_environment(pool, env)
@@ -97,9 +99,6 @@ async fn run(
             name,
             shape,
         } => {
-            if !resource_id.is_empty() {
-                calls::check_resource(agent, &resource_id)?;
-            }
             let p = facts::get(pool, env, &resource_id, &name)
                 .await
                 .map_err(store_error)?
@@ -116,9 +115,6 @@ async fn run(
             Ok(shape.wrap(json!(shown(vec![p]).remove(0))))
         }
         Ask::List { resource_id, shape } => {
-            if let Some(r) = &resource_id {
-                calls::check_resource(agent, r)?;
-            }
             // without a resource: the environment's parameters (not other agents' facts)
             let rows = facts::list(pool, env, Some(resource_id.as_deref().unwrap_or("")))
                 .await
@@ -131,7 +127,6 @@ async fn run(
             one,
             shape,
         } => {
-            calls::check_writes(agent, &items)?;
             let new: Vec<facts::NewParam> = items
                 .iter()
                 .map(|w| facts::NewParam {
@@ -140,7 +135,7 @@ async fn run(
                     value: w.value.clone(),
                     source: w.source.clone(),
                     metadata: w.metadata.clone(),
-                    expires: w.expires.unwrap_or(true),
+                    expires: w.expires,
                 })
                 .collect();
             let mut c = pool.acquire().await.map_err(|e| store_error(e.into()))?;
@@ -164,11 +159,11 @@ async fn run(
                 .map_err(store_error)?;
             Ok(shape.wrap(json!(p.map(|p| shown(vec![p]).remove(0)))))
         }
-        Ask::Environment { shape } => Ok(shape.wrap(json!({
-            "id": environment.id,
-            "name": environment.name,
-            "project": environment.project_id,
-            "project_name": environment.project,
-        }))),
+        Ask::Environment { shape } => Ok(shape.wrap(calls::environment_view(
+            environment.id,
+            &environment.name,
+            environment.project_id,
+            &environment.project,
+        ))),
     }
 }
