@@ -95,6 +95,27 @@ fn times_for(journal: &Path, name: &str) -> Vec<f64> {
         .collect()
 }
 
+/// The 3 s block is kept when the scheduler sends a request; the journal shows when the
+/// handler ran it, which a loaded machine delays by up to a second. So one interval may look
+/// as short as 2 s (a late run, then one on time), but lateness does not add up: on average
+/// the runs are at least the block apart. Without the block they would come with each scan of
+/// the store, a second apart.
+fn assert_spaced_by_the_block(times: &[f64], longest: f64, what: &str) {
+    for w in times.windows(2) {
+        assert!(
+            (2.0..longest).contains(&(w[1] - w[0])),
+            "{what}: asked within its block or off its schedule: {times:?}"
+        );
+    }
+    if times.len() >= 3 {
+        let mean = (times[times.len() - 1] - times[0]) / (times.len() - 1) as f64;
+        assert!(
+            mean >= 2.8,
+            "{what}: asked every {mean:.2} s on average with a 3 s block: {times:?}"
+        );
+    }
+}
+
 fn now_secs() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -141,19 +162,15 @@ async fn facts_are_renewed_missing_ones_throttled_pinned_ones_left_and_removed_o
 
     // A resource is asked at most once per `fact_resource_block` (3 s) whatever the reason,
     // and the store is looked at each second: a fact older than `fact_renew` (1 s) is asked
-    // for every 3 to 4 s, never sooner, and never so late that it expires (6 s).
+    // for every 3 to 4 s (give or take when the handler gets to run it), never sooner, and
+    // never so late that it expires (6 s).
     let renewed = times_for(&j, "renewed");
     assert!(
         renewed.len() >= 3,
         "a fact older than fact_renew is renewed: asked {} times in 16 s: {renewed:?}",
         renewed.len()
     );
-    for w in renewed.windows(2) {
-        assert!(
-            (2.8..5.5).contains(&(w[1] - w[0])),
-            "renewed off its schedule (every 3 to 4 s): {renewed:?}"
-        );
-    }
+    assert_spaced_by_the_block(&renewed, 5.9, "renewed");
     assert!(
         end - renewed.last().unwrap() < 5.5,
         "renewal stopped: {renewed:?}, end {end}"
@@ -169,13 +186,12 @@ async fn facts_are_renewed_missing_ones_throttled_pinned_ones_left_and_removed_o
         "a missing fact asked {} times in 16 s with a 3 s block: {silent:?}",
         silent.len()
     );
-    for w in silent.windows(2) {
-        assert!(w[1] - w[0] > 2.8, "asked within its block: {silent:?}");
-    }
-    // gone from the model: at most a request already under way, then none
+    assert_spaced_by_the_block(&silent, 8.0, "silent");
+    // gone from the model: at most a request already under way (sent before v2, run up to
+    // a second late), then none
     let after: Vec<f64> = times_for(&j, "removed")
         .into_iter()
-        .filter(|t| *t > removed_at + 0.5)
+        .filter(|t| *t > removed_at + 1.5)
         .collect();
     assert!(
         after.is_empty(),
