@@ -111,6 +111,23 @@ pub enum Role {
     Compile,
     /// Executors of `local:` agents: module handlers and the commands they run.
     Executor,
+    /// Compiles of pull requests' previews (and their pip runs): an identity apart from the
+    /// branch's compiles, so that a pull request's code can not enter a running branch
+    /// compile (whose facts hold secret values, and whose project becomes a version).
+    Preview,
+}
+
+/// The key a preview of environment `env` takes its identity and Python environments under:
+/// a UUID derived from the environment's, never an environment's own.
+pub fn preview_key(env: uuid::Uuid) -> uuid::Uuid {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"steward-preview");
+    h.update(env.as_bytes());
+    let d = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d[..16]);
+    uuid::Builder::from_random_bytes(b).into_uuid()
 }
 
 pub fn is_root() -> bool {
@@ -138,7 +155,13 @@ pub fn identity(env: uuid::Uuid, role: Role) -> Result<Option<Identity>, Sandbox
             ExecutorUser::PerEnvironment => {}
         }
     }
-    let slot = slot_of(&c.registry, env)?;
+    // a preview takes a slot of its own in the same registry, with a compile's offset
+    let key = if role == Role::Preview {
+        preview_key(env)
+    } else {
+        env
+    };
+    let slot = slot_of(&c.registry, key)?;
     let uid = (slot as u64)
         .checked_mul(2)
         .and_then(|o| (c.uid_base as u64).checked_add(o + u64::from(role == Role::Executor)))

@@ -16,6 +16,7 @@ pub mod facts;
 pub mod failover;
 pub mod leases;
 pub mod outbox;
+pub mod previews;
 pub mod replicas;
 pub mod retention;
 pub mod sessions;

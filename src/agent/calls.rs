@@ -113,6 +113,7 @@ async fn run(client: &Client, env: &str, ask: Ask) -> Result<Value, (u16, String
                     source: Some(w.source),
                     metadata: Some(w.metadata),
                     expires: Some(w.expires),
+                    secret: None,
                 })
                 .collect();
             client

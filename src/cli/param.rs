@@ -41,6 +41,11 @@ pub enum ParamCmd {
         /// A fact that never expires.
         #[arg(long, requires = "resource")]
         no_expire: bool,
+        /// Keep the value from pull-request previews (branch compiles still read it; a
+        /// preview that asks for it finds it unknown). `--secret=false` clears the mark;
+        /// without the flag the mark stays as it was.
+        #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+        secret: Option<bool>,
     },
     /// Delete a parameter (the model is compiled again: it may have used the value).
     Delete {
@@ -136,6 +141,7 @@ pub async fn run_param(remote: Remote, cmd: ParamCmd) -> anyhow::Result<ExitCode
             recompile,
             resource,
             no_expire,
+            secret,
         } => {
             let value = if value == "-" {
                 let mut s = String::new();
@@ -151,6 +157,7 @@ pub async fn run_param(remote: Remote, cmd: ParamCmd) -> anyhow::Result<ExitCode
                 resource_id: resource.clone().unwrap_or_default(),
                 value,
                 expires: no_expire.then_some(false),
+                secret,
                 ..ParameterItem::default()
             };
             let out = c.set_parameters(&env, &[item], recompile).await?;

@@ -104,6 +104,9 @@ pub struct Retention {
     pub dryruns: u32,
     /// Days audit records of the environment are kept.
     pub audit_days: u32,
+    /// Closed pull-request previews kept (with their runs and diffs), newest first; also
+    /// none older than `days`.
+    pub previews: u32,
 }
 
 impl Default for Retention {
@@ -114,8 +117,22 @@ impl Default for Retention {
             compile_reports: 500,
             dryruns: 50,
             audit_days: 365,
+            previews: 200,
         }
     }
+}
+
+/// Pull-request previews (docs/previews.md): what a pull request to the branch this
+/// environment follows would change here, compiled without the environment's secrets and
+/// never stored as a version.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct PreviewSettings {
+    /// Preview the pull requests of this environment's repository and branch (off by
+    /// default: each one is a compile, and a comment on the pull request).
+    pub enabled: bool,
+    /// Also preview pull requests from forks (their code comes from anyone who can open one).
+    pub forks: bool,
 }
 
 /// How the server reaches `ssh://` agents; the defaults are what the server user's OpenSSH
@@ -327,6 +344,8 @@ pub struct EnvSettings {
     /// and the recompile it triggers: facts arriving together make one compile.
     #[schema(minimum = 0, maximum = 3600)]
     pub recompile_backoff: f64,
+    /// Pull-request previews.
+    pub previews: PreviewSettings,
 }
 
 impl Default for EnvSettings {
@@ -350,6 +369,7 @@ impl Default for EnvSettings {
             fact_renew: None,
             fact_resource_block: 60,
             recompile_backoff: 0.1,
+            previews: PreviewSettings::default(),
         }
     }
 }

@@ -22,7 +22,9 @@ use super::openapi::{EnvPath, FACTS};
 use super::{AppState, Event};
 use crate::model::{ResourceId, Role};
 use crate::store::environments::Environment;
-use crate::store::facts::{self, NewParam, Param, ParameterItem, SetOutcome, WriteResult};
+use crate::store::facts::{
+    self, NewParam, Param, ParamKey, ParameterItem, SetOutcome, WriteResult,
+};
 use crate::store::{self, StoreError, audit};
 
 /// May this caller read all the parameters and facts of `env`? Agent tokens may not (they
@@ -108,11 +110,39 @@ pub async fn write(
     items: Vec<NewParam>,
     recompile: bool,
 ) -> ApiResult<SetOutcome> {
+    write_marked(state, caller, env, items, recompile, &[]).await
+}
+
+/// [`write`], marking the values of `secret` secret (true) or not (false) in the same
+/// transaction: only people and compilers may (an agent's facts keep their mark).
+pub async fn write_marked(
+    state: &AppState,
+    caller: &Caller,
+    env: &Environment,
+    items: Vec<NewParam>,
+    recompile: bool,
+    secret: &[(ParamKey, bool)],
+) -> ApiResult<SetOutcome> {
     for p in &items {
         authorize_write(caller, env.id, p)?;
     }
+    if !secret.is_empty() && caller.role == Role::Agent {
+        return Err(ApiError::forbidden(
+            "an agent token can not mark values secret",
+        ));
+    }
     let mut tx = state.pool.begin().await.map_err(StoreError::from)?;
     let out = facts::set_many(&mut tx, env.id, &items).await?;
+    for flag in [true, false] {
+        let keys: Vec<ParamKey> = secret
+            .iter()
+            .filter(|(_, s)| *s == flag)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !keys.is_empty() {
+            facts::mark_secret(&mut *tx, env.id, &keys, flag).await?;
+        }
+    }
     let quiet =
         caller.role == Role::Agent && out.changed.is_empty() && out.resolved_versions.is_empty();
     if !quiet && !items.is_empty() {
@@ -313,6 +343,10 @@ pub struct SetParameterBody {
     /// Whether a fact expires (default: facts do, parameters never).
     #[serde(default)]
     pub expires: Option<bool>,
+    /// Keep the value from pull-request previews (it still reaches the branch's compiles);
+    /// absent: as it was.
+    #[serde(default)]
+    pub secret: Option<bool>,
     /// Recompile the environment's model when the value changed (a value that resolves an
     /// unknown of a version always does).
     #[serde(default)]
@@ -342,6 +376,19 @@ pub async fn set_parameter(
 ) -> ApiResult<Json<Param>> {
     let env = environment(&state, &caller, &key).await?;
     let rid = q.resource_id.unwrap_or_default();
+    let marks: Vec<(ParamKey, bool)> = body
+        .secret
+        .map(|s| {
+            (
+                ParamKey {
+                    resource_id: rid.clone(),
+                    name: name.clone(),
+                },
+                s,
+            )
+        })
+        .into_iter()
+        .collect();
     let item = NewParam {
         expires: body.expires.unwrap_or(!rid.is_empty()),
         name: name.clone(),
@@ -350,7 +397,7 @@ pub async fn set_parameter(
         source: body.source.unwrap_or_else(|| default_source(&caller)),
         metadata: body.metadata.unwrap_or_else(|| json!({})),
     };
-    write(&state, &caller, &env, vec![item], body.recompile).await?;
+    write_marked(&state, &caller, &env, vec![item], body.recompile, &marks).await?;
     let p = facts::get(&state.pool, env.id, &rid, &name)
         .await?
         .ok_or_else(|| not_found(&rid, &name))?;
@@ -398,6 +445,17 @@ pub async fn set_parameters(
     ApiJson(body): ApiJson<SetParametersBody>,
 ) -> ApiResult<Json<WriteResult>> {
     let env = environment(&state, &caller, &key).await?;
+    let marks: Vec<(ParamKey, bool)> = body
+        .parameters
+        .iter()
+        .filter_map(|p| {
+            let key = ParamKey {
+                resource_id: facts::normalize_resource_id(&p.resource_id).ok()?,
+                name: p.name.clone(),
+            };
+            Some((key, p.secret?))
+        })
+        .collect();
     let items = body
         .parameters
         .into_iter()
@@ -410,7 +468,7 @@ pub async fn set_parameters(
             value: p.value,
         })
         .collect();
-    let out = write(&state, &caller, &env, items, body.recompile).await?;
+    let out = write_marked(&state, &caller, &env, items, body.recompile, &marks).await?;
     Ok(Json(out.into()))
 }
 

@@ -90,36 +90,63 @@ pub fn stage(
 }
 
 /// The report of a compile as it goes: timed stages, then the result.
-struct Report {
-    stages: Vec<Value>,
-    result: CompileResult,
+pub(super) struct Report {
+    pub stages: Vec<Value>,
+    pub result: CompileResult,
 }
 
 /// When a stage started: wall clock for the report, monotonic for its duration.
-type Start = (chrono::DateTime<Utc>, Instant);
+pub(super) type Start = (chrono::DateTime<Utc>, Instant);
 
-fn begin() -> Start {
+pub(super) fn begin() -> Start {
     (Utc::now(), Instant::now())
 }
 
 impl Report {
-    fn passed(&mut self, name: &str, at: Start, detail: &str) {
+    pub(super) fn passed(&mut self, name: &str, at: Start, detail: &str) {
         self.stages
             .push(stage(name, at.0, at.1.elapsed(), true, detail));
     }
 
     /// The stage failed: the compile ends here.
-    fn failed(mut self, name: &str, at: Start, error: String) -> CompileResult {
+    /// [`Report::failed`], as the end of a build.
+    fn fail(self, name: &str, at: Start, error: String) -> Result<Built, Box<CompileResult>> {
+        Err(Box::new(self.failed(name, at, error)))
+    }
+
+    pub(super) fn failed(mut self, name: &str, at: Start, error: String) -> CompileResult {
         self.stages
             .push(stage(name, at.0, at.1.elapsed(), false, &error));
         self.result.error = Some(error);
         self.done()
     }
 
-    fn done(mut self) -> CompileResult {
+    pub(super) fn done(mut self) -> CompileResult {
         self.result.stages = json!(self.stages);
         self.result
     }
+}
+
+/// What to compile, for whom: a commit of the branch (its export becomes a version) or a
+/// pull request's preview (its own identity and Python environments, no secret values).
+pub(super) struct BuildSpec<'a> {
+    pub env: uuid::Uuid,
+    pub commit: &'a str,
+    /// Stages already done (the fetch).
+    pub stages: Vec<Value>,
+    pub source: &'a SourceRow,
+    pub mirror: &'a Path,
+    pub steward_bin: &'a Path,
+    pub python: Python<'a>,
+    pub preview: bool,
+}
+
+/// A compile that produced an export: its report so far, the export, and the keys of the
+/// values withheld from it (secret ones, for a preview).
+pub(super) struct Built {
+    pub report: Report,
+    pub export: ExportFile,
+    pub withheld: Vec<store::facts::ParamKey>,
 }
 
 /// Run the compile of `job` (a queued compile that was just marked running).
@@ -132,9 +159,46 @@ pub async fn run(
     python: Python<'_>,
     fence: Option<&crate::store::leases::Fence>,
 ) -> CompileResult {
-    let (python_envs, pip_sources, envs_made) = (python.envs, python.pip, python.made);
-    let mut report = Report {
+    let started = chrono::Utc::now();
+    let spec = BuildSpec {
+        env: job.environment_id,
+        commit: &job.commit,
         stages: job.stages.as_array().cloned().unwrap_or_default(),
+        source,
+        mirror,
+        steward_bin,
+        python,
+        preview: false,
+    };
+    match build(pool, spec).await {
+        Ok(b) => store_version(pool, job, source, fence, started, b.report, b.export).await,
+        Err(failed) => *failed,
+    }
+}
+
+/// Check out, install, and compile `spec.commit`; the failed report when it does not give an
+/// export.
+pub(super) async fn build(
+    pool: &sqlx::PgPool,
+    spec: BuildSpec<'_>,
+) -> Result<Built, Box<CompileResult>> {
+    let (python_envs, pip_sources, envs_made) =
+        (spec.python.envs, spec.python.pip, spec.python.made);
+    let (source, mirror, steward_bin) = (spec.source, spec.mirror, spec.steward_bin);
+    let commit = spec.commit.to_string();
+    let role = if spec.preview {
+        sandbox::Role::Preview
+    } else {
+        sandbox::Role::Compile
+    };
+    // a preview's Python environments are apart from the branch's
+    let envs_key = if spec.preview {
+        sandbox::preview_key(spec.env)
+    } else {
+        spec.env
+    };
+    let mut report = Report {
+        stages: spec.stages,
         result: CompileResult {
             success: false,
             stages: Value::Null,
@@ -149,24 +213,22 @@ pub async fn run(
             resolved_meanwhile: false,
         },
     };
-    let started = chrono::Utc::now();
-
     // checkout
     let at = begin();
     // who the compile runs as: a uid of the environment's own when the server is root
     let timeout = Duration::from_secs(source.compile_timeout.max(1) as u64);
-    let env_id = job.environment_id;
+    let env_id = spec.env;
     let data_dir = python_envs.parent().map(Path::to_path_buf);
     let jail = match tokio::task::spawn_blocking(move || {
-        compile_jail(env_id, timeout, data_dir.as_deref())
+        compile_jail(env_id, role, timeout, data_dir.as_deref())
     })
     .await
     {
         Ok(Ok(j)) => j,
         Ok(Err(e)) => {
-            return report.failed("checkout", at, format!("no sandbox for the compile: {e}"));
+            return report.fail("checkout", at, format!("no sandbox for the compile: {e}"));
         }
-        Err(e) => return report.failed("checkout", at, format!("no sandbox for the compile: {e}")),
+        Err(e) => return report.fail("checkout", at, format!("no sandbox for the compile: {e}")),
     };
     // under the data directory (`compiles/`), not the machine's /tmp: the compile gets a
     // /tmp of its own, empty, gone with it
@@ -179,20 +241,24 @@ pub async fn run(
         _ => std::fs::create_dir_all(&compiles),
     };
     if let Err(e) = prepared {
-        return report.failed("checkout", at, format!("can not make a workdir: {e}"));
+        return report.fail("checkout", at, format!("can not make a workdir: {e}"));
     }
     let mut jail = jail;
     jail.private_tmp = true;
     let workdir = match tempfile::Builder::new()
-        .prefix("steward-compile-")
+        .prefix(if spec.preview {
+            "steward-preview-"
+        } else {
+            "steward-compile-"
+        })
         .tempdir_in(&compiles)
     {
         Ok(d) => d,
-        Err(e) => return report.failed("checkout", at, format!("can not make a workdir: {e}")),
+        Err(e) => return report.fail("checkout", at, format!("can not make a workdir: {e}")),
     };
     // private to the compile: no other environment's compile (nor anyone else) can enter it
     if let Err(e) = sandbox::private_dir(workdir.path(), None) {
-        return report.failed("checkout", at, format!("can not make a workdir: {e}"));
+        return report.fail("checkout", at, format!("can not make a workdir: {e}"));
     }
     // a data directory under /tmp (or hidden): the workdir stays visible
     jail.keep_visible.insert(0, workdir.path().to_path_buf());
@@ -203,7 +269,7 @@ pub async fn run(
     let project = workdir.path().join("project");
     let subpath = (!source.path.is_empty()).then(|| source.path.clone());
     let checkout = {
-        let (mirror, commit, project) = (mirror.to_path_buf(), job.commit.clone(), project.clone());
+        let (mirror, commit, project) = (mirror.to_path_buf(), commit.clone(), project.clone());
         tokio::task::spawn_blocking(move || {
             git::checkout(&mirror, &commit, &project, subpath.as_deref())
         })
@@ -211,25 +277,25 @@ pub async fn run(
     };
     match checkout {
         Ok(Ok(refused)) if refused.is_empty() => {
-            report.passed("checkout", at, &format!("commit {}", job.commit))
+            report.passed("checkout", at, &format!("commit {}", commit))
         }
         Ok(Ok(refused)) => report.passed(
             "checkout",
             at,
             &format!(
                 "commit {}; symlinks pointing outside the checkout were not written: {}",
-                job.commit,
+                commit,
                 refused.join(", ")
             ),
         ),
         Ok(Err(e)) => {
-            return report.failed(
+            return report.fail(
                 "checkout",
                 at,
-                format!("checkout of {} failed: {e}", job.commit),
+                format!("checkout of {} failed: {e}", commit),
             );
         }
-        Err(e) => return report.failed("checkout", at, format!("checkout crashed: {e}")),
+        Err(e) => return report.fail("checkout", at, format!("checkout crashed: {e}")),
     }
 
     // the project's Python environment (V2 modules, plugins' dependencies), shared by the
@@ -250,7 +316,7 @@ pub async fn run(
             let text = read_requirements(&project2.join("requirements.txt"))?;
             // before pip runs: nothing but plain requirements
             crate::pyenv::check_plain(&text).map_err(|e| e.to_string())?;
-            let envs = environment_envs(&envs, env_id, jail2.identity)?;
+            let envs = environment_envs(&envs, envs_key, jail2.identity)?;
             // where pip writes, and the operator's wheel directories, stay visible where
             // the server's files are hidden
             jail2.keep_visible.push(envs.clone());
@@ -319,14 +385,14 @@ pub async fn run(
                 _env_in_use = Some(env.in_use);
             }
             Ok(Err(e)) => {
-                return report.failed(
+                return report.fail(
                     "python environment",
                     at,
                     format!("installing requirements.txt failed: {e}"),
                 );
             }
             Err(e) => {
-                return report.failed("python environment", at, format!("crashed: {e}"));
+                return report.fail("python environment", at, format!("crashed: {e}"));
             }
         }
     }
@@ -335,9 +401,18 @@ pub async fn run(
     // compile as a file (it reaches no database)
     let at = begin();
     let facts_file = workdir.path().join("facts.json");
-    match write_facts_file(pool, env_id, &facts_file).await {
-        Ok(n) => report.passed("facts", at, &format!("{n} parameters and facts")),
-        Err(e) => return report.failed("facts", at, e),
+    let mut withheld = Vec::new();
+    match write_facts_file(pool, env_id, &facts_file, spec.preview).await {
+        Ok((n, w)) if spec.preview => {
+            report.passed(
+                "facts",
+                at,
+                &format!("{n} parameters and facts; {} secret withheld", w.len()),
+            );
+            withheld = w;
+        }
+        Ok((n, _)) => report.passed("facts", at, &format!("{n} parameters and facts")),
+        Err(e) => return report.fail("facts", at, e),
     }
 
     // compile, in a child process
@@ -362,7 +437,7 @@ pub async fn run(
     }
     let out = match ran {
         Ok(out) => out,
-        Err(e) => return report.failed("compile", at, e),
+        Err(e) => return report.fail("compile", at, e),
     };
     report.result.exit_code = out.code;
     report.result.stdout = out.stdout;
@@ -403,12 +478,12 @@ pub async fn run(
                 None => format!("the compiler failed (exit status {:?})", out.code),
             },
         };
-        return report.failed("compile", at, error);
+        return report.fail("compile", at, error);
     }
     let export = match read_export(&export_file) {
         Ok(x) => x,
         Err(e) => {
-            return report.failed(
+            return report.fail(
                 "compile",
                 at,
                 format!("the compiler's export is unreadable: {e}"),
@@ -421,7 +496,23 @@ pub async fn run(
         &format!("{} resources", export.resources.len()),
     );
     drop(workdir);
+    Ok(Built {
+        report,
+        export,
+        withheld,
+    })
+}
 
+/// Store a branch compile's export as a version, with its provenance.
+async fn store_version(
+    pool: &sqlx::PgPool,
+    job: &CompileRow,
+    source: &SourceRow,
+    fence: Option<&crate::store::leases::Fence>,
+    started: chrono::DateTime<Utc>,
+    mut report: Report,
+    export: ExportFile,
+) -> CompileResult {
     // store as a version
     let at = begin();
     let mut provenance = json!({
@@ -630,11 +721,12 @@ async fn read_capped(mut r: impl tokio::io::AsyncRead + Unpin, keep: usize) -> S
 /// a PID namespace where the kernel gives one, and the limits of docs/isolation.md.
 fn compile_jail(
     env: uuid::Uuid,
+    role: sandbox::Role,
     timeout: Duration,
     data_dir: Option<&Path>,
 ) -> Result<sandbox::Jail, sandbox::SandboxError> {
     let cpu = timeout.as_secs().max(1);
-    let jail = sandbox::Jail::for_environment(env, sandbox::Role::Compile)?;
+    let jail = sandbox::Jail::for_environment(env, role)?;
     // a server that is not root: compiles share its uid, so its files are hidden instead
     let jail = match data_dir {
         Some(d) => jail.hide_server_files(d),
@@ -734,22 +826,30 @@ struct Files<'a> {
     facts: &'a Path,
 }
 
-/// Write the environment's parameters and facts as a `--facts` file; how many there are.
+/// Write the environment's parameters and facts as a `--facts` file (for a preview, those
+/// not secret); how many there are, and the keys withheld.
 async fn write_facts_file(
     pool: &sqlx::PgPool,
     env: uuid::Uuid,
     path: &Path,
-) -> Result<usize, String> {
-    let rows = store::facts::list(pool, env, None)
-        .await
-        .map_err(|e| format!("reading the environment's facts failed: {e}"))?;
+    preview: bool,
+) -> Result<(usize, Vec<store::facts::ParamKey>), String> {
+    let read = if preview {
+        store::facts::list_for_preview(pool, env).await
+    } else {
+        store::facts::list(pool, env, None)
+            .await
+            .map(|rows| (rows, Vec::new()))
+    };
+    let (rows, withheld) =
+        read.map_err(|e| format!("reading the environment's facts failed: {e}"))?;
     let mut facts = crate::model::facts::Facts::new();
     for r in &rows {
         facts.insert(r.resource_id.clone(), r.name.clone(), r.value.clone());
     }
     let text = facts.to_json();
     std::fs::write(path, text).map_err(|e| format!("can not write {}: {e}", path.display()))?;
-    Ok(rows.len())
+    Ok((rows.len(), withheld))
 }
 
 async fn run_compiler(

@@ -51,6 +51,10 @@ pub struct Param {
     pub updated: DateTime<Utc>,
     /// A fact that expires is valid for the environment's `fact_expire` after `updated`.
     pub expires: bool,
+    /// Reaches the compiles of the environment's branch but never a pull request's preview
+    /// (`steward param set --secret`); writes that do not say keep it.
+    #[serde(default)]
+    pub secret: bool,
     /// Filled in by the API ([`mark_expired`]): an expiring fact older than `fact_expire`.
     #[sqlx(skip)]
     #[serde(default)]
@@ -103,6 +107,9 @@ pub struct ParameterItem {
     /// Default: facts expire, parameters never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<bool>,
+    /// Keep the value from pull-request previews; absent: as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<bool>,
 }
 
 /// A parameter's or fact's key.
@@ -136,7 +143,7 @@ impl From<SetOutcome> for WriteResult {
 }
 
 const COLUMNS: &str =
-    "id, environment_id, name, resource_id, value, source, metadata, updated, expires";
+    "id, environment_id, name, resource_id, value, source, metadata, updated, expires, secret";
 
 /// A fact's resource id as stored: `type[agent,attr=value]`, without the `,v=N` suffix
 /// Inmanta's versioned ids carry. `''` stays `''` (a parameter).
@@ -278,6 +285,62 @@ pub async fn list(
         .bind(rid)
         .fetch_all(e)
         .await?)
+}
+
+/// What a pull request's preview may read: the values that are not secret, and the keys of
+/// those withheld (a compile asking for one finds it unknown).
+pub async fn list_for_preview(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+) -> Result<(Vec<Param>, Vec<ParamKey>)> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM parameters WHERE environment_id = $1 ORDER BY resource_id, name"
+    );
+    let rows = sqlx::query_as::<_, Param>(sqlx::AssertSqlSafe(sql))
+        .bind(env)
+        .fetch_all(e)
+        .await?;
+    let (secret, open): (Vec<Param>, Vec<Param>) = rows.into_iter().partition(|p| p.secret);
+    let withheld = secret
+        .into_iter()
+        .map(|p| ParamKey {
+            resource_id: p.resource_id,
+            name: p.name,
+        })
+        .collect();
+    Ok((open, withheld))
+}
+
+/// The values of the environment marked secret (to redact them from what previews show).
+pub async fn secret_values(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT value FROM parameters WHERE environment_id = $1 AND secret")
+            .bind(env)
+            .fetch_all(e)
+            .await?,
+    )
+}
+
+/// Mark values secret or not (they keep the mark through renewals and new values).
+pub async fn mark_secret(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    keys: &[ParamKey],
+    secret: bool,
+) -> Result<()> {
+    let rids: Vec<&str> = keys.iter().map(|k| k.resource_id.as_str()).collect();
+    let names: Vec<&str> = keys.iter().map(|k| k.name.as_str()).collect();
+    sqlx::query(
+        "UPDATE parameters p SET secret = $4 FROM unnest($2::text[], $3::text[]) AS k(rid, name) \
+         WHERE p.environment_id = $1 AND p.resource_id = k.rid AND p.name = k.name",
+    )
+    .bind(env)
+    .bind(&rids)
+    .bind(&names)
+    .bind(secret)
+    .execute(e)
+    .await?;
+    Ok(())
 }
 
 /// The facts of an environment (not its parameters), by resource and name.
@@ -658,6 +721,7 @@ mod tests {
     fn facts_expire_after_fact_expire() {
         let now = Utc::now();
         let p = |rid: &str, expires: bool, age: i64| Param {
+            secret: false,
             id: Uuid::nil(),
             environment_id: Uuid::nil(),
             name: "n".into(),

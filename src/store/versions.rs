@@ -397,7 +397,7 @@ async fn store_diff(
 }
 
 /// The changed resources between two digest sets (unchanged ones are left out).
-async fn compute_diff(
+pub(super) async fn compute_diff(
     c: &mut PgConnection,
     old: &BTreeMap<String, ResourceDigest>,
     new: &BTreeMap<String, ResourceDigest>,

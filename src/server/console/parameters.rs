@@ -255,6 +255,7 @@ async fn set_parameter(
             source: None,
             metadata: None,
             expires: None,
+            secret: None,
             recompile: form.recompile.is_some(),
         }),
     )
