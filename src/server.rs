@@ -11,6 +11,7 @@ pub mod api_deploy;
 pub mod api_envs;
 pub mod api_facts;
 pub mod api_inmanta;
+pub mod api_previews;
 pub mod api_resources;
 pub mod api_sources;
 pub mod api_tokens;
@@ -144,6 +145,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(webhook)
         .routes(routes!(s::list_compiles))
         .routes(routes!(s::get_compile))
+        .routes(routes!(api_previews::list, api_previews::run))
+        .routes(routes!(api_previews::get))
         .routes(routes!(s::timeline))
         .routes(routes!(d::deploy))
         .routes(routes!(d::repair))

@@ -15,6 +15,7 @@ mod facts;
 pub mod feedback;
 pub mod git;
 mod pipeline;
+pub mod previews;
 pub mod webhook;
 
 use std::collections::HashMap;
@@ -74,6 +75,8 @@ enum Msg {
 
 struct EnvWorker {
     tx: mpsc::UnboundedSender<Msg>,
+    /// wakes the previewer (a preview was queued)
+    previews: Arc<Notify>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -309,20 +312,25 @@ impl GitSources {
         self.stop(env);
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(Notify::new());
+        let previews = Arc::new(Notify::new());
         let tasks = vec![
             tokio::spawn(self.clone().fetcher(env, rx, queued.clone())),
             tokio::spawn(self.clone().compiler(env, queued)),
+            tokio::spawn(self.clone().previewer(env, previews.clone())),
         ];
         let _ = tx.send(Msg::Trigger {
             kind: "startup".into(),
             commit: None,
             reply: None,
         });
-        self.0
-            .workers
-            .lock()
-            .expect("workers")
-            .insert(env, EnvWorker { tx, tasks });
+        self.0.workers.lock().expect("workers").insert(
+            env,
+            EnvWorker {
+                tx,
+                previews,
+                tasks,
+            },
+        );
     }
 
     pub fn stop(&self, env: Uuid) {

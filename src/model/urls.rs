@@ -37,6 +37,41 @@ pub fn split_credentials(url: &str) -> (String, Option<String>) {
     )
 }
 
+/// A repository's identity whatever the URL's form: lowercase host and path without scheme,
+/// credentials, user, a trailing `/` or `.git` (`https://GitHub.com/Org/Site.git` and
+/// `ssh://git@github.com/org/site` are both `github.com/org/site`); a local path stays as
+/// given, without the trailing parts.
+pub fn repo_key(url: &str) -> String {
+    let (plain, _) = split_credentials(url.trim());
+    let rest = match plain.split_once("://") {
+        Some((_, rest)) => {
+            let end = rest.find('/').unwrap_or(rest.len());
+            let host = rest[..end]
+                .rsplit_once('@')
+                .map_or(&rest[..end], |(_, h)| h);
+            format!("{host}{}", &rest[end..]).to_lowercase()
+        }
+        // scp-like `git@host:org/site`
+        None if !plain.starts_with('/') && plain.contains(':') => {
+            let r = plain.rsplit_once('@').map_or(plain.as_str(), |(_, r)| r);
+            r.replacen(':', "/", 1).to_lowercase()
+        }
+        None => plain.clone(),
+    };
+    let rest = rest.trim_end_matches('/');
+    rest.strip_suffix(".git").unwrap_or(rest).to_string()
+}
+
+/// `owner/name` of a repository URL: its last two path segments (how hosts name it).
+pub fn repo_name(url: &str) -> String {
+    let key = repo_key(url);
+    let parts: Vec<&str> = key.rsplitn(3, '/').collect();
+    match parts.as_slice() {
+        [name, owner, _] => format!("{owner}/{name}"),
+        _ => key,
+    }
+}
+
 /// The repository URL without credentials, for provenance and logs.
 pub fn public_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -109,5 +144,24 @@ mod credential_tests {
         );
         assert_eq!(super::public_url("https://host/a@b"), "https://host/a@b");
         assert_eq!(super::public_url("https://user:tok@host"), "https://host");
+    }
+
+    #[test]
+    fn repo_keys_name_a_repository_whatever_the_url() {
+        let k = "github.com/org/site";
+        for u in [
+            "https://GitHub.com/Org/Site.git",
+            "ssh://git@github.com/org/site",
+            "https://user:tok@github.com/org/site/",
+            "git@github.com:org/site.git",
+        ] {
+            assert_eq!(super::repo_key(u), k, "{u}");
+        }
+        assert_eq!(super::repo_key("/srv/git/site.git"), "/srv/git/site");
+        assert_eq!(
+            super::repo_name("https://github.com/Org/Site.git"),
+            "org/site"
+        );
+        assert_eq!(super::repo_name("file:///tmp/x/repo.git"), "x/repo");
     }
 }

@@ -481,6 +481,9 @@ pub async fn webhook(
             }),
         ));
     }
+    if webhook::is_pull_request(&delivery) {
+        return preview_webhook(&state, &src, delivery, &body).await;
+    }
     if !webhook::is_push(&delivery) {
         return Ok((
             StatusCode::OK,
@@ -524,6 +527,93 @@ pub async fn webhook(
         Json(WebhookAnswer {
             delivery: Some(delivery.id),
             provider: Some(delivery.provider.as_str()),
+            ..WebhookAnswer::new("accepted")
+        }),
+    ))
+}
+
+/// A signed `pull_request` event: a preview in every environment that follows the pull
+/// request's base branch of this repository and shares this webhook's secret (the signature
+/// vouches for the payload to exactly those), with previews enabled.
+async fn preview_webhook(
+    state: &AppState,
+    src: &store::sources::SourceRow,
+    delivery: webhook::Delivery,
+    body: &[u8],
+) -> ApiResult<(StatusCode, Json<WebhookAnswer>)> {
+    let ignored = |reason: String| {
+        Ok((
+            StatusCode::OK,
+            Json(WebhookAnswer {
+                delivery: Some(delivery.id.clone()),
+                event: delivery.event.clone(),
+                reason: Some(reason),
+                ..WebhookAnswer::new("ignored")
+            }),
+        ))
+    };
+    let hint = match webhook::pull_hint(body) {
+        Ok(h) => h,
+        Err(why) => return ignored(why),
+    };
+    let repo = |s: &store::sources::SourceRow| {
+        s.status_repo
+            .as_deref()
+            .map(|r| r.trim_matches('/').to_lowercase())
+            .unwrap_or_else(|| crate::model::urls::repo_name(&s.url))
+    };
+    if !hint.base_repo.eq_ignore_ascii_case(&repo(src)) {
+        return ignored(format!(
+            "a pull request of {}, not of {}",
+            hint.base_repo,
+            repo(src)
+        ));
+    }
+    let sources = sources(state)?;
+    let key = crate::model::urls::repo_key(&src.url);
+    let mut targets: Vec<uuid::Uuid> = store::sources::list_sources(&state.pool)
+        .await?
+        .into_iter()
+        .filter(|s| {
+            s.environment_id == src.environment_id
+                || (s.webhook_secret.is_some()
+                    && s.webhook_secret == src.webhook_secret
+                    && crate::model::urls::repo_key(&s.url) == key)
+        })
+        .map(|s| s.environment_id)
+        .collect();
+    targets.sort();
+    let mut reasons = Vec::new();
+    let mut taken = 0;
+    for env in targets {
+        match sources.preview_hint(env, &hint, "webhook").await {
+            Ok(q) if q.status == "ignored" => {
+                if env == src.environment_id {
+                    reasons.extend(q.reason);
+                }
+            }
+            Ok(_) => taken += 1,
+            Err(e) => {
+                tracing::warn!(environment = %env, error = %e, "a pull-request preview could not be queued");
+                if env == src.environment_id {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        format!("the preview could not be queued: {e}"),
+                    ));
+                }
+            }
+        }
+    }
+    if taken == 0 {
+        return ignored(reasons.join("; "));
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(WebhookAnswer {
+            delivery: Some(delivery.id),
+            provider: Some(delivery.provider.as_str()),
+            event: delivery.event,
             ..WebhookAnswer::new("accepted")
         }),
     ))

@@ -23,6 +23,7 @@ pub const TOKENS: &str = "tokens and audit";
 pub const AGENTS: &str = "agent processes";
 pub const FACTS: &str = "parameters and facts";
 pub const INMANTA: &str = "Inmanta-compatible";
+pub const PREVIEWS: &str = "pull-request previews";
 
 /// The name of the security scheme: `Authorization: Bearer <token>`.
 pub const BEARER: &str = "bearer";
@@ -51,6 +52,7 @@ pub const BEARER: &str = "bearer";
         (name = TOKENS, description = "API tokens and the audit log."),
         (name = AGENTS, description = "External agent processes (`steward agent run`): sessions, polls with results and work, handler code."),
         (name = FACTS, description = "Parameters (values of the environment) and facts (values handlers report about resources) that compiles read; a value that resolves an unknown of a version makes its model compile again."),
+        (name = PREVIEWS, description = "What merging a pull request would change in an environment: compiled in isolation without secret values, diffed against the active version, never a version (nothing releases, approves or deploys a preview)."),
         (name = INMANTA, description = "Inmanta's routes for parameters and facts, as inmanta-core's client calls them: the environment in the `X-Inmanta-tid` header, Inmanta's answer shapes."),
     )
 )]

@@ -72,6 +72,15 @@ impl Outgoing {
         ));
     }
 
+    /// The sticky comment of pull request `number` is to be brought up to date (rendered
+    /// when it is delivered), if the source has a status API and token.
+    pub fn preview_comment(&mut self, src: &SourceRow, number: i32) {
+        if super::previews::comment::comment_key(src).is_none() {
+            return;
+        }
+        self.messages.push(("comment", json!({"number": number})));
+    }
+
     /// A signed pipeline event, if the source has a notification URL.
     pub fn notify(&mut self, src: &SourceRow, event: &str, mut payload: Value) {
         if src.notify_url.is_none() {
@@ -115,29 +124,47 @@ impl Default for Feedback {
     }
 }
 
-/// Where a commit status goes, if the source asks for one.
-fn status_url(src: &SourceRow, commit: &str) -> Option<String> {
-    let repo = src.status_repo.as_deref()?.trim_matches('/');
+/// The REST API of the source's host (GitHub's, or a Gitea's `/api/v1`), if it posts
+/// statuses.
+pub(super) fn api_base(src: &SourceRow) -> Option<String> {
     match src.status_kind.as_str() {
-        "github" => {
-            let api = src
-                .status_api_url
+        "github" => Some(
+            src.status_api_url
                 .as_deref()
                 .unwrap_or("https://api.github.com")
-                .trim_end_matches('/');
-            Some(format!("{api}/repos/{repo}/statuses/{commit}"))
-        }
+                .trim_end_matches('/')
+                .to_string(),
+        ),
         "gitea" => {
             let base = src.status_api_url.as_deref()?.trim_end_matches('/');
-            let api = if base.ends_with("/api/v1") {
+            Some(if base.ends_with("/api/v1") {
                 base.to_string()
             } else {
                 format!("{base}/api/v1")
-            };
-            Some(format!("{api}/repos/{repo}/statuses/{commit}"))
+            })
         }
         _ => None,
     }
+}
+
+/// `{api}/repos/{repo}`, if the source posts to a host.
+fn repo_url(src: &SourceRow) -> Option<String> {
+    let repo = src.status_repo.as_deref()?.trim_matches('/');
+    Some(format!("{}/repos/{repo}", api_base(src)?))
+}
+
+/// The Authorization header for the host's API.
+fn host_auth(src: &SourceRow) -> Option<String> {
+    match (src.status_kind.as_str(), &src.status_token) {
+        ("github", Some(t)) => Some(format!("Bearer {t}")),
+        ("gitea", Some(t)) => Some(format!("token {t}")),
+        _ => None,
+    }
+}
+
+/// Where a commit status goes, if the source asks for one.
+fn status_url(src: &SourceRow, commit: &str) -> Option<String> {
+    Some(format!("{}/statuses/{commit}", repo_url(src)?))
 }
 
 /// Why one attempt did not deliver.
@@ -173,6 +200,7 @@ impl Feedback {
 
     async fn deliver_one(&self, pool: &PgPool, row: OutboxRow) {
         let result = match store::sources::get_source(pool, row.environment_id).await {
+            Ok(Some(src)) if row.kind == "comment" => self.send_comment(pool, &src, &row).await,
             Ok(Some(src)) => self.send(&src, &row).await,
             Ok(None) => Err(Undelivered::Refused(
                 "the environment has no git source any more".into(),
@@ -195,10 +223,10 @@ impl Feedback {
                 (e, Some(wait))
             }
         };
-        let what = if row.kind == "status" {
-            "commit status"
-        } else {
-            "notification webhook"
+        let what = match row.kind.as_str() {
+            "status" => "commit status",
+            "comment" => "pull request comment",
+            _ => "notification webhook",
         };
         match retry {
             Some(s) => {
@@ -221,15 +249,9 @@ impl Feedback {
                 let url = status_url(src, commit).ok_or_else(|| {
                     Undelivered::Refused("the source posts no commit statuses any more".into())
                 })?;
-                let auth = match (src.status_kind.as_str(), &src.status_token) {
-                    ("github", Some(t)) => format!("Bearer {t}"),
-                    ("gitea", Some(t)) => format!("token {t}"),
-                    _ => {
-                        return Err(Undelivered::Refused(
-                            "the source has no status token any more".into(),
-                        ));
-                    }
-                };
+                let auth = host_auth(src).ok_or_else(|| {
+                    Undelivered::Refused("the source has no status token any more".into())
+                })?;
                 let body = json!({"state": p["state"], "context": p["context"], "description": p["description"]});
                 let body = serde_json::to_vec(&body).expect("json");
                 self.post(
@@ -261,6 +283,176 @@ impl Feedback {
                 self.post(&url, body, &headers).await
             }
         }
+    }
+
+    /// Bring the sticky comment of a pull request up to date: render it from the newest
+    /// runs, then edit the comment (found by its id, else by its marker) or make it. The
+    /// comment's row stays locked across the calls, so two deliverers never both make one.
+    async fn send_comment(
+        &self,
+        pool: &PgPool,
+        src: &SourceRow,
+        row: &OutboxRow,
+    ) -> Result<(), Undelivered> {
+        use super::previews::comment;
+        let failed = |e: StoreError| Undelivered::Failed(format!("reading the previews: {e}"));
+        let number = row.payload["number"].as_i64().unwrap_or(0) as i32;
+        let (Some((host, repo, token_digest)), Some(base), Some(auth)) =
+            (comment::comment_key(src), repo_url(src), host_auth(src))
+        else {
+            return Err(Undelivered::Refused(
+                "the source posts to no host any more".into(),
+            ));
+        };
+        let installation = store::previews::installation(pool).await.map_err(failed)?;
+        let sections = comment::sections(pool, src, number).await.map_err(failed)?;
+        if sections.is_empty() {
+            return Ok(());
+        }
+        let body = comment::render(installation, &sections);
+        let digest = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(body.as_bytes()))
+        };
+        let key = store::previews::CommentKey {
+            host: &host,
+            repo: &repo,
+            number,
+            token_digest: &token_digest,
+        };
+        let mut tx = pool.begin().await.map_err(|e| failed(e.into()))?;
+        let (id, last) = store::previews::lock_comment(&mut tx, &key)
+            .await
+            .map_err(failed)?;
+        if id.is_some() && last.as_deref() == Some(digest.as_str()) {
+            return Ok(());
+        }
+        let headers = [
+            ("Authorization", auth.as_str()),
+            ("Accept", "application/json"),
+        ];
+        let text = serde_json::to_vec(&json!({"body": body})).expect("json");
+        let mut id = id;
+        if let Some(known) = id {
+            let url = format!("{base}/issues/comments/{known}");
+            match self
+                .call(reqwest::Method::PATCH, &url, text.clone(), &headers)
+                .await
+            {
+                Ok(_) => {}
+                // deleted on the host: made again below
+                Err(Undelivered::Refused(e)) if e.contains("404") => id = None,
+                Err(e) => return Err(e),
+            }
+        }
+        if id.is_none() {
+            id = self
+                .find_comment(&base, number, &comment::marker(installation), &headers)
+                .await?;
+            match id {
+                Some(found) => {
+                    let url = format!("{base}/issues/comments/{found}");
+                    self.call(reqwest::Method::PATCH, &url, text, &headers)
+                        .await?;
+                }
+                None => {
+                    let url = format!("{base}/issues/{number}/comments");
+                    let made = self
+                        .call(reqwest::Method::POST, &url, text, &headers)
+                        .await?;
+                    id = made["id"].as_i64();
+                }
+            }
+        }
+        store::previews::set_comment(&mut tx, &key, id, Some(&digest))
+            .await
+            .map_err(failed)?;
+        tx.commit().await.map_err(|e| failed(e.into()))?;
+        Ok(())
+    }
+
+    /// The id of this installation's comment on pull request `number`, if the host has one.
+    async fn find_comment(
+        &self,
+        base: &str,
+        number: i32,
+        marker: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Option<i64>, Undelivered> {
+        for page in 1..=10 {
+            let url = format!("{base}/issues/{number}/comments?per_page=100&limit=50&page={page}");
+            let list = self
+                .call(reqwest::Method::GET, &url, Vec::new(), headers)
+                .await?;
+            let Some(items) = list.as_array() else {
+                return Ok(None);
+            };
+            if let Some(c) = items
+                .iter()
+                .find(|c| c["body"].as_str().is_some_and(|b| b.starts_with(marker)))
+            {
+                return Ok(c["id"].as_i64());
+            }
+            if items.is_empty() {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    }
+
+    /// One call to a host's API; its JSON answer (bounded).
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, Undelivered> {
+        let mut req = self.http.request(method, url);
+        if !body.is_empty() {
+            req = req.header("Content-Type", "application/json").body(body);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let r = req
+            .send()
+            .await
+            .map_err(|e| Undelivered::Failed(e.without_url().to_string()))?;
+        let status = r.status();
+        if !status.is_success() {
+            // a rate limit (403 with nothing left, 429) is worth a retry; other refusals not
+            let limited = status.as_u16() == 403
+                && (r.headers().contains_key("retry-after")
+                    || r.headers()
+                        .get("x-ratelimit-remaining")
+                        .is_some_and(|v| v == "0"));
+            return Err(
+                if status.is_client_error()
+                    && !limited
+                    && !matches!(status.as_u16(), 408 | 425 | 429)
+                {
+                    Undelivered::Refused(format!("refused with {status}"))
+                } else {
+                    Undelivered::Failed(format!("answered {status}"))
+                },
+            );
+        }
+        let mut body = Vec::new();
+        let mut r = r;
+        while let Some(chunk) = r
+            .chunk()
+            .await
+            .map_err(|e| Undelivered::Failed(e.without_url().to_string()))?
+        {
+            body.extend_from_slice(&chunk);
+            if body.len() > 8 << 20 {
+                return Err(Undelivered::Failed(
+                    "the host's answer is over 8 MiB".into(),
+                ));
+            }
+        }
+        Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
     }
 
     async fn post(

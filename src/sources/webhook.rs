@@ -190,9 +190,140 @@ pub fn is_push(d: &Delivery) -> bool {
     }
 }
 
+/// What a `pull_request` event asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullAction {
+    /// opened, reopened, ready for review
+    Open,
+    /// new commits (GitHub `synchronize`, Gitea `synchronized`)
+    Push,
+    /// the title or the base branch may have changed
+    Edited,
+    Closed {
+        merged: bool,
+    },
+}
+
+/// A `pull_request` event, from GitHub or Gitea/Forgejo (the same fields in both). Only a
+/// hint: the server fetches the pull request's refs itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PullHint {
+    pub action: PullAction,
+    pub number: u64,
+    pub base_ref: String,
+    /// `owner/name` of the base repository.
+    pub base_repo: String,
+    pub head_sha: String,
+    /// `owner/name` of the head repository; none when the fork was deleted.
+    pub head_repo: Option<String>,
+    /// Shown only, never trusted.
+    pub title: String,
+    pub html_url: Option<String>,
+    pub author: Option<String>,
+}
+
+impl PullHint {
+    /// From another repository than the base (or one that was deleted).
+    pub fn is_fork(&self) -> bool {
+        self.head_repo
+            .as_deref()
+            .is_none_or(|h| !h.eq_ignore_ascii_case(&self.base_repo))
+    }
+}
+
+/// Is this a pull-request event?
+pub fn is_pull_request(d: &Delivery) -> bool {
+    d.event.as_deref() == Some("pull_request")
+}
+
+fn bounded(v: &serde_json::Value, max: usize) -> Option<String> {
+    v.as_str()
+        .filter(|s| !s.is_empty())
+        .map(|s| s.chars().take(max).collect())
+}
+
+/// The hint of a `pull_request` body, or why it is none.
+pub fn pull_hint(body: &[u8]) -> Result<PullHint, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    let pr = &v["pull_request"];
+    let action = match v["action"].as_str().unwrap_or_default() {
+        "opened" | "reopened" | "ready_for_review" => PullAction::Open,
+        "synchronize" | "synchronized" => PullAction::Push,
+        "edited" => PullAction::Edited,
+        "closed" => PullAction::Closed {
+            merged: pr["merged"].as_bool().unwrap_or(false),
+        },
+        other => return Err(format!("action '{other}' changes nothing to preview")),
+    };
+    let number = v["number"]
+        .as_u64()
+        .or(pr["number"].as_u64())
+        .filter(|n| *n > 0 && *n <= i32::MAX as u64)
+        .ok_or("no pull request number")?;
+    let base_ref = bounded(&pr["base"]["ref"], 255).ok_or("no base.ref")?;
+    let head_sha = bounded(&pr["head"]["sha"], 64)
+        .filter(|s| s.len() >= 40 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or("no head.sha (a commit id)")?;
+    let base_repo = bounded(&pr["base"]["repo"]["full_name"], 255)
+        .or_else(|| bounded(&v["repository"]["full_name"], 255))
+        .ok_or("no base.repo.full_name")?;
+    Ok(PullHint {
+        action,
+        number,
+        base_ref: base_ref
+            .strip_prefix("refs/heads/")
+            .map(str::to_string)
+            .unwrap_or(base_ref),
+        base_repo,
+        head_sha: head_sha.to_ascii_lowercase(),
+        head_repo: bounded(&pr["head"]["repo"]["full_name"], 255),
+        title: bounded(&pr["title"], 256).unwrap_or_default(),
+        html_url: bounded(&pr["html_url"], 1024),
+        author: bounded(&pr["user"]["login"], 255),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pr_body(action: &str, head_repo: serde_json::Value, merged: bool) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "action": action, "number": 7,
+            "pull_request": {"number": 7, "title": "Bigger disks", "merged": merged,
+                "html_url": "https://example.com/o/r/pull/7", "user": {"login": "ann"},
+                "base": {"ref": "main", "repo": {"full_name": "Org/Site"}},
+                "head": {"ref": "disks", "sha": "a".repeat(40), "repo": head_repo}},
+            "repository": {"full_name": "Org/Site"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pull_hints_of_both_hosts_forks_and_actions() {
+        let same = serde_json::json!({"full_name": "org/site"});
+        let h = pull_hint(&pr_body("synchronize", same.clone(), false)).unwrap();
+        assert_eq!(h.action, PullAction::Push);
+        assert_eq!((h.number, h.base_ref.as_str()), (7, "main"));
+        assert!(!h.is_fork(), "the same repository, another case");
+        // Gitea says synchronized
+        let h = pull_hint(&pr_body("synchronized", same.clone(), false)).unwrap();
+        assert_eq!(h.action, PullAction::Push);
+        let h = pull_hint(&pr_body("closed", same.clone(), true)).unwrap();
+        assert_eq!(h.action, PullAction::Closed { merged: true });
+        let fork = pull_hint(&pr_body(
+            "opened",
+            serde_json::json!({"full_name": "eve/site"}),
+            false,
+        ))
+        .unwrap();
+        assert!(fork.is_fork());
+        let deleted = pull_hint(&pr_body("opened", serde_json::Value::Null, false)).unwrap();
+        assert!(deleted.is_fork(), "a deleted fork is a fork");
+        assert!(pull_hint(&pr_body("labeled", same, false)).is_err());
+        assert!(pull_hint(b"{\"action\": \"opened\"}").is_err());
+    }
 
     fn headers<'a>(list: &'a [(&'a str, String)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
