@@ -6,6 +6,7 @@ mod control;
 mod deploy;
 mod env;
 mod param;
+mod preview;
 mod progress;
 mod project;
 pub mod remote;
@@ -79,6 +80,9 @@ pub enum Command {
     Source(Remote<source::SourceCmd>),
     /// Compiles of commits of a git-following environment: list, show.
     CompileReport(Remote<source::CompileReportCmd>),
+    /// Pull-request previews: what merging a pull request would change in an environment
+    /// (list, show, run one by hand). A preview is never a version.
+    Preview(Remote<preview::PreviewCmd>),
     /// Agents of an environment: list, pause, unpause; `agent run` hosts agents on this
     /// machine (an external agent process).
     Agent(Remote<control::AgentCmd>),
@@ -169,6 +173,7 @@ pub fn main() -> ExitCode {
         Command::Token(r) => remote_command(r.remote, r.cmd, token::run),
         Command::Source(r) => remote_command(r.remote, r.cmd, source::run_source),
         Command::CompileReport(r) => remote_command(r.remote, r.cmd, source::run_report),
+        Command::Preview(r) => remote_command(r.remote, r.cmd, preview::run),
         Command::Agent(r) => remote_command(r.remote, r.cmd, control::run_agent),
         Command::Dryrun(r) => remote_command(r.remote, r.cmd, control::run_dryrun),
         Command::Param(r) => remote_command(r.remote, r.cmd, param::run_param),

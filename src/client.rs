@@ -709,6 +709,41 @@ impl Client {
             .await
     }
 
+    /// Pull-request previews (`state`: open, closed or all).
+    pub async fn previews(&self, env: &str, state: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/previews?state={}",
+            Self::env(env),
+            encode_segment(state)
+        ))
+        .await
+    }
+
+    /// A preview (its id, or `N` for pull request N) with its newest run and changes.
+    pub async fn preview(&self, env: &str, id: &str) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/previews/{}",
+            Self::env(env),
+            encode_segment(id)
+        ))
+        .await
+    }
+
+    /// Preview a ref by hand.
+    pub async fn preview_run(
+        &self,
+        env: &str,
+        reference: &str,
+        number: Option<i32>,
+    ) -> Result<serde_json::Value> {
+        self.call(
+            Method::POST,
+            &format!("{}/previews", Self::env(env)),
+            Some(&serde_json::json!({"ref": reference, "number": number})),
+        )
+        .await
+    }
+
     pub async fn compile_report(&self, env: &str, id: &str) -> Result<serde_json::Value> {
         self.get(&format!(
             "{}/compiles/{}",

@@ -173,9 +173,12 @@ pub async fn queue_run(
     .bind(preview.id)
     .fetch_optional(&mut *c)
     .await?;
+    // the same head again is nothing new, unless it was superseded, or skipped and now
+    // previewed (forks allowed since)
     if let Some((id, h, status)) = &newest
         && h == head
         && status != "superseded"
+        && !(status == "skipped" && skip.is_none())
     {
         return Ok(Queued {
             run: *id,

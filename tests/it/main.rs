@@ -46,6 +46,7 @@ mod pg_crash;
 mod pg_failover;
 mod pg_security;
 mod pipelined_agents;
+mod previews;
 mod python_env_reaper;
 mod python_envs;
 mod python_handlers;
