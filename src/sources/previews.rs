@@ -545,7 +545,15 @@ impl GitSources {
         }
         .await;
         match diff {
-            Ok(d) => {
+            Ok(mut d) => {
+                // the active version may hold secret values (branch compiles read them): a
+                // preview, shown to the pull request's author, never does
+                match store::facts::secret_values(&self.0.pool, env).await {
+                    Ok(secrets) => redact(&mut d.changes, &secrets),
+                    Err(e) => {
+                        return done.failed("diff", at, format!("reading secrets failed: {e}"));
+                    }
+                }
                 let s = &d.summary;
                 done.stage(
                     "diff",
@@ -649,6 +657,39 @@ impl GitSources {
 
 fn short(c: &str) -> &str {
     &c[..c.len().min(12)]
+}
+
+/// What a value holding one of `secrets` (4 characters or more) shows instead.
+pub const HIDDEN: &str = "(hidden: contains a secret value)";
+
+/// Hide every attribute value, old or new, that holds a secret value.
+fn redact(changes: &mut [store_previews::PreviewChange], secrets: &[String]) {
+    let secrets: Vec<&str> = secrets
+        .iter()
+        .map(String::as_str)
+        .filter(|s| s.len() >= 4)
+        .collect();
+    if secrets.is_empty() {
+        return;
+    }
+    let holds = |v: &Value| {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        secrets.iter().any(|s| text.contains(s))
+    };
+    for ch in changes {
+        if let Some(attrs) = ch.attributes.as_object_mut() {
+            for c in attrs.values_mut() {
+                for side in ["current", "desired"] {
+                    if holds(&c[side]) {
+                        c[side] = json!(HIDDEN);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A run as it goes.

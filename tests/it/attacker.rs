@@ -7,6 +7,7 @@
 //! `SKIPPED <test>: <reason>` and returns; it never passes without having tried.
 
 mod committer;
+mod previews;
 mod ssh;
 mod tokens;
 mod unprivileged;
