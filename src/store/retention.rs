@@ -30,6 +30,8 @@ pub struct Pruned {
     pub agent_leases: u64,
     /// Facts of resources that are in no stored version any more.
     pub facts: u64,
+    /// Closed pull-request previews, and old runs of open ones.
+    pub previews: u64,
 }
 
 impl Pruned {
@@ -45,6 +47,7 @@ impl Pruned {
             + self.console_sessions
             + self.agent_leases
             + self.facts
+            + self.previews
     }
 }
 
@@ -117,6 +120,18 @@ pub async fn prune_environment(
         |q| q.bind(env).bind(r.compile_reports as i64).bind(r.days as i32),
     )
     .await?;
+    // previews of closed pull requests beyond the newest `previews` or older than `days`
+    // go whole (runs and changes cascade); an open one keeps its newest runs
+    {
+        let mut c = pool.acquire().await?;
+        p.previews += super::previews::prune(
+            &mut c,
+            env,
+            r.previews as i64,
+            Utc::now() - chrono::Duration::days(r.days as i64),
+        )
+        .await?;
+    }
     // a commit's timeline goes whole, once its last event is old
     p.commit_events += drain(
         pool,

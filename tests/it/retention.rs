@@ -191,3 +191,77 @@ async fn a_resource_failing_for_a_long_time_costs_bounded_rows() {
         "{most} action rows for one resource (limit 10)"
     );
 }
+
+/// Closed previews beyond `retention.previews` or older than `retention.days` go with their
+/// runs; open ones stay, with their newest runs only.
+#[tokio::test(flavor = "multi_thread")]
+async fn closed_previews_are_pruned_and_open_ones_keep_their_newest_runs() {
+    let (srv, _c, env, _dir) = deploying_env("prune-previews", json!({})).await;
+    let id: uuid::Uuid = env.parse().unwrap();
+    let pool = &srv.pool;
+    // 5 closed previews (one closed 40 days ago), and an open one with 15 finished runs
+    sqlx::query(
+        "INSERT INTO previews (id, environment_id, ref, number, base_branch, state, closed_at) \
+         SELECT gen_random_uuid(), $1, 'refs/pull/' || g || '/head', g, 'main', 'closed', \
+           CASE WHEN g = 1 THEN now() - interval '40 days' ELSE now() - make_interval(secs => g) END \
+         FROM generate_series(1, 5) g",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    let open = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO previews (id, environment_id, ref, number, base_branch, state) \
+         VALUES ($2, $1, 'refs/pull/99/head', 99, 'main', 'open')",
+    )
+    .bind(id)
+    .bind(open)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO preview_runs (id, preview_id, environment_id, head, trigger, status, requested_at) \
+         SELECT gen_random_uuid(), $2, $1, md5(g::text), 'webhook', 'success', now() - make_interval(secs => g) \
+         FROM generate_series(1, 15) g",
+    )
+    .bind(id)
+    .bind(open)
+    .execute(pool)
+    .await
+    .unwrap();
+    let mut r = steward::model::settings::Retention::default();
+    r.previews = 3;
+    let p = steward::store::retention::prune_environment(pool, id, &r, None)
+        .await
+        .unwrap();
+    let closed = count(
+        pool,
+        "SELECT count(*) FROM previews WHERE environment_id = $1 AND state <> 'open'",
+        id,
+    )
+    .await;
+    assert_eq!(
+        closed, 3,
+        "the newest 3 closed previews stay (the 40-day-old one goes anyway)"
+    );
+    assert_eq!(
+        count(
+            pool,
+            "SELECT count(*) FROM previews WHERE environment_id = $1 AND state = 'open'",
+            id
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            pool,
+            "SELECT count(*) FROM preview_runs WHERE environment_id = $1",
+            id
+        )
+        .await,
+        steward::store::previews::RUNS_KEPT
+    );
+    assert_eq!(p.previews, 2 + 5, "{p:?}");
+}
