@@ -993,7 +993,7 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let env = uuid::Uuid::new_v4();
-        let jail = compile_jail(env, Duration::from_secs(7), None).unwrap();
+        let jail = compile_jail(env, sandbox::Role::Compile, Duration::from_secs(7), None).unwrap();
         let ran = run_compiler(
             &bin,
             &jail,

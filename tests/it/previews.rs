@@ -138,6 +138,7 @@ async fn serve(
 }
 
 /// A signed `pull_request` event as GitHub (or Gitea, `gitea: true`) sends it.
+#[allow(clippy::too_many_arguments)]
 pub async fn pull_request_event(
     server: &str,
     env: &str,

@@ -230,8 +230,10 @@ async fn closed_previews_are_pruned_and_open_ones_keep_their_newest_runs() {
     .execute(pool)
     .await
     .unwrap();
-    let mut r = steward::model::settings::Retention::default();
-    r.previews = 3;
+    let r = steward::model::settings::Retention {
+        previews: 3,
+        ..Default::default()
+    };
     let p = steward::store::retention::prune_environment(pool, id, &r, None)
         .await
         .unwrap();
