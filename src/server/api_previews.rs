@@ -22,6 +22,7 @@ use crate::store::previews::{self as previews, Preview, PreviewChange, Run};
 const MAX_CHANGES: i64 = 10_000;
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PreviewListQuery {
     /// `open`, `closed` or `all` (the default).
     pub state: Option<String>,
@@ -113,6 +114,7 @@ pub struct PreviewPath {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RunQuery {
     /// Another run than the newest.
     pub run: Option<uuid::Uuid>,
