@@ -13,6 +13,7 @@
 mod envs;
 mod git;
 mod parameters;
+mod previews;
 mod render;
 mod resources;
 mod session;
@@ -46,6 +47,7 @@ pub fn router() -> Router<AppState> {
         .merge(resources::routes())
         .merge(git::routes())
         .merge(parameters::routes())
+        .merge(previews::routes())
         // the API's fallback answers JSON; a mistyped console address gets a page
         .route("/console/{*rest}", get(render::not_found))
         .layer(axum::middleware::from_fn(security_headers))

@@ -155,6 +155,25 @@ async fn seed(fx: &Fixture, repo: &Repo) -> (String, String, i32) {
     repo.push_ok();
     fx.admin.trigger_compile(&git_env, None).await.unwrap();
     compiled(&fx.admin, &git_env, &good, 60).await;
+    // a pull request's preview, run by hand
+    crate::gitops_support::git_ok(&repo.work, &["checkout", "-q", "-b", "feature"]);
+    repo.commit(
+        &repo.model(&[("index.html", "hello, world")], ""),
+        "a longer greeting",
+    );
+    crate::gitops_support::git_ok(&repo.work, &["push", "-q", "origin", "HEAD:feature"]);
+    crate::gitops_support::git_ok(&repo.work, &["checkout", "-q", "main"]);
+    let q = fx
+        .admin
+        .preview_run(&git_env, "refs/heads/feature", None)
+        .await
+        .unwrap();
+    let preview = q["preview"].as_str().unwrap().to_string();
+    crate::support::eventually(60, "the preview", || async {
+        let p = fx.admin.preview(&git_env, &preview).await.ok()?;
+        (p["run"]["status"] == "success").then_some(())
+    })
+    .await;
     let broken = repo.commit(
         &repo.model(&[("index.html", "hello")], "fs::File(host=host, path=1)\n"),
         "a typo",
@@ -258,6 +277,8 @@ async fn every_page_is_accessible_and_photographed() {
         &mut found,
     )
     .await;
+    visit(&b, &fx, &format!("{g}/previews"), "previews", &mut found).await;
+    follow_link(&b, "main a[href*='/previews/']", "preview", &mut found).await;
 
     b.goto(&fx.url("/console/no/such/page")).await;
     check(&b, "not-found", 404, &mut found).await;

@@ -56,13 +56,13 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// A moment as the pages show it (UTC, to the second).
-fn when(t: Option<DateTime<Utc>>) -> Option<String> {
+pub(super) fn when(t: Option<DateTime<Utc>>) -> Option<String> {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
 }
 
 /// A duration as the pages show it: milliseconds under a second, else seconds with one
 /// decimal (as the CLI prints them).
-fn took_ms(ms: i64) -> String {
+pub(super) fn took_ms(ms: i64) -> String {
     if ms < 1000 {
         format!("{ms} ms")
     } else {
@@ -465,7 +465,7 @@ async fn compile_page(
 /// The model's line a label points at, with a gutter and a caret line under its column
 /// (tabs kept, so the caret lines up however tabs are shown); None when the report's
 /// commit does not give the line.
-fn snippet(label: &Json, lines: &[SourceLine]) -> Option<Value> {
+pub(super) fn snippet(label: &Json, lines: &[SourceLine]) -> Option<Value> {
     let (file, line) = (label["file"].as_str()?, label["line"].as_u64()? as usize);
     let text = &lines
         .iter()

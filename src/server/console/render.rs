@@ -26,6 +26,7 @@ fn all_templates() -> impl Iterator<Item = &'static (&'static str, &'static str)
         .chain(super::resources::TEMPLATES)
         .chain(super::git::TEMPLATES)
         .chain(super::parameters::TEMPLATES)
+        .chain(super::previews::TEMPLATES)
 }
 
 fn templates() -> &'static Environment<'static> {

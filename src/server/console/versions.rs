@@ -5,6 +5,7 @@
 //! visitor's caller, so the console offers and does exactly what the token may.
 
 mod diff;
+pub(super) use diff::preview_page_of as preview_changes_page;
 mod dryruns;
 
 use axum::Router;

@@ -61,13 +61,41 @@ fn entry(e: &DiffEntry) -> Value {
 
 /// One page of a diff's entries, and the pager's numbers.
 fn page_of(entries: &[DiffEntry], page: usize) -> (Vec<Value>, Value) {
+    paged(entries, page, entry)
+}
+
+/// One page of a pull-request preview's changes (as a version diff's, with the kinds only a
+/// preview has and the requires that changed), and the pager's numbers.
+pub(in crate::server::console) fn preview_page_of(
+    changes: &[crate::store::previews::PreviewChange],
+    page: usize,
+) -> (Vec<Value>, Value) {
+    paged(changes, page, |c| {
+        let e = entry(&DiffEntry {
+            resource_id: c.resource_id.clone(),
+            change: c.change.clone(),
+            attributes: c.attributes.clone(),
+        });
+        let list = |k: &str| -> Vec<String> {
+            c.requires[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str().map(str::to_string))
+                .collect()
+        };
+        context! { requires_added => list("added"), requires_removed => list("removed"), ..e }
+    })
+}
+
+fn paged<T>(entries: &[T], page: usize, each: impl Fn(&T) -> Value) -> (Vec<Value>, Value) {
     let pages = entries.len().div_ceil(PER_PAGE).max(1);
     let page = page.clamp(1, pages);
     let shown: Vec<Value> = entries
         .iter()
         .skip((page - 1) * PER_PAGE)
         .take(PER_PAGE)
-        .map(entry)
+        .map(each)
         .collect();
     let pager = context! {
         page => page,
