@@ -60,10 +60,13 @@ fn model(n: usize, changed: Option<usize>) -> String {
     m
 }
 
-/// What the stand-in host was sent: (when, method, path, body), and its comments.
+/// One call the stand-in host got: when, method, path, body.
+type Call = (Instant, Method, String, Value);
+
+/// What the stand-in host was sent, and its comments.
 #[derive(Clone, Default)]
 struct Host {
-    calls: Arc<Mutex<Vec<(Instant, Method, String, Value)>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
     comments: Arc<Mutex<BTreeMap<i64, String>>>,
 }
 

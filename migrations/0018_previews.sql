@@ -63,6 +63,14 @@ CREATE TABLE preview_diffs (
     PRIMARY KEY (run_id, resource_id)
 );
 
+-- The poll's last look at refs/pull/*/head (for sources without webhooks).
+CREATE TABLE pull_refs (
+    environment_id uuid NOT NULL REFERENCES environments(id) ON DELETE CASCADE,
+    number        integer NOT NULL,
+    head          text NOT NULL,
+    PRIMARY KEY (environment_id, number)
+);
+
 -- The sticky comment, one per pull request and editing token (only its author edits it).
 CREATE TABLE preview_comments (
     host          text NOT NULL,          -- kind and API base

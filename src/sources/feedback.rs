@@ -371,6 +371,28 @@ impl Feedback {
         Ok(())
     }
 
+    /// What the host says of pull request `number` (`GET …/pulls/{n}`), for the poll: the
+    /// git protocol tells neither its base branch nor whether it comes from a fork.
+    pub async fn get_pull(&self, src: &SourceRow, number: i64) -> Result<Value, String> {
+        let (Some(base), Some(auth)) = (repo_url(src), host_auth(src)) else {
+            return Err("the source has no status API and token".into());
+        };
+        let headers = [
+            ("Authorization", auth.as_str()),
+            ("Accept", "application/json"),
+        ];
+        self.call(
+            reqwest::Method::GET,
+            &format!("{base}/pulls/{number}"),
+            Vec::new(),
+            &headers,
+        )
+        .await
+        .map_err(|e| match e {
+            Undelivered::Refused(m) | Undelivered::Failed(m) => m,
+        })
+    }
+
     /// The id of this installation's comment on pull request `number`, if the host has one.
     async fn find_comment(
         &self,

@@ -55,6 +55,21 @@ impl PreviewQueued {
     }
 }
 
+/// Calls to the host's API in one poll at most.
+const MAX_POLL_CALLS: usize = 20;
+
+/// The poll's state in the previewer.
+#[derive(Default)]
+struct Poll {
+    next: Option<Instant>,
+    backoff: Option<Duration>,
+    /// listed once since the previewer started (an empty `pull_refs` is a baseline only
+    /// the first time)
+    listed: bool,
+    /// when each open preview was last asked about
+    checked: std::collections::HashMap<i32, Instant>,
+}
+
 /// The context of an environment's preview statuses.
 pub fn status_context(env_name: &str) -> String {
     format!("steward/preview: {env_name}")
@@ -314,7 +329,25 @@ impl GitSources {
                 }
             }
         }
+        let mut poll = Poll::default();
         loop {
+            if poll.next.is_none_or(|t| t <= Instant::now()) {
+                let wait = match self.poll_pulls(env, &mut poll).await {
+                    Ok(interval) => {
+                        poll.backoff = None;
+                        interval
+                    }
+                    Err(e) => {
+                        let d = poll.backoff.map_or(Duration::from_secs(1), |d| {
+                            (d * 2).min(Duration::from_secs(30))
+                        });
+                        poll.backoff = Some(d);
+                        tracing::warn!(environment = %env, error = %e, retry_in_s = d.as_secs(), "polling pull requests failed; trying again");
+                        d
+                    }
+                };
+                poll.next = Some(Instant::now() + wait);
+            }
             match self.preview_next(env).await {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -322,8 +355,152 @@ impl GitSources {
                     tracing::warn!(environment = %env, error = %e, "running the preview queue failed; retrying")
                 }
             }
-            let _ = tokio::time::timeout(Duration::from_secs(2), wake.notified()).await;
+            let until_poll = poll.next.map_or(Duration::from_secs(2), |t| {
+                t.saturating_duration_since(Instant::now())
+            });
+            let _ =
+                tokio::time::timeout(until_poll.min(Duration::from_secs(2)), wake.notified()).await;
         }
+    }
+
+    /// Look for pull requests without webhooks (a source that polls, with a host API): list
+    /// `refs/pull/*/head` (nothing is fetched), and ask the host about each new or moved head
+    /// (the git protocol tells neither the base branch nor the fork) and, now and then, about
+    /// open previews (closed without a webhook?). The first listing is a baseline: pull
+    /// requests already there are not previewed. At most [`MAX_POLL_CALLS`] calls a poll.
+    /// When to look again.
+    async fn poll_pulls(&self, env: Uuid, poll: &mut Poll) -> Result<Duration, String> {
+        // not polled now: look at the settings again soon (they may change)
+        let idle = Duration::from_secs(5);
+        let pool = &self.0.pool;
+        let src = match store::sources::get_source(pool, env).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok(idle),
+            Err(e) => return Err(e.to_string()),
+        };
+        let e = store::environments::get_environment(pool, env)
+            .await
+            .map_err(|e| e.to_string())?;
+        let has_api = src.status_repo.is_some()
+            && src.status_token.is_some()
+            && super::feedback::api_base(&src).is_some();
+        if !e.settings.previews.enabled || src.poll_interval <= 0 || !has_api {
+            return Ok(idle);
+        }
+        let interval = Duration::from_secs(src.poll_interval as u64);
+        if let Some(e) = self.refused(&src.url) {
+            return Err(e.to_string());
+        }
+        let mirror = self.mirror_of(env, &src.url);
+        let heads = {
+            let guard = self.mirror_lock(&mirror).lock_owned().await;
+            let (url, auth) = (src.url.clone(), git::Auth::of(&src));
+            tokio::task::spawn_blocking(move || {
+                let _guard = guard;
+                git::list_pull_heads(&mirror, &url, &auth)
+            })
+            .await
+            .map_err(|e| format!("listing crashed: {e}"))?
+            .map_err(|e| format!("listing the pull requests failed: {e}"))?
+        };
+        let known = store_previews::pull_refs(pool, env)
+            .await
+            .map_err(|e| e.to_string())?;
+        let baseline = known.is_empty() && !poll.listed;
+        poll.listed = true;
+        let mut seen: Vec<(i32, String)> = Vec::new();
+        let mut calls = 0;
+        let mut failure = None;
+        for (n, head) in heads {
+            let n = n as i32;
+            if baseline || known.get(&n) == Some(&head) {
+                seen.push((n, head));
+                continue;
+            }
+            if calls >= MAX_POLL_CALLS || failure.is_some() {
+                // left for the next poll: recorded as it was
+                if let Some(old) = known.get(&n) {
+                    seen.push((n, old.clone()));
+                }
+                continue;
+            }
+            calls += 1;
+            match self.pull_from_host(&src, n).await {
+                Ok(hint) => {
+                    if let Err(e) = self.preview_hint(env, &hint, "poll").await {
+                        failure = Some(e.to_string());
+                        continue;
+                    }
+                    seen.push((n, head));
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        // open previews: closed or merged without a webhook? (each at most every five polls)
+        let recheck = (interval * 5).max(Duration::from_secs(5));
+        if failure.is_none() {
+            let open = store_previews::list(pool, env, Some("open"), 200)
+                .await
+                .map_err(|e| e.to_string())?;
+            for p in open {
+                let Some(n) = p.number else { continue };
+                if calls >= MAX_POLL_CALLS {
+                    break;
+                }
+                if poll.checked.get(&n).is_some_and(|t| t.elapsed() < recheck) {
+                    continue;
+                }
+                poll.checked.insert(n, Instant::now());
+                calls += 1;
+                match self.pull_from_host(&src, n).await {
+                    Ok(hint) if matches!(hint.action, PullAction::Closed { .. }) => {
+                        self.preview_hint(env, &hint, "poll")
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+        store_previews::set_pull_refs(&mut tx, env, &seen)
+            .await
+            .map_err(|e| e.to_string())?;
+        tx.commit().await.map_err(|e| e.to_string())?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(interval),
+        }
+    }
+
+    /// What the host says of pull request `n`, as a hint.
+    async fn pull_from_host(&self, src: &SourceRow, n: i32) -> Result<PullHint, String> {
+        let pr = self.0.feedback.get_pull(src, n as i64).await?;
+        let action = match (pr["state"].as_str(), pr["merged"].as_bool()) {
+            (Some("closed"), merged) => {
+                if merged.unwrap_or(false) {
+                    "closed-merged"
+                } else {
+                    "closed"
+                }
+            }
+            _ => "synchronize",
+        };
+        let mut pr = pr;
+        if action == "closed-merged" {
+            pr["merged"] = json!(true);
+        }
+        let body = json!({
+            "action": if action == "synchronize" { "synchronize" } else { "closed" },
+            "number": n,
+            "pull_request": pr,
+        });
+        super::webhook::pull_hint(&serde_json::to_vec(&body).unwrap_or_default())
+            .map_err(|e| format!("pull request {n} as the host shows it: {e}"))
     }
 
     /// Run the next queued preview; false when there is none (or the environment is halted).

@@ -465,6 +465,37 @@ pub async fn of_pull_request(
         .await?)
 }
 
+/// The heads the poll saw last: (number, head). Empty: the environment was never polled.
+pub async fn pull_refs(e: impl PgExecutor<'_>, env: Uuid) -> Result<HashMap<i32, String>> {
+    let rows: Vec<(i32, String)> =
+        sqlx::query_as("SELECT number, head FROM pull_refs WHERE environment_id = $1")
+            .bind(env)
+            .fetch_all(e)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Record what the poll saw (heads gone from the listing are forgotten).
+pub async fn set_pull_refs(c: &mut PgConnection, env: Uuid, heads: &[(i32, String)]) -> Result<()> {
+    let numbers: Vec<i32> = heads.iter().map(|h| h.0).collect();
+    let commits: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
+    sqlx::query("DELETE FROM pull_refs WHERE environment_id = $1 AND NOT (number = ANY($2))")
+        .bind(env)
+        .bind(&numbers)
+        .execute(&mut *c)
+        .await?;
+    sqlx::query(
+        "INSERT INTO pull_refs (environment_id, number, head) SELECT $1, * FROM unnest($2::int[], $3::text[]) \
+         ON CONFLICT (environment_id, number) DO UPDATE SET head = EXCLUDED.head",
+    )
+    .bind(env)
+    .bind(&numbers)
+    .bind(&commits)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
 /// This installation's id (its comments carry it).
 pub async fn installation(e: impl PgExecutor<'_>) -> Result<Uuid> {
     Ok(sqlx::query_scalar("SELECT id FROM installation")

@@ -23,6 +23,8 @@ pub struct Host {
     pub calls: Arc<Mutex<Vec<(Method, String, Value)>>>,
     pub comments: Arc<Mutex<BTreeMap<i64, String>>>,
     pub fail_next: Arc<Mutex<u32>>,
+    /// What `GET …/pulls/{n}` answers.
+    pub pulls: Arc<Mutex<BTreeMap<u64, Value>>>,
 }
 
 impl Host {
@@ -100,6 +102,18 @@ async fn serve(
         }
     }
     let parts: Vec<&str> = path.split('/').collect();
+    if let [.., "pulls", n] = parts.as_slice()
+        && method == Method::GET
+    {
+        let found = n
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| h.pulls.lock().unwrap().get(&n).cloned());
+        return match found {
+            Some(v) => axum::Json(v).into_response(),
+            None => (StatusCode::NOT_FOUND, "no such pull request").into_response(),
+        };
+    }
     let mut comments = h.comments.lock().unwrap();
     if path.contains("/statuses/") && method == Method::POST {
         return (StatusCode::CREATED, axum::Json(json!({}))).into_response();
@@ -644,4 +658,106 @@ async fn steward_preview_run_list_and_show_by_hand() {
     );
     let (ok, out) = cli(&["preview", "run", "--ref", "refs/heads/nope"]);
     assert!(!ok && out.contains("nope"), "{out}");
+}
+
+/// What `GET pulls/{n}` answers for an open (or closed) pull request of org/site to main.
+fn pull(number: u64, head: &str, state: &str, merged: bool) -> Value {
+    json!({"number": number, "state": state, "merged": merged, "title": format!("pr {number}"),
+        "base": {"ref": "main", "repo": {"full_name": "org/site"}},
+        "head": {"sha": head, "repo": {"full_name": "org/site"}}})
+}
+
+/// A source without webhooks: the poll lists `refs/pull/*/head` and asks the host about new
+/// heads. Pull requests there before the first poll are not previewed; a new one is; closed
+/// on the host, its preview closes; while the host answers 502 the poll backs off.
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_finds_pull_requests_without_webhooks() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let (host_url, host) = Host::start().await;
+    let repo = Repo::new();
+    let main = repo.commit(&repo.model(&[("a", "one")], ""), "main");
+    repo.push_ok();
+    // a pull request from before
+    git_ok(&repo.work, &["checkout", "-q", "-b", "old"]);
+    let old = repo.commit(&repo.model(&[("a", "old")], ""), "old");
+    push_pull(&repo, 1);
+    host.pulls
+        .lock()
+        .unwrap()
+        .insert(1, pull(1, &old, "open", false));
+    let env = follow(
+        &c,
+        "polled",
+        &repo,
+        json!({"poll_interval": 1, "webhook_secret": null,
+            "status": {"kind": "github", "api_url": host_url, "repo": "org/site", "token": "host-token"}}),
+    )
+    .await;
+    c.update_settings(&env, &json!({"previews": {"enabled": true}}))
+        .await
+        .unwrap();
+    compiled(&c, &env, &main, 60).await;
+    // the first listing is the baseline
+    let env_id: uuid::Uuid = env.parse().unwrap();
+    eventually(30, "the first poll", || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pull_refs WHERE environment_id = $1")
+            .bind(env_id)
+            .fetch_one(&srv.pool)
+            .await
+            .ok()?;
+        (n == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(
+        c.preview(&env, "1").await.is_err(),
+        "a pull request from before the first poll was previewed"
+    );
+
+    // a new pull request: previewed from the poll
+    git_ok(&repo.work, &["checkout", "-q", "-b", "new", &main]);
+    let head = repo.commit(&repo.model(&[("a", "two")], ""), "new");
+    host.pulls
+        .lock()
+        .unwrap()
+        .insert(2, pull(2, &head, "open", false));
+    push_pull(&repo, 2);
+    let p = finished(&c, &env, 2, &head).await;
+    assert_eq!(p["run"]["status"], "success", "{p:#}");
+    assert_eq!(p["run"]["trigger"], "poll");
+    assert_eq!(p["preview"]["title"], "pr 2");
+
+    // the host fails for a while: the poll backs off (1, 2, 4, 8 s), not once a second
+    let gets = || host.count(Method::GET, "/pulls/");
+    // a moved head makes the poll ask
+    let head2 = repo.commit(&repo.model(&[("a", "three")], ""), "moved");
+    *host.fail_next.lock().unwrap() = 1000;
+    let before = gets();
+    push_pull(&repo, 2);
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let during = gets() - before;
+    *host.fail_next.lock().unwrap() = 0;
+    assert!(
+        (2..=6).contains(&during),
+        "{during} calls in 12 s while the host failed (backing off from 1 s: about 4)"
+    );
+    host.pulls
+        .lock()
+        .unwrap()
+        .insert(2, pull(2, &head2, "open", false));
+    let p = finished(&c, &env, 2, &head2).await;
+    assert_eq!(p["run"]["status"], "success", "{p:#}");
+
+    // closed on the host (no webhook): the preview closes
+    host.pulls
+        .lock()
+        .unwrap()
+        .insert(2, pull(2, &head2, "closed", false));
+    eventually(30, "the preview closed by the poll", || async {
+        let p = c.preview(&env, "2").await.ok()?;
+        (p["preview"]["state"] == "closed").then_some(())
+    })
+    .await;
+    assert!(c.preview(&env, "1").await.is_err());
 }
