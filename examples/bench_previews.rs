@@ -49,7 +49,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 fn model(n: usize, changed: Option<usize>) -> String {
-    let mut m = String::new();
+    let mut m = String::from("import std::testing\n");
     for i in 0..n {
         // the changed one: an attribute differs (the preview only diffs it, nothing deploys it)
         let fail = if changed == Some(i) { "true" } else { "false" };
