@@ -82,12 +82,20 @@ pub(super) fn compile_once(
     outcome
 }
 
+/// Diagnostics (and warnings) a `--json` report lists at most: the report is one line that
+/// the server keeps in full only when it is under its output cap (256 KiB); the rest are
+/// counted.
+const MAX_JSON_DIAGNOSTICS: usize = 200;
+
 fn report(outcome: &CompileOutcome, json: bool) {
     if json {
+        let errors = outcome.errors();
         let doc = serde_json::json!({
             "success": outcome.is_ok(),
-            "diagnostics": outcome.errors().iter().map(|d| d.resolve(&outcome.sources)).collect::<Vec<_>>(),
-            "warnings": outcome.warnings.iter().map(|d| d.resolve(&outcome.sources)).collect::<Vec<_>>(),
+            "diagnostics": errors.iter().take(MAX_JSON_DIAGNOSTICS).map(|d| d.resolve(&outcome.sources)).collect::<Vec<_>>(),
+            "diagnostics_omitted": errors.len().saturating_sub(MAX_JSON_DIAGNOSTICS),
+            "warnings": outcome.warnings.iter().take(MAX_JSON_DIAGNOSTICS).map(|d| d.resolve(&outcome.sources)).collect::<Vec<_>>(),
+            "warnings_omitted": outcome.warnings.len().saturating_sub(MAX_JSON_DIAGNOSTICS),
             "stats": {
                 "files": outcome.stats.files,
                 "instances": outcome.stats.instances,

@@ -57,6 +57,22 @@ fn json_diagnostics_for_tools() {
     assert!(d["message"].as_str().unwrap().contains("capital"));
 }
 
+/// Thousands of errors: the one-line JSON report lists the first 200 and counts the rest, so
+/// it stays under what a server keeps of a compile's output (a cut report would lose every
+/// diagnostic).
+#[test]
+fn json_diagnostics_are_capped_and_counted() {
+    let main: String = (0..3000).map(|i| format!("x{i} = nope::Thing()\n")).collect();
+    let d = project(&main);
+    let out = steward(d.path(), &["compile", "--json"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let doc: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+    assert_eq!(doc["diagnostics"].as_array().unwrap().len(), 200);
+    assert_eq!(doc["diagnostics_omitted"], 2800);
+    assert!(stderr.len() < 256 << 10, "{} bytes", stderr.len());
+}
+
 #[test]
 fn export_writes_resources() {
     let p = project(
