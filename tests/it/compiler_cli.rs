@@ -62,7 +62,9 @@ fn json_diagnostics_for_tools() {
 /// diagnostic).
 #[test]
 fn json_diagnostics_are_capped_and_counted() {
-    let main: String = (0..3000).map(|i| format!("x{i} = nope::Thing()\n")).collect();
+    let main: String = (0..3000)
+        .map(|i| format!("x{i} = nope::Thing()\n"))
+        .collect();
     let d = project(&main);
     let out = steward(d.path(), &["compile", "--json"]);
     assert!(!out.status.success());
