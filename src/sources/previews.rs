@@ -683,6 +683,13 @@ impl GitSources {
             Err(e) => return done.failed("merge", at, format!("merging failed: {e}")),
         };
         done.merge = Some(merge.clone());
+        // superseded meanwhile (a newer push, a close): the compile would be for nothing
+        if !store_previews::still_running(&self.0.pool, run.id)
+            .await
+            .unwrap_or(true)
+        {
+            return done.failed("compile", compile::begin(), "superseded".into());
+        }
 
         // compile, as a preview
         let pip_sources = self.0.pip_sources.lock().unwrap().clone();

@@ -239,6 +239,15 @@ pub async fn start_run(e: impl PgExecutor<'_>, id: Uuid) -> Result<bool> {
     Ok(n > 0)
 }
 
+/// Whether a run is still running (a newer push or a close supersedes it meanwhile).
+pub async fn still_running(e: impl PgExecutor<'_>, id: Uuid) -> Result<bool> {
+    let status: Option<String> = sqlx::query_scalar("SELECT status FROM preview_runs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(e)
+        .await?;
+    Ok(status.as_deref() == Some("running"))
+}
+
 /// Runs a stopped process left running: queued again.
 pub async fn requeue_interrupted_of(e: impl PgExecutor<'_>, env: Uuid) -> Result<u64> {
     Ok(sqlx::query(

@@ -668,3 +668,59 @@ async fn after_a_database_outage_longer_than_the_lease_each_replica_resumes_its_
     .await;
     wait_deployed(&c, &envs[1], v, 30).await;
 }
+
+/// A signed `pull_request` webhook to the replica that does not own the environment is
+/// queued there and previewed by the owner (the only one whose previewer follows it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pull_request_webhook_to_any_replica_is_previewed_by_the_owner() {
+    let set = ReplicaSet::start(2, 3.0, 0.5).await;
+    let c = set.client(0);
+    let repo = Repo::new();
+    let main = repo.commit(&repo.model(&[("w", "1")], ""), "one");
+    repo.push_ok();
+    let env = follow(&c, "previewed", &repo, json!({"watch": false})).await;
+    c.update_settings(&env, &json!({"previews": {"enabled": true}}))
+        .await
+        .unwrap();
+    assert_eq!(
+        compiled_or_logs(&set, &c, &env, &main).await["status"],
+        "success"
+    );
+    let (owner, _) = set.owner_of(&env, None, 20).await;
+    let away = 1 - set.index_of(&owner).await.unwrap();
+    let ac = set.client(away);
+    crate::gitops_support::git_ok(&repo.work, &["checkout", "-q", "-b", "change"]);
+    let head = repo.commit(&repo.model(&[("w", "2")], ""), "change");
+    crate::gitops_support::git_ok(
+        &repo.work,
+        &["push", "-q", "origin", "HEAD:refs/pull/3/head"],
+    );
+    // the repository's name as the source shows it (no status settings here)
+    let name = steward::model::urls::repo_name(&repo.url());
+    let body = json!({"action": "opened", "number": 3,
+        "pull_request": {"number": 3, "title": "t",
+            "base": {"ref": "main", "repo": {"full_name": name}},
+            "head": {"sha": head, "repo": {"full_name": name}}}})
+    .to_string();
+    let sig = steward::sources::webhook::sign("s3cret", body.as_bytes());
+    let r = reqwest::Client::new()
+        .post(webhook_url(set.url(away), &env))
+        .header("Content-Type", "application/json")
+        .header("X-Hub-Signature-256", format!("sha256={sig}"))
+        .header("X-GitHub-Event", "pull_request")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
+    let p = crate::support::eventually(60, "the owner's preview", || async {
+        let p = ac.preview(&env, "3").await.ok()?;
+        (p["run"]["status"] == "success").then_some(p)
+    })
+    .await;
+    assert_eq!(p["changes"].as_array().unwrap().len(), 1, "{p:#}");
+    assert!(
+        set.logs().contains("preview done"),
+        "no replica says it previewed"
+    );
+}
