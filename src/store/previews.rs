@@ -241,10 +241,11 @@ pub async fn start_run(e: impl PgExecutor<'_>, id: Uuid) -> Result<bool> {
 
 /// Whether a run is still running (a newer push or a close supersedes it meanwhile).
 pub async fn still_running(e: impl PgExecutor<'_>, id: Uuid) -> Result<bool> {
-    let status: Option<String> = sqlx::query_scalar("SELECT status FROM preview_runs WHERE id = $1")
-        .bind(id)
-        .fetch_optional(e)
-        .await?;
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM preview_runs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(e)
+            .await?;
     Ok(status.as_deref() == Some("running"))
 }
 

@@ -1135,3 +1135,73 @@ async fn retention_removes_facts_of_resources_that_are_gone() {
         .unwrap();
     assert_eq!(p.facts, 0);
 }
+
+/// A value marked secret keeps the mark through new values and renewals that do not say,
+/// loses it only when told, and an agent token can not mark one.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_secret_mark_stays_until_it_is_cleared_and_agents_can_not_set_it() {
+    use reqwest::Method as M;
+    let (srv, c, env) = setup("secret").await;
+    let admin = srv.admin.clone().unwrap();
+    let secret = |name: &str| {
+        let c = c.clone();
+        let (env, name) = (env.clone(), name.to_string());
+        async move { c.get_parameter(&env, &name, None).await.unwrap().secret }
+    };
+    let path = format!("/api/v1/environments/{env}/parameters/dbpass");
+    let (st, v) = send(
+        &srv,
+        &admin,
+        M::PUT,
+        &path,
+        None,
+        Some(json!({"value": "a", "secret": true})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["secret"], true);
+    // a new value, and a batch write, that do not say: still secret
+    send(
+        &srv,
+        &admin,
+        M::PUT,
+        &path,
+        None,
+        Some(json!({"value": "b"})),
+    )
+    .await;
+    assert!(secret("dbpass").await);
+    c.set_parameters(&env, &[item("dbpass", "", "c")], false)
+        .await
+        .unwrap();
+    assert!(secret("dbpass").await);
+    // cleared when told
+    send(
+        &srv,
+        &admin,
+        M::PUT,
+        &path,
+        None,
+        Some(json!({"value": "c", "secret": false})),
+    )
+    .await;
+    assert!(!secret("dbpass").await);
+    // an agent token: refused
+    let agent = c
+        .create_agent_token("web1", &env, &["web1".to_string()])
+        .await
+        .unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (st, v) = send(
+        &srv,
+        &agent,
+        M::PUT,
+        &format!("/api/v1/environments/{env}/parameters"),
+        None,
+        Some(json!({"parameters": [{"name": "ip", "resource_id": WEB, "value": "1", "secret": false}]})),
+    )
+    .await;
+    assert_eq!(st, 403, "{v}");
+}
