@@ -10,7 +10,7 @@ mod committer;
 mod previews;
 mod ssh;
 mod tokens;
-mod unprivileged;
+pub(crate) mod unprivileged;
 
 /// Say that `test` could not try its attack here, and why (the caller returns after it).
 pub fn skipped(test: &str, why: &str) {

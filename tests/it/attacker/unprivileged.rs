@@ -17,7 +17,7 @@ use crate::support::{Account, Operated, exec_run, export_of, wait_deployed};
 const ADMIN: &str = "stw_admin_secret_of_the_unprivileged_attacks_012345678";
 
 /// The account the server runs as: `nobody`, as an operator's own account would be.
-const NOBODY: Account = Account {
+pub(crate) const NOBODY: Account = Account {
     uid: 65534,
     gid: 65534,
 };
@@ -139,7 +139,7 @@ fn assert_nothing_reached(who: &str, out: &str, own: &[PathBuf], t: &Targets) {
 }
 
 /// Start the server as `nobody`, or say why the attacks can not be tried here.
-async fn unprivileged_server(test: &str) -> Option<Operated> {
+pub(crate) async fn unprivileged_server(test: &str) -> Option<Operated> {
     if !is_root() {
         skipped(
             test,
@@ -322,7 +322,7 @@ def look() -> "string":
 
 /// Give the repository's origin to `account` and let it reach it (git refuses to serve a
 /// repository another user owns).
-fn open_to(repo: &Repo, account: Account) {
+pub(crate) fn open_to(repo: &Repo, account: Account) {
     let origin = PathBuf::from(repo.url().trim_start_matches("file://"));
     let mut dir = origin.parent().unwrap().to_path_buf();
     loop {
