@@ -159,12 +159,24 @@ impl TestServer {
 }
 
 /// A free TCP port on 127.0.0.1.
+/// A port nothing listens on, for a server a test starts. Never the same twice in this
+/// process, and below the kernel's ephemeral range (32768 up): a port `bind(0)` gave out and
+/// released is handed out again by the kernel, so two servers starting at once could get the
+/// same one, and one test's client then talk to another test's server.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    // test processes running at once start far apart
+    let start = (std::process::id() % 500) * 24;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(n < SPAN, "no free port left in {LOW}..{}", LOW + SPAN);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 pub fn steward_bin() -> PathBuf {
