@@ -71,6 +71,19 @@ CREATE TABLE pull_refs (
     PRIMARY KEY (environment_id, number)
 );
 
+-- A preview's dry-run (setting previews.dry_run, never for forks): the changed resources
+-- with the preview's desired attributes, run through the active version's handler code. The
+-- dry-run itself is a `dryruns` row (of the active version) pointing to its run.
+ALTER TABLE dryruns ADD COLUMN preview_run uuid REFERENCES preview_runs(id) ON DELETE CASCADE;
+CREATE TABLE preview_dryrun_resources (
+    dryrun_id     uuid NOT NULL REFERENCES dryruns(id) ON DELETE CASCADE,
+    resource_id   text NOT NULL,
+    resource_type text NOT NULL,
+    agent         text NOT NULL,
+    attributes    jsonb NOT NULL,
+    PRIMARY KEY (dryrun_id, resource_id)
+);
+
 -- The sticky comment, one per pull request and editing token (only its author edits it).
 CREATE TABLE preview_comments (
     host          text NOT NULL,          -- kind and API base

@@ -39,6 +39,9 @@ pub enum Event {
         changed: Vec<(String, String)>,
         recompile: bool,
     },
+    /// A pull-request preview asked for a dry-run (recorded in the database) of what it
+    /// changes: the environment's scheduler runs it.
+    PreviewDryrun { environment: Uuid, dryrun: Uuid },
     /// Events may have been missed (the link to the other replicas was down): re-read
     /// everything.
     Resync,

@@ -215,6 +215,14 @@ impl Schedulers {
                         let _ = tx.send(Control::Settings);
                     }
                 }
+                Ok(Event::PreviewDryrun {
+                    environment,
+                    dryrun,
+                }) => {
+                    if let Some(tx) = self.running_sender(environment) {
+                        let _ = tx.send(Control::DryrunPreview { id: dryrun });
+                    }
+                }
                 Ok(Event::Deleted { environment }) => self.stop(environment),
                 Ok(Event::Resync) => self.resync().await,
                 Ok(Event::Created { .. }) | Ok(Event::Facts { .. }) => {}

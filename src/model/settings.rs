@@ -133,6 +133,9 @@ pub struct PreviewSettings {
     pub enabled: bool,
     /// Also preview pull requests from forks (their code comes from anyone who can open one).
     pub forks: bool,
+    /// Dry-run the resources a preview changes, with the handler code of the active version
+    /// (never the pull request's), on the environment's agents. Never for forks.
+    pub dry_run: bool,
 }
 
 /// How the server reaches `ssh://` agents; the defaults are what the server user's OpenSSH

@@ -50,6 +50,10 @@ pub enum Control {
         id: Uuid,
         version: i32,
     },
+    /// a pull-request preview's dry-run (its resources are in the database)
+    DryrunPreview {
+        id: Uuid,
+    },
     /// answers once no new action of the agent can start
     Pause {
         agent: String,

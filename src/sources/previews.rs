@@ -566,7 +566,7 @@ impl GitSources {
         src: &SourceRow,
         preview: &Preview,
         run: &Run,
-        _settings: &PreviewSettings,
+        settings: &PreviewSettings,
     ) -> Done {
         let mut done = Done::new(&run.head);
         let env = src.environment_id;
@@ -755,6 +755,22 @@ impl GitSources {
                             .map_or("no active version".to_string(), |b| format!("version {b}"))
                     ),
                 );
+                // the dry-run (opt in, never for a fork): the resources it adds or changes,
+                // as the pull request wants them
+                if settings.dry_run && !preview.fork && d.base.is_some() {
+                    let wanted: std::collections::HashSet<&str> = d
+                        .changes
+                        .iter()
+                        .filter(|c| c.change == "new" || c.change == "updated")
+                        .map(|c| c.resource_id.as_str())
+                        .collect();
+                    done.dry = export
+                        .resources
+                        .iter()
+                        .filter(|r| wanted.contains(r.id.0.as_str()))
+                        .cloned()
+                        .collect();
+                }
                 done.success = true;
                 done.diff_base = d.base;
                 done.summary = d.summary;
@@ -775,6 +791,16 @@ impl GitSources {
         done: Done,
     ) -> Result<bool, SourceError> {
         let env = src.environment_id;
+        let mut done = done;
+        let dryrun = match (done.dry.is_empty(), done.diff_base) {
+            (false, Some(version)) => {
+                let id = Uuid::new_v4();
+                done.summary["dryrun"] =
+                    json!({"id": id, "version": version, "total": done.dry.len()});
+                Some((id, version))
+            }
+            _ => None,
+        };
         let stages = json!(done.stages);
         let source_lines = json!(done.source_lines);
         let end = RunEnd {
@@ -832,9 +858,29 @@ impl GitSources {
             return Ok(false);
         }
         store_previews::store_changes(&mut tx, run.id, &done.changes).await?;
+        if let Some((id, version)) = dryrun {
+            let resources: Vec<&crate::model::Resource> = done.dry.iter().collect();
+            store_previews::create_dryrun(
+                &mut tx,
+                env,
+                id,
+                run.id,
+                version,
+                &resources,
+                &format!("preview of {}", preview.reference),
+            )
+            .await?;
+        }
         out.write(&mut tx, env).await?;
         tx.commit().await.map_err(StoreError::from)?;
         self.0.feedback.wake();
+        if let Some((dryrun, _)) = dryrun {
+            // the environment's scheduler runs it (on whichever replica owns it)
+            self.0.notifier.send(crate::events::Event::PreviewDryrun {
+                environment: env,
+                dryrun,
+            });
+        }
         Ok(true)
     }
 }
@@ -893,6 +939,8 @@ struct Done {
     source_lines: Vec<compile::SourceLine>,
     error: Option<String>,
     changes: Vec<store_previews::PreviewChange>,
+    /// What the dry-run runs, when there is one.
+    dry: Vec<crate::model::Resource>,
 }
 
 impl Done {
@@ -913,6 +961,7 @@ impl Done {
             source_lines: Vec::new(),
             error: None,
             changes: Vec::new(),
+            dry: Vec::new(),
         }
     }
 

@@ -506,6 +506,69 @@ pub async fn set_pull_refs(c: &mut PgConnection, env: Uuid, heads: &[(i32, Strin
     Ok(())
 }
 
+/// A resource a preview's dry-run runs.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct DryrunResource {
+    pub resource_id: String,
+    pub resource_type: String,
+    pub agent: String,
+    pub attributes: Value,
+}
+
+/// Record a preview's dry-run `id` of `resources` (the preview's desired state) against
+/// `version`, the active version whose handler code runs them.
+pub async fn create_dryrun(
+    c: &mut PgConnection,
+    env: Uuid,
+    id: Uuid,
+    run: Uuid,
+    version: i32,
+    resources: &[&crate::model::Resource],
+    by: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO dryruns (id, environment_id, version, total, requested_by, preview_run) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(env)
+    .bind(version)
+    .bind(resources.len() as i32)
+    .bind(by)
+    .bind(run)
+    .execute(&mut *c)
+    .await?;
+    let ids: Vec<&str> = resources.iter().map(|r| r.id.0.as_str()).collect();
+    let types: Vec<&str> = resources.iter().map(|r| r.type_name.as_str()).collect();
+    let agents: Vec<&str> = resources.iter().map(|r| r.agent.as_str()).collect();
+    let attrs: Vec<Value> = resources
+        .iter()
+        .map(|r| Value::Object(r.attributes.clone()))
+        .collect();
+    sqlx::query(
+        "INSERT INTO preview_dryrun_resources (dryrun_id, resource_id, resource_type, agent, attributes) \
+         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::jsonb[])",
+    )
+    .bind(id)
+    .bind(&ids)
+    .bind(&types)
+    .bind(&agents)
+    .bind(&attrs)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
+pub async fn dryrun_resources(e: impl PgExecutor<'_>, dryrun: Uuid) -> Result<Vec<DryrunResource>> {
+    Ok(sqlx::query_as::<_, DryrunResource>(
+        "SELECT resource_id, resource_type, agent, attributes FROM preview_dryrun_resources \
+         WHERE dryrun_id = $1 ORDER BY resource_id",
+    )
+    .bind(dryrun)
+    .fetch_all(e)
+    .await?)
+}
+
 /// This installation's id (its comments carry it).
 pub async fn installation(e: impl PgExecutor<'_>) -> Result<Uuid> {
     Ok(sqlx::query_scalar("SELECT id FROM installation")

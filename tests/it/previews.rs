@@ -761,3 +761,77 @@ async fn polling_finds_pull_requests_without_webhooks() {
     .await;
     assert!(c.preview(&env, "1").await.is_err());
 }
+
+/// With `previews.dry_run`, the resources a preview changes are dry-run on the agents with
+/// the active version's handler code (changing nothing); a fork's preview never dry-runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_enabled_dry_run_runs_the_active_handlers_and_never_for_forks() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let (host_url, host) = Host::start().await;
+    let repo = Repo::new();
+    let main = repo.commit(&repo.model(&[("a", "one"), ("b", "two")], ""), "main");
+    repo.push_ok();
+    let env = git_env(&c, "dry", &repo, &host_url, "github").await;
+    c.update_settings(&env, &json!({"previews": {"dry_run": true, "forks": true}}))
+        .await
+        .unwrap();
+    let v = compiled(&c, &env, &main, 60).await["version"]
+        .as_i64()
+        .unwrap() as i32;
+    wait_deployed(&c, &env, v, 60).await;
+
+    git_ok(&repo.work, &["checkout", "-q", "-b", "change"]);
+    let head = repo.commit(&repo.model(&[("a", "ONE"), ("b", "two")], ""), "bigger");
+    push_pull(&repo, 5);
+    pull_request_event(
+        &srv.url, &env, "s3cret", false, "opened", 5, &head, "org/site", false,
+    )
+    .await;
+    let p = finished(&c, &env, 5, &head).await;
+    assert_eq!(p["run"]["status"], "success", "{p:#}");
+    let d = &p["run"]["summary"]["dryrun"];
+    assert_eq!(d["version"], v, "{p:#}");
+    assert_eq!(d["total"], 1, "only the changed resource: {p:#}");
+    let id = d["id"].as_str().unwrap().to_string();
+    let report = eventually(60, "the preview's dry-run", || async {
+        let r = c.dryrun(&env, &id).await.ok()?;
+        (r["complete"] == true).then_some(r)
+    })
+    .await;
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1, "{report:#}");
+    assert!(
+        results[0]["resource_id"].as_str().unwrap().contains("/a]"),
+        "{report:#}"
+    );
+    assert_eq!(results[0]["outcome"], "dry", "{report:#}");
+    assert!(
+        report.to_string().contains("ONE"),
+        "the change is shown: {report:#}"
+    );
+    // changing nothing
+    assert_eq!(std::fs::read_to_string(repo.out.join("a")).unwrap(), "one");
+    let body = eventually(30, "the comment naming the dry-run", || async {
+        host.comment().filter(|b| b.contains(&id))
+    })
+    .await;
+    assert!(body.contains(&format!("active version {v}")), "{body}");
+
+    // a fork: previewed (forks are on), never dry-run
+    let dryruns = c.dryruns(&env).await.unwrap().as_array().unwrap().len();
+    let fork_head = repo.commit(&repo.model(&[("a", "FORK"), ("b", "two")], ""), "fork");
+    push_pull(&repo, 6);
+    pull_request_event(
+        &srv.url, &env, "s3cret", false, "opened", 6, &fork_head, "eve/site", false,
+    )
+    .await;
+    let p = finished(&c, &env, 6, &fork_head).await;
+    assert_eq!(p["run"]["status"], "success", "{p:#}");
+    assert!(p["run"]["summary"].get("dryrun").is_none(), "{p:#}");
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        c.dryruns(&env).await.unwrap().as_array().unwrap().len(),
+        dryruns
+    );
+}

@@ -40,6 +40,7 @@ impl EnvScheduler {
                 let _ = ack.send(n);
             }
             Control::Dryrun { id, version } => self.start_dryrun(id, version).await,
+            Control::DryrunPreview { id } => self.start_preview_dryrun(id).await,
             Control::Pause { agent, paused, ack } => {
                 if paused {
                     self.paused.insert(agent);
@@ -132,7 +133,7 @@ impl EnvScheduler {
         // blocked resources of that version are reported without running anything
         let mut m = Model::default();
         m.merge(version, intents);
-        let mut intents = HashMap::new();
+        let mut runnable = Vec::new();
         for r in 0..m.len() {
             let i = m.intents[r].clone();
             if m.states[r].blocked == Blocked::Blocked {
@@ -151,6 +152,53 @@ impl EnvScheduler {
                 ));
                 continue;
             }
+            runnable.push(i);
+        }
+        self.dryrun_these(id, version, runnable).await;
+    }
+
+    /// A pull-request preview's dry-run: its resources (the preview's desired attributes) as
+    /// the database holds them, through the handler code of the version it was diffed
+    /// against (the active one), never the pull request's.
+    pub(super) async fn start_preview_dryrun(&mut self, id: Uuid) {
+        let loaded = async {
+            let row = store::deploy::dryrun(&self.pool, self.env, id).await?;
+            let resources = store::previews::dryrun_resources(&self.pool, id).await?;
+            Ok::<_, store::StoreError>((row.version, resources))
+        }
+        .await;
+        let (version, resources) = match loaded {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(environment = %self.env, dryrun = %id, error = %e, "preview dry-run: loading it failed");
+                return;
+            }
+        };
+        let intents = resources
+            .into_iter()
+            .map(|r| crate::scheduler::model::Intent {
+                id: r.resource_id,
+                type_name: r.resource_type,
+                agent: r.agent,
+                hash: String::new(),
+                attributes: r.attributes.as_object().cloned().unwrap_or_default(),
+                requires: Vec::new(),
+                undefined: false,
+            })
+            .collect();
+        self.dryrun_these(id, version, intents).await;
+    }
+
+    /// Dry-run `runnable` (those of paused agents are reported without running) with the
+    /// handler code of `version`.
+    async fn dryrun_these(
+        &mut self,
+        id: Uuid,
+        version: i32,
+        runnable: Vec<crate::scheduler::model::Intent>,
+    ) {
+        let mut intents = HashMap::new();
+        for i in runnable {
             if self.paused.contains(&i.agent) {
                 let msg = serde_json::json!([{"level": "info", "message": "the agent is paused", "fields": {}, "at": Utc::now()}]);
                 self.batch.dryrun_results.push((

@@ -244,6 +244,17 @@ fn section(b: &mut String, s: &Section) {
                     .collect();
                 let _ = writeln!(b, "\nHandler code changes for {}.", names.join(", "));
             }
+            if let Some(d) = run.summary.get("dryrun").filter(|d| d.is_object()) {
+                let _ = writeln!(
+                    b,
+                    "\nA dry-run of the {} added or changed resources runs on the agents with \
+                     the handler code of active version {}, not this pull request's: \
+                     `steward dryrun show {}`.",
+                    d["total"],
+                    d["version"],
+                    d["id"].as_str().unwrap_or_default()
+                );
+            }
             if run.summary["withheld_values"].as_i64().unwrap_or(0) > 0 {
                 let _ = writeln!(
                     b,
