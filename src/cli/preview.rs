@@ -37,15 +37,7 @@ pub enum PreviewCmd {
     },
 }
 
-fn counts(summary: &Value) -> String {
-    let n = |k: &str| summary[k].as_i64().unwrap_or(0);
-    format!(
-        "+{} ~{} −{}",
-        n("new"),
-        n("updated") + n("undefined") + n("withheld") + n("requires"),
-        n("deleted")
-    )
-}
+use crate::sources::previews::comment::{against, counts_text as counts};
 
 fn short(s: &str) -> &str {
     &s[..s.len().min(12)]
@@ -202,9 +194,7 @@ fn show(p: &Value) -> ExitCode {
         println!(
             "{} against {}",
             counts(&run["summary"]),
-            run["diff_base"]
-                .as_i64()
-                .map_or("no active version".into(), |v| format!("version {v}"))
+            against(run["diff_base"].as_i64().map(|v| v as i32))
         );
         for ch in p["changes"].as_array().into_iter().flatten() {
             println!(

@@ -480,25 +480,13 @@ impl GitSources {
     /// What the host says of pull request `n`, as a hint.
     async fn pull_from_host(&self, src: &SourceRow, n: i32) -> Result<PullHint, String> {
         let pr = self.0.feedback.get_pull(src, n as i64).await?;
-        let action = match (pr["state"].as_str(), pr["merged"].as_bool()) {
-            (Some("closed"), merged) => {
-                if merged.unwrap_or(false) {
-                    "closed-merged"
-                } else {
-                    "closed"
-                }
-            }
-            _ => "synchronize",
+        // read as the webhook of that state would be (`merged` is in the pull request)
+        let action = if pr["state"] == "closed" {
+            "closed"
+        } else {
+            "synchronize"
         };
-        let mut pr = pr;
-        if action == "closed-merged" {
-            pr["merged"] = json!(true);
-        }
-        let body = json!({
-            "action": if action == "synchronize" { "synchronize" } else { "closed" },
-            "number": n,
-            "pull_request": pr,
-        });
+        let body = json!({"action": action, "number": n, "pull_request": pr});
         super::webhook::pull_hint(&serde_json::to_vec(&body).unwrap_or_default())
             .map_err(|e| format!("pull request {n} as the host shows it: {e}"))
     }
@@ -744,15 +732,9 @@ impl GitSources {
                     at,
                     true,
                     &format!(
-                        "+{} ~{} −{} against {}",
-                        s["new"],
-                        s["updated"].as_i64().unwrap_or(0)
-                            + s["undefined"].as_i64().unwrap_or(0)
-                            + s["withheld"].as_i64().unwrap_or(0)
-                            + s["requires"].as_i64().unwrap_or(0),
-                        s["deleted"],
-                        d.base
-                            .map_or("no active version".to_string(), |b| format!("version {b}"))
+                        "{} against {}",
+                        comment::counts_text(s),
+                        comment::against(d.base)
                     ),
                 );
                 // the dry-run (opt in, never for a fork): the resources it adds or changes,
@@ -822,22 +804,15 @@ impl GitSources {
         let mut out = Outgoing::default();
         let context = status_context(env_name);
         if done.success {
-            let s = &done.summary;
-            let changed = ["updated", "undefined", "withheld", "requires"]
-                .iter()
-                .map(|k| s[*k].as_i64().unwrap_or(0))
-                .sum::<i64>();
             out.status(
                 src,
                 &done.head,
                 &context,
                 State::Success,
                 &format!(
-                    "+{} ~{changed} −{} against {}",
-                    s["new"],
-                    s["deleted"],
-                    done.diff_base
-                        .map_or("no active version".into(), |b| format!("version {b}"))
+                    "{} against {}",
+                    comment::counts_text(&done.summary),
+                    comment::against(done.diff_base)
                 ),
             );
         } else {

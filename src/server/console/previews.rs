@@ -32,10 +32,7 @@ fn short(c: &str) -> &str {
     &c[..c.len().min(12)]
 }
 
-fn counts(summary: &serde_json::Value) -> String {
-    let (a, c, d) = crate::sources::previews::comment::counts(summary);
-    format!("+{a} ~{c} −{d}")
-}
+use crate::sources::previews::comment::counts_text as counts;
 
 async fn list_page(
     State(state): State<AppState>,

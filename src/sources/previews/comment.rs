@@ -99,6 +99,17 @@ pub fn counts(summary: &Value) -> (i64, i64, i64) {
     )
 }
 
+/// The counts as every place shows them: `+1 ~2 −0`.
+pub fn counts_text(summary: &Value) -> String {
+    let (a, c, d) = counts(summary);
+    format!("+{a} ~{c} −{d}")
+}
+
+/// What a preview was diffed against, in words.
+pub fn against(base: Option<i32>) -> String {
+    base.map_or("no active version".into(), |b| format!("version {b}"))
+}
+
 fn short(c: &str) -> &str {
     &c[..c.len().min(7)]
 }
