@@ -80,19 +80,46 @@ async fn main() {
         .id
         .to_string();
 
-    // storing versions (through the API: JSON upload, validation, hashing, diff, release)
+    // storing versions (through the API: JSON upload, validation, hashing, diff, release),
+    // sent as their changes (as `steward export` and `steward deploy` send them) and whole
     let mut store_times = Vec::new();
-    for (i, tag) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+    let mut whole_times = Vec::new();
+    let mut last = None;
+    for (i, tag) in ["a", "b", "c", "d", "e", "f", "g", "h", "i"]
+        .iter()
+        .enumerate()
+    {
         let e = export(n, tag, if i == 0 { 0 } else { 100 });
+        let as_changes = i % 2 == 1;
         let start = Instant::now();
-        let v = client.upload(&env, &e, json!({})).await.expect("upload");
+        let sent = client
+            .upload_changes(
+                &env,
+                &e,
+                json!({}),
+                if as_changes { last.as_ref() } else { None },
+            )
+            .await
+            .expect("upload");
         let t = start.elapsed().as_secs_f64();
+        assert_eq!(sent.as_changes, as_changes);
+        last = sent.last;
+        let v = sent.answer;
         println!(
-            "store version {} ({n} resources, diff {}): {:.3} s",
-            v["number"], v["diff_summary"], t
+            "store version {} ({n} resources, diff {}, {}): {:.3} s",
+            v["number"],
+            v["diff_summary"],
+            if as_changes {
+                "sent as changes"
+            } else {
+                "sent whole"
+            },
+            t
         );
-        if i > 0 {
+        if as_changes {
             store_times.push(t);
+        } else if i > 0 {
+            whole_times.push(t);
         }
     }
 
@@ -142,8 +169,12 @@ async fn main() {
 
     println!("---");
     println!(
-        "store {n}-resource version with diff (median of 4, 1% changed): {:.3} s",
+        "store {n}-resource version with diff (median of 4, 1% changed), sent as changes: {:.3} s",
         median(store_times)
+    );
+    println!(
+        "store {n}-resource version with diff (median of 4, 1% changed), sent whole: {:.3} s",
+        median(whole_times)
     );
     println!(
         "list {n} resources with state over HTTP (median of 9): {:.1} ms",
@@ -154,6 +185,11 @@ async fn main() {
         median(db_times) * 1000.0
     );
     println!("simple reads (GET environment, 16 clients, 3 s): {rate:.0} reads/s");
+    let (pg_max, pg_sum) = common::pg_peak_rss_mib(&cluster);
+    println!(
+        "peak RSS: this process (server and client) {:.0} MiB; PostgreSQL largest process {pg_max:.0} MiB, all its processes {pg_sum:.0} MiB",
+        common::own_peak_rss_mib()
+    );
     drop(pool);
     let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
 }

@@ -21,6 +21,9 @@ use crate::store::state::ResourceWithState;
 use crate::store::tokens::Token;
 use crate::store::versions::{StoredResource, VersionInfo};
 
+mod changes;
+pub use changes::{LastUpload, Sent, memory_path};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("can not reach the server at {url}: {message}")]

@@ -70,48 +70,62 @@ pub struct Resource {
 impl Resource {
     /// SHA-256 (hex) of the canonical JSON of id + attributes.
     pub fn hash(&self) -> String {
-        let mut canon = String::new();
-        canon.push_str("{\"attributes\":");
-        canonical_json(
-            &serde_json::Value::Object(self.attributes.clone()),
-            &mut canon,
-        );
-        canon.push_str(",\"id\":");
-        canonical_json(&serde_json::Value::String(self.id.0.clone()), &mut canon);
-        canon.push('}');
-        hex::encode(Sha256::digest(canon.as_bytes()))
+        let mut canon = Vec::with_capacity(256);
+        canon.extend_from_slice(b"{\"attributes\":");
+        write_canonical_map(&self.attributes, &mut canon);
+        canon.extend_from_slice(b",\"id\":");
+        write_json_string(&self.id.0, &mut canon);
+        canon.push(b'}');
+        hex::encode(Sha256::digest(&canon))
     }
 }
 
 /// JSON with object keys sorted and no insignificant whitespace.
 pub fn canonical_json(v: &serde_json::Value, out: &mut String) {
+    let mut buf = std::mem::take(out).into_bytes();
+    write_canonical(v, &mut buf);
+    // serde_json writes UTF-8 only
+    *out = String::from_utf8(buf).unwrap_or_default();
+}
+
+fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
     match v {
-        serde_json::Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&serde_json::Value::String((*k).clone()).to_string());
-                out.push(':');
-                canonical_json(&m[*k], out);
-            }
-            out.push('}');
-        }
+        serde_json::Value::Object(m) => write_canonical_map(m, out),
         serde_json::Value::Array(a) => {
-            out.push('[');
+            out.push(b'[');
             for (i, x) in a.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                canonical_json(x, out);
+                write_canonical(x, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        other => out.push_str(&other.to_string()),
+        serde_json::Value::String(s) => write_json_string(s, out),
+        // numbers, booleans and null: serde_json's own text, written in place
+        other => {
+            let _ = serde_json::to_writer(&mut *out, other);
+        }
     }
+}
+
+fn write_canonical_map(m: &serde_json::Map<String, serde_json::Value>, out: &mut Vec<u8>) {
+    let mut keys: Vec<&String> = m.keys().collect();
+    keys.sort();
+    out.push(b'{');
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_json_string(k, out);
+        out.push(b':');
+        write_canonical(&m[*k], out);
+    }
+    out.push(b'}');
+}
+
+fn write_json_string(s: &str, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -222,6 +236,14 @@ pub struct ExportFile {
     pub unknowns: Vec<UnknownRecord>,
 }
 
+/// The version an export sent as its changes was made against: the newest version, as its
+/// number and content hash (a server answers `409 base_moved` when it is no longer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DeltaBase {
+    pub version: i32,
+    pub content_hash: String,
+}
+
 /// An unknown value a compile met: which fact (of which resource) or parameter it was.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UnknownRecord {
@@ -296,11 +318,26 @@ pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
         .enumerate()
         .map(|(i, r)| (&r.id, i))
         .collect();
+    let edges: Vec<Vec<usize>> = resources
+        .iter()
+        .map(|r| {
+            r.requires
+                .iter()
+                .filter_map(|q| index.get(q).copied())
+                .collect()
+        })
+        .collect();
+    find_cycle_in(&edges).map(|c| c.into_iter().map(|n| resources[n].id.clone()).collect())
+}
+
+/// A cycle (first found) in a graph given as each node's successors, as the nodes around
+/// it, the first repeated at the end.
+pub fn find_cycle_in(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
     // 0 = new, 1 = on stack, 2 = done
-    let mut state = vec![0u8; resources.len()];
+    let mut state = vec![0u8; edges.len()];
     let mut stack: Vec<(usize, usize)> = Vec::new();
     let mut path: Vec<usize> = Vec::new();
-    for start in 0..resources.len() {
+    for start in 0..edges.len() {
         if state[start] != 0 {
             continue;
         }
@@ -308,27 +345,23 @@ pub fn find_cycle(resources: &[Resource]) -> Option<Vec<ResourceId>> {
         state[start] = 1;
         path.push(start);
         while let Some((node, next)) = stack.pop() {
-            let reqs = &resources[node].requires;
+            let reqs = &edges[node];
             if next < reqs.len() {
                 stack.push((node, next + 1));
-                if let Some(&dep) = index.get(&reqs[next]) {
-                    match state[dep] {
-                        0 => {
-                            state[dep] = 1;
-                            path.push(dep);
-                            stack.push((dep, 0));
-                        }
-                        1 => {
-                            let pos = path.iter().position(|&n| n == dep).unwrap_or(0);
-                            let mut cycle: Vec<ResourceId> = path[pos..]
-                                .iter()
-                                .map(|&n| resources[n].id.clone())
-                                .collect();
-                            cycle.push(resources[dep].id.clone());
-                            return Some(cycle);
-                        }
-                        _ => {}
+                let dep = reqs[next];
+                match state[dep] {
+                    0 => {
+                        state[dep] = 1;
+                        path.push(dep);
+                        stack.push((dep, 0));
                     }
+                    1 => {
+                        let pos = path.iter().position(|&n| n == dep).unwrap_or(0);
+                        let mut cycle = path[pos..].to_vec();
+                        cycle.push(dep);
+                        return Some(cycle);
+                    }
+                    _ => {}
                 }
             } else {
                 state[node] = 2;
@@ -348,6 +381,34 @@ mod tests {
         let id = ResourceId::new("fs::File", "web1", "path", "/etc/motd");
         assert_eq!(id.0, "fs::File[web1,path=/etc/motd]");
         assert_eq!(id.parse(), Some(("fs::File", "web1", "path", "/etc/motd")));
+    }
+
+    /// Stored versions are addressed by these hashes: the canonical text must never change
+    /// (the expected value is Python's `json.dumps(sort_keys=True, separators=(',', ':'),
+    /// ensure_ascii=False)` of the same resource).
+    #[test]
+    fn hash_is_stable() {
+        let attributes = serde_json::json!({
+            "path": "/etc/motd", "content": "héllo \"w\"\n\t", "mode": 644, "n": null, "b": true,
+            "list": [3, {"z": 1, "a": []}], "nested": {"y": "1", "x": 2}
+        });
+        let r = Resource {
+            id: ResourceId("std::File[h,path=/etc/motd]".into()),
+            type_name: "std::File".into(),
+            agent: "h".into(),
+            attributes: attributes.as_object().unwrap().clone(),
+            requires: vec![],
+        };
+        assert_eq!(
+            r.hash(),
+            "55875f62e7ee02aa4cd9ec8841e442c6a3dbf18a3cf8aa37bafac3b5f8e636f7"
+        );
+        let mut canon = String::new();
+        canonical_json(&attributes, &mut canon);
+        assert!(
+            canon.starts_with("{\"b\":true,\"content\":\"héllo \\\"w\\\"\\n\\t\","),
+            "{canon}"
+        );
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub enum StoreError {
     Fenced(String),
     #[error("{0}")]
     Invalid(String),
+    /// A version sent as its changes against a base that is no longer the newest version:
+    /// the sender sends the whole version instead.
+    #[error("{0}")]
+    BaseMoved(String),
     #[error("database unavailable: {0}")]
     Unavailable(String),
     #[error("database error: {0}")]

@@ -34,3 +34,52 @@ pub async fn serve(state: steward::server::AppState) -> String {
     });
     url
 }
+
+/// Peak resident memory (VmHWM) of this process, in MiB.
+#[allow(dead_code)]
+pub fn own_peak_rss_mib() -> f64 {
+    peak_rss_kib(std::process::id()) as f64 / 1024.0
+}
+
+/// Peak resident memory of the cluster's processes (postmaster and its children): the largest
+/// one's, and their sum, in MiB. Shared buffers count in each process that touched them, so
+/// the sum overstates what the cluster holds.
+#[allow(dead_code)]
+pub fn pg_peak_rss_mib(cluster: &PgCluster) -> (f64, f64) {
+    let Some(postmaster) = std::fs::read_to_string(cluster.data_dir().join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return (0.0, 0.0);
+    };
+    let mut pids = vec![postmaster];
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // the parent pid is the second field after the parenthesised command
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+    }
+    let peaks: Vec<u64> = pids.iter().map(|&p| peak_rss_kib(p)).collect();
+    let max = peaks.iter().copied().max().unwrap_or(0) as f64 / 1024.0;
+    let sum = peaks.iter().sum::<u64>() as f64 / 1024.0;
+    (max, sum)
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}

@@ -203,12 +203,36 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let env = remote.env()?.to_string();
     let provenance = git_provenance(&args.project);
     rt.block_on(async {
-        let v = remote.client.upload(&env, export, provenance).await?;
+        // sent as its changes against what this machine stored there last, when it still is
+        // the newest version (the server checks; else the whole export goes)
+        let memory = crate::client::memory_path(remote.client.base_url(), &env);
+        let last = memory.as_deref().and_then(crate::client::LastUpload::load);
+        let sent = remote
+            .client
+            .upload_changes(&env, export, provenance, last.as_ref())
+            .await?;
+        if let (Some(path), Some(last)) = (&memory, &sent.last)
+            && let Err(e) = last.save(path)
+        {
+            eprintln!(
+                "warning: could not remember this upload in {} ({e}); the next one is sent whole",
+                path.display()
+            );
+        }
+        let v = sent.answer;
         let number = v["number"].as_i64().unwrap_or(0) as i32;
         let diff = &v["diff_summary"];
         eprintln!(
-            "uploaded version {number} to {env}: {} resources (+{} ~{} -{})",
-            v["resource_count"], diff["new"], diff["updated"], diff["deleted"]
+            "uploaded version {number} to {env}: {} resources (+{} ~{} -{}){}",
+            v["resource_count"],
+            diff["new"],
+            diff["updated"],
+            diff["deleted"],
+            if sent.as_changes {
+                ", sent as its changes"
+            } else {
+                ""
+            }
         );
         if v["auto_released"] == true {
             eprintln!("version {number} was released automatically");

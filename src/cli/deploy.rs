@@ -78,8 +78,9 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         let runtime = Runtime::start(&data_dir, Schedulers::default_executor_bin())
             .await
             .with_context(|| format!("starting the private server under {}", data_dir.display()))?;
+        let memory = data_dir.join("last-upload");
         let result = tokio::select! {
-            r = deploy(&runtime.client, &args, &project, &export) => r,
+            r = deploy(&runtime.client, &args, &project, &export, &memory) => r,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("\ninterrupted: stopping; the next `steward deploy` picks up where this one stopped");
                 Ok(ExitCode::from(130))
@@ -99,6 +100,7 @@ async fn deploy(
     args: &DeployArgs,
     project: &std::path::Path,
     first: &ExportFile,
+    memory: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let env = environment(c, &first.metadata.project).await?;
     let mut provenance = super::compile::git_provenance(project);
@@ -115,7 +117,22 @@ async fn deploy(
     };
     let mut round = 1;
     loop {
-        let v = c.upload(&env, &export, provenance.clone()).await?;
+        // as its changes against the last run's version, when that is still the newest
+        let last = crate::client::LastUpload::load(memory);
+        let sent = c
+            .upload_changes(&env, &export, provenance.clone(), last.as_ref())
+            .await?;
+        match &sent.last {
+            Some(l) => {
+                if let Err(e) = l.save(memory) {
+                    eprintln!("warning: could not write {} ({e})", memory.display());
+                }
+            }
+            None => {
+                let _ = std::fs::remove_file(memory);
+            }
+        }
+        let v = sent.answer;
         let number = v["number"].as_i64().unwrap_or(0) as i32;
         let d = &v["diff_summary"];
         if args.dry_run {

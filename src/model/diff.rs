@@ -128,6 +128,26 @@ pub fn content_hash<'a>(
     hex::encode(h.finalize())
 }
 
+/// The content hash of a version: [`content_hash`] of its resources, then the handler code
+/// (an approval covers the code too: other code, another content hash). The server computes
+/// it when it stores a version; a client sending only changes computes it too, so the server
+/// stores exactly the version the client has.
+pub fn version_hash<'a>(
+    entries: impl Iterator<Item = (&'a str, &'a str, &'a [String], bool)>,
+    handlers: &BTreeMap<String, super::HandlerCode>,
+) -> String {
+    let hash = content_hash(entries);
+    if handlers.is_empty() {
+        return hash;
+    }
+    let mut h = Sha256::new();
+    h.update(hash.as_bytes());
+    for (ty, code) in handlers {
+        h.update(format!("\n{ty}={}", code.digest).as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,19 @@ pub struct Upload {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub provenance: Option<serde_json::Value>,
+    /// Send the version as its changes against the newest version: `resources` are then the
+    /// new and changed resources, `removed` the ids it no longer has, and `undefined` still
+    /// the complete list. Answered `409 base_moved` when `base` is not the newest version
+    /// (send the whole export then).
+    #[serde(default)]
+    pub base: Option<crate::model::DeltaBase>,
+    /// With `base`: the ids of the resources the new version no longer has.
+    #[serde(default)]
+    pub removed: Vec<crate::model::ResourceId>,
+    /// With `base`: the content hash the new version must have (the sender computes it from
+    /// its whole export); refused with `409 base_moved` when the changes give another.
+    #[serde(default)]
+    pub content_hash: Option<String>,
 }
 
 /// A stored version, and whether it was released at once (`auto_release`).
@@ -61,25 +74,40 @@ pub async fn upload(
         return Err(ApiError::bad_request("provenance must be an object"));
     }
     provenance["uploaded_by"] = json!(caller.name);
+    if body.base.is_none() && !body.removed.is_empty() {
+        return Err(ApiError::bad_request(
+            "removed is for a version sent as changes: it needs base",
+        ));
+    }
     let mut tx = state.pool.begin().await.map_err(StoreError::from)?;
-    let stored = versions::store(
-        &mut tx,
-        env.id,
-        versions::NewVersion {
-            export: &body.export,
-            uploader: &caller.name,
-            origin: "push",
-            provenance,
-        },
-    )
-    .await?;
+    let nv = versions::NewVersion {
+        export: &body.export,
+        uploader: &caller.name,
+        origin: "push",
+        provenance,
+    };
+    let stored = match &body.base {
+        None => versions::store(&mut tx, env.id, nv).await?,
+        Some(base) => {
+            versions::store_delta(
+                &mut tx,
+                env.id,
+                nv,
+                base,
+                &body.removed,
+                body.content_hash.as_deref(),
+            )
+            .await?
+        }
+    };
     audit::record(
         &mut *tx,
         &caller.name,
         Some(env.id),
         "version.upload",
         &stored.info.number.to_string(),
-        json!({"resources": stored.info.resource_count, "content_hash": stored.info.content_hash, "auto_released": stored.auto_released}),
+        json!({"resources": stored.info.resource_count, "content_hash": stored.info.content_hash, "auto_released": stored.auto_released,
+               "sent": if body.base.is_some() { "changes" } else { "whole" }}),
     )
     .await?;
     tx.commit().await.map_err(StoreError::from)?;

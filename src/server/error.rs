@@ -14,7 +14,8 @@ use crate::store::StoreError;
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// What kind of error: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `conflict`, `invalid`, `too_large`, `unsupported_media_type`, `method_not_allowed`,
+    /// `conflict`, `base_moved` (a version sent as changes to a base that is no longer the
+    /// newest), `fenced`, `invalid`, `too_large`, `unsupported_media_type`, `method_not_allowed`,
     /// `no_scheduler`, `no_git`, `unavailable`, `internal`, or from the git host
     /// `auth_failed` or `git_error`.
     pub error: String,
@@ -75,6 +76,7 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(what) => ApiError::not_found(format!("{what} not found")),
             StoreError::Conflict(m) => ApiError::conflict(m),
             StoreError::Fenced(m) => ApiError::new(StatusCode::CONFLICT, "fenced", m),
+            StoreError::BaseMoved(m) => ApiError::new(StatusCode::CONFLICT, "base_moved", m),
             StoreError::Invalid(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m),
             StoreError::Unavailable(m) => {
                 tracing::warn!(error = %m, "database unavailable");

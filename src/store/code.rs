@@ -189,8 +189,9 @@ pub async fn used_by_agents(
     agents: &[String],
 ) -> Result<bool> {
     Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM version_handlers h JOIN version_resources r \
-           ON r.environment_id = h.environment_id AND r.version = h.version \
+        "SELECT EXISTS (SELECT 1 FROM version_handlers h JOIN resource_spans r \
+           ON r.environment_id = h.environment_id \
+           AND r.first_version <= h.version AND r.last_version >= h.version \
            AND r.resource_type = h.resource_type \
          WHERE h.environment_id = $1 AND h.digest = $2 AND r.agent = ANY($3))",
     )

@@ -123,7 +123,7 @@ pub async fn release_agents(
     sqlx::query(
         "DELETE FROM leases WHERE kind = 'agent' AND key = ANY($1) AND holder = $2 \
          AND expires_at < now() AND substr(key, 38) NOT IN \
-           (SELECT DISTINCT agent FROM version_resources WHERE environment_id = $3)",
+           (SELECT DISTINCT agent FROM resource_spans WHERE environment_id = $3)",
     )
     .bind(&keys)
     .bind(holder)
@@ -142,7 +142,7 @@ pub async fn prune_unused_agent_leases(e: impl PgExecutor<'_>, after_secs: i64) 
         "DELETE FROM leases l WHERE l.ctid IN (SELECT l2.ctid FROM leases l2 \
            WHERE l2.kind = 'agent' \
            AND l2.expires_at < now() - make_interval(secs => $1::float8) \
-           AND NOT EXISTS (SELECT 1 FROM version_resources r \
+           AND NOT EXISTS (SELECT 1 FROM resource_spans r \
              WHERE r.environment_id::text = split_part(l2.key, '/', 1) \
              AND r.agent = substr(l2.key, length(split_part(l2.key, '/', 1)) + 2)) \
            LIMIT 5000)",

@@ -181,7 +181,7 @@ pub async fn prune_environment(
         pool,
         "DELETE FROM parameters WHERE id IN (SELECT p.id FROM parameters p \
          WHERE p.environment_id = $1 AND p.resource_id <> '' AND p.updated < now() - interval '1 hour' \
-         AND NOT EXISTS (SELECT 1 FROM version_resources vr \
+         AND NOT EXISTS (SELECT 1 FROM resource_spans vr \
            WHERE vr.environment_id = p.environment_id AND vr.resource_id = p.resource_id) \
          LIMIT 5000)",
         |q| q.bind(env),
@@ -232,7 +232,7 @@ pub async fn prune_global(pool: &PgPool, audit_days: u32) -> Result<Pruned> {
         pool,
         "DELETE FROM agents WHERE (environment_id, name) IN (SELECT a.environment_id, a.name FROM agents a \
          WHERE NOT a.paused AND NOT a.unpause_on_resume \
-         AND NOT EXISTS (SELECT 1 FROM version_resources r WHERE r.environment_id = a.environment_id AND r.agent = a.name) \
+         AND NOT EXISTS (SELECT 1 FROM resource_spans r WHERE r.environment_id = a.environment_id AND r.agent = a.name) \
          AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'agent' AND l.key = a.environment_id::text || '/' || a.name) \
          LIMIT 5000)",
         |q| q,

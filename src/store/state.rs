@@ -71,9 +71,10 @@ pub async fn list(
          COALESCE(s.blocked, CASE WHEN vr.undefined THEN 'blocked' ELSE 'not_blocked' END) AS blocked, \
          s.blocked_reason, s.last_attempt, s.last_deployed, s.last_success, COALESCE(s.failure_count, 0) AS failure_count, \
          s.next_retry \
-         FROM version_resources vr LEFT JOIN resource_state s \
+         FROM resource_spans vr LEFT JOIN resource_state s \
            ON s.environment_id = vr.environment_id AND s.resource_id = vr.resource_id \
-         WHERE vr.environment_id = $1 AND vr.version = $2 ORDER BY vr.resource_id"
+         WHERE vr.environment_id = $1 AND vr.first_version <= $2 AND vr.last_version >= $2 \
+         ORDER BY vr.resource_id"
     );
     Ok(
         sqlx::query_as::<_, ResourceWithState>(sqlx::AssertSqlSafe(sql))
@@ -91,9 +92,10 @@ pub async fn status_counts(
     version: i32,
 ) -> Result<Vec<(String, i64)>> {
     let sql = format!(
-        "SELECT {STATUS_SQL} AS status, count(*) FROM version_resources vr LEFT JOIN resource_state s \
+        "SELECT {STATUS_SQL} AS status, count(*) FROM resource_spans vr LEFT JOIN resource_state s \
            ON s.environment_id = vr.environment_id AND s.resource_id = vr.resource_id \
-         WHERE vr.environment_id = $1 AND vr.version = $2 GROUP BY 1 ORDER BY 1"
+         WHERE vr.environment_id = $1 AND vr.first_version <= $2 AND vr.last_version >= $2 \
+         GROUP BY 1 ORDER BY 1"
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(env)
@@ -111,8 +113,9 @@ pub async fn deploying_now(
 ) -> Result<Vec<String>> {
     // driven from the few rows being deployed (partial index), not from the version
     Ok(sqlx::query_scalar(
-        "SELECT s.resource_id FROM resource_state s JOIN version_resources vr \
-           ON vr.environment_id = s.environment_id AND vr.version = $2 AND vr.resource_id = s.resource_id \
+        "SELECT s.resource_id FROM resource_state s JOIN resource_spans vr \
+           ON vr.environment_id = s.environment_id AND vr.resource_id = s.resource_id \
+           AND vr.first_version <= $2 AND vr.last_version >= $2 \
          WHERE s.environment_id = $1 AND s.deploying_since IS NOT NULL AND s.orphaned_after IS NULL \
          ORDER BY s.deploying_since, s.resource_id LIMIT $3",
     )

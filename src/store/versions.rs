@@ -1,10 +1,10 @@
 //! Versions: immutable snapshots of an environment's desired state, their diffs, releases.
 //!
-//! Storing a version runs in one transaction under the environment's row lock: number it,
-//! store attributes content-addressed (unchanged resources share rows across versions), store
-//! its resources, compute the diff against the previous version, apply retention, and release
-//! it when the environment auto-releases. Releases are approvals bound to the version's
-//! content hash; the *active* version is the newest released one.
+//! Storing a version (`versions/write.rs`) runs in one transaction under the environment's row
+//! lock; its resources are kept as spans of versions (`versions/spans.rs`), so a version
+//! costs rows for what it changes. Reads here see version V as the spans that cover it.
+//! Releases are approvals bound to the version's content hash; the *active* version is the
+//! newest released one.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -97,247 +97,21 @@ pub struct Stored {
     pub auto_released: bool,
 }
 
-/// Check an export before it becomes a version: unique ids, ids consistent with type and
-/// agent, `requires` and `undefined` pointing inside the version.
-pub fn validate_export(export: &ExportFile) -> Result<()> {
-    if export.format != crate::model::EXPORT_FORMAT {
-        return Err(StoreError::Invalid(format!(
-            "unsupported export format {} (this server reads format {})",
-            export.format,
-            crate::model::EXPORT_FORMAT
-        )));
-    }
-    let mut ids = std::collections::HashSet::with_capacity(export.resources.len());
-    for r in &export.resources {
-        if r.id.0.chars().any(char::is_control) {
-            return Err(StoreError::Invalid(format!(
-                "resource id {:?} contains a control character",
-                r.id.0
-            )));
-        }
-        let Some((ty, agent, _, _)) = r.id.parse() else {
-            return Err(StoreError::Invalid(format!(
-                "'{}' is not a resource id (type[agent,attr=value])",
-                r.id
-            )));
-        };
-        if ty != r.type_name || agent != r.agent {
-            return Err(StoreError::Invalid(format!(
-                "resource {}: type '{}' and agent '{}' do not match its id",
-                r.id, r.type_name, r.agent
-            )));
-        }
-        if !ids.insert(r.id.0.as_str()) {
-            return Err(StoreError::Invalid(format!(
-                "resource {} appears twice",
-                r.id
-            )));
-        }
-    }
-    for r in &export.resources {
-        for q in &r.requires {
-            if !ids.contains(q.0.as_str()) {
-                return Err(StoreError::Invalid(format!(
-                    "resource {} requires {}, which is not in this version",
-                    r.id, q
-                )));
-            }
-        }
-    }
-    for u in &export.undefined {
-        if !ids.contains(u.0.as_str()) {
-            return Err(StoreError::Invalid(format!(
-                "undefined resource {u} is not in this version"
-            )));
-        }
-    }
-    if let Some(cycle) = crate::model::find_cycle(&export.resources) {
-        return Err(StoreError::Invalid(format!(
-            "dependency cycle: {}",
-            cycle
-                .iter()
-                .map(|c| c.0.as_str())
-                .collect::<Vec<_>>()
-                .join(" -> ")
-        )));
-    }
-    Ok(())
-}
+mod spans;
+mod write;
 
-/// Store a new version (see the module doc).
-pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Result<Stored> {
-    validate_export(nv.export)?;
-    super::code::validate(nv.export)?;
-    super::facts::validate_unknowns(&nv.export.unknowns)?;
-    let env = environments::lock(&mut *c, env_id).await?;
-    let (prev,): (Option<i32>,) =
-        sqlx::query_as("SELECT max(number) FROM versions WHERE environment_id = $1")
-            .bind(env_id)
-            .fetch_one(&mut *c)
-            .await?;
-    let number = prev.unwrap_or(0) + 1;
-    let res = &nv.export.resources;
-    let undefined: std::collections::HashSet<&str> =
-        nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
-    let hashes: Vec<String> = res.iter().map(Resource::hash).collect();
-    let requires: Vec<Vec<String>> = res
-        .iter()
-        .map(|r| r.requires.iter().map(|q| q.0.clone()).collect())
-        .collect();
-    let mut content_hash = diff::content_hash(res.iter().enumerate().map(|(i, r)| {
-        (
-            r.id.0.as_str(),
-            hashes[i].as_str(),
-            requires[i].as_slice(),
-            undefined.contains(r.id.0.as_str()),
-        )
-    }));
-    // an approval covers the handler code too: other code, another content hash
-    if !nv.export.handlers.is_empty() {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        h.update(content_hash.as_bytes());
-        for (ty, code) in &nv.export.handlers {
-            h.update(format!("\n{ty}={}", code.digest).as_bytes());
-        }
-        content_hash = hex::encode(h.finalize());
-    }
-    // attributes, content-addressed
-    // most attributes are stored already (a new version changes a few resources): send only
-    // the blobs the database does not have
-    let known: std::collections::HashSet<String> =
-        sqlx::query_scalar("SELECT hash FROM resource_blobs WHERE hash = ANY($1)")
-            .bind(&hashes)
-            .fetch_all(&mut *c)
-            .await?
-            .into_iter()
-            .collect();
-    let mut sent = std::collections::HashSet::new();
-    let (missing_hashes, missing_attrs): (Vec<&str>, Vec<serde_json::Value>) = res
-        .iter()
-        .zip(&hashes)
-        .filter(|(_, h)| !known.contains(*h) && sent.insert(h.as_str()))
-        .map(|(r, h)| (h.as_str(), serde_json::Value::Object(r.attributes.clone())))
-        .unzip();
-    if !missing_hashes.is_empty() {
-        sqlx::query(
-            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
-             ON CONFLICT (hash) DO NOTHING",
-        )
-        .bind(&missing_hashes)
-        .bind(&missing_attrs)
-        .execute(&mut *c)
-        .await?;
-    }
-    let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
-    sqlx::query(
-        "INSERT INTO versions (environment_id, number, uploader, origin, content_hash, provenance, metadata, \
-         resource_count, diff_base) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-    )
-    .bind(env_id)
-    .bind(number)
-    .bind(nv.uploader)
-    .bind(nv.origin)
-    .bind(&content_hash)
-    .bind(&nv.provenance)
-    .bind(&metadata)
-    .bind(res.len() as i32)
-    .bind(prev)
-    .execute(&mut *c)
-    .await?;
-    let ids: Vec<&str> = res.iter().map(|r| r.id.0.as_str()).collect();
-    let types: Vec<&str> = res.iter().map(|r| r.type_name.as_str()).collect();
-    let agents: Vec<&str> = res.iter().map(|r| r.agent.as_str()).collect();
-    // requires travel as one newline-separated text per resource (ids hold no newline; a
-    // ragged text[][] can not be bound, and jsonb costs a parse per row)
-    let reqs: Vec<String> = requires.iter().map(|r| r.join("\n")).collect();
-    let undef: Vec<bool> = ids.iter().map(|i| undefined.contains(i)).collect();
-    sqlx::query(
-        "INSERT INTO version_resources (environment_id, version, resource_id, resource_type, agent, hash, requires, undefined) \
-         SELECT $1, $2, u.rid, u.rtype, u.agent, u.hash, \
-         CASE WHEN u.req = '' THEN '{}'::text[] ELSE string_to_array(u.req, E'\\n') END, u.undef \
-         FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[]) AS u(rid, rtype, agent, hash, req, undef)",
-    )
-    .bind(env_id)
-    .bind(number)
-    .bind(&ids)
-    .bind(&types)
-    .bind(&agents)
-    .bind(&hashes)
-    .bind(&reqs)
-    .bind(&undef)
-    .execute(&mut *c)
-    .await?;
-    super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
-    super::facts::record_unknowns(&mut *c, env_id, number, &nv.export.unknowns).await?;
-    // diff against the previous version
-    let new_digests: BTreeMap<String, ResourceDigest> = res
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            (
-                r.id.0.clone(),
-                ResourceDigest {
-                    hash: hashes[i].clone(),
-                    undefined: undef[i],
-                },
-            )
-        })
-        .collect();
-    let new_attrs: HashMap<&str, &serde_json::Map<String, serde_json::Value>> = res
-        .iter()
-        .map(|r| (r.id.0.as_str(), &r.attributes))
-        .collect();
-    let summary = match prev {
-        Some(base) => {
-            let old = digests(&mut *c, env_id, base).await?;
-            store_diff(&mut *c, env_id, number, &old, &new_digests, |id| {
-                new_attrs.get(id).map(|m| (*m).clone())
-            })
-            .await?
-        }
-        None => {
-            let old = BTreeMap::new();
-            store_diff(&mut *c, env_id, number, &old, &new_digests, |id| {
-                new_attrs.get(id).map(|m| (*m).clone())
-            })
-            .await?
-        }
-    };
-    sqlx::query("UPDATE versions SET diff_summary = $3 WHERE environment_id = $1 AND number = $2")
-        .bind(env_id)
-        .bind(number)
-        .bind(&summary)
-        .execute(&mut *c)
-        .await?;
-    // release by policy
-    let mut auto_released = false;
-    if env.settings.auto_release && !env.auto_release_held {
-        release_locked(
-            &mut *c,
-            env_id,
-            number,
-            "auto-release",
-            "released automatically",
-        )
-        .await?;
-        auto_released = true;
-    }
-    apply_retention(&mut *c, env_id, env.settings.version_retention).await?;
-    let info = get(&mut *c, env_id, number).await?;
-    Ok(Stored {
-        info,
-        auto_released,
-    })
-}
+pub use spans::{Entry, OPEN};
+pub use write::{Manifest, store, store_delta, validate_export};
 
+/// A version's resources by id: what the diff needs of each (attribute hash, undefined).
 async fn digests(
     c: &mut PgConnection,
     env: Uuid,
     version: i32,
 ) -> Result<BTreeMap<String, ResourceDigest>> {
     let rows: Vec<(String, String, bool)> = sqlx::query_as(
-        "SELECT resource_id, hash, undefined FROM version_resources WHERE environment_id = $1 AND version = $2",
+        "SELECT resource_id, hash, undefined FROM resource_spans \
+         WHERE environment_id = $1 AND first_version <= $2 AND last_version >= $2",
     )
     .bind(env)
     .bind(version)
@@ -347,53 +121,6 @@ async fn digests(
         .into_iter()
         .map(|(id, hash, undefined)| (id, ResourceDigest { hash, undefined }))
         .collect())
-}
-
-async fn blobs(
-    c: &mut PgConnection,
-    hashes: &[String],
-) -> Result<HashMap<String, serde_json::Value>> {
-    let rows: Vec<(String, serde_json::Value)> =
-        sqlx::query_as("SELECT hash, attributes FROM resource_blobs WHERE hash = ANY($1)")
-            .bind(hashes)
-            .fetch_all(&mut *c)
-            .await?;
-    Ok(rows.into_iter().collect())
-}
-
-/// Compute the per-resource diff and store it; returns the summary counts.
-async fn store_diff(
-    c: &mut PgConnection,
-    env: Uuid,
-    number: i32,
-    old: &BTreeMap<String, ResourceDigest>,
-    new: &BTreeMap<String, ResourceDigest>,
-    new_attrs: impl Fn(&str) -> Option<serde_json::Map<String, serde_json::Value>>,
-) -> Result<serde_json::Value> {
-    let entries = compute_diff(c, old, new, new_attrs).await?;
-    let mut counts: BTreeMap<&str, i64> =
-        [("new", 0), ("updated", 0), ("deleted", 0), ("unchanged", 0)].into();
-    let unchanged =
-        new.len() as i64 - entries.iter().filter(|e| e.change != "deleted").count() as i64;
-    for e in &entries {
-        *counts.entry(e.change.as_str()).or_default() += 1;
-    }
-    counts.insert("unchanged", unchanged);
-    let ids: Vec<&str> = entries.iter().map(|e| e.resource_id.as_str()).collect();
-    let kinds: Vec<&str> = entries.iter().map(|e| e.change.as_str()).collect();
-    let attrs: Vec<&serde_json::Value> = entries.iter().map(|e| &e.attributes).collect();
-    sqlx::query(
-        "INSERT INTO version_diffs (environment_id, version, resource_id, change, attributes) \
-         SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::jsonb[])",
-    )
-    .bind(env)
-    .bind(number)
-    .bind(&ids)
-    .bind(&kinds)
-    .bind(&attrs)
-    .execute(&mut *c)
-    .await?;
-    Ok(serde_json::json!(counts))
 }
 
 /// The changed resources between two digest sets (unchanged ones are left out).
@@ -409,7 +136,7 @@ pub(super) async fn compute_diff(
         .filter(|(_, k)| *k == ChangeKind::Updated)
         .map(|(id, _)| old[*id].hash.clone())
         .collect();
-    let old_blobs = blobs(c, &updated_old).await?;
+    let old_blobs = attributes_by_hash(&mut *c, &updated_old).await?;
     let mut out = Vec::new();
     for (id, kind) in classified {
         let attributes = match kind {
@@ -461,7 +188,7 @@ pub async fn diff_between(
         .filter(|(id, d)| old.get(*id).is_some_and(|o| o.hash != d.hash))
         .map(|(_, d)| d.hash.clone())
         .collect();
-    let new_blobs = blobs(&mut *c, &changed_new).await?;
+    let new_blobs = attributes_by_hash(&mut *c, &changed_new).await?;
     let mut entries = compute_diff(&mut *c, &old, &new, |id| {
         new.get(id)
             .and_then(|d| new_blobs.get(&d.hash))
@@ -548,8 +275,9 @@ pub async fn resources(
 ) -> Result<Vec<StoredResource>> {
     Ok(sqlx::query_as::<_, StoredResource>(
         "SELECT vr.resource_id, vr.resource_type, vr.agent, vr.hash, b.attributes, vr.requires, vr.undefined \
-         FROM version_resources vr JOIN resource_blobs b ON b.hash = vr.hash \
-         WHERE vr.environment_id = $1 AND vr.version = $2 ORDER BY vr.resource_id",
+         FROM resource_spans vr JOIN resource_blobs b ON b.hash = vr.hash \
+         WHERE vr.environment_id = $1 AND vr.first_version <= $2 AND vr.last_version >= $2 \
+         ORDER BY vr.resource_id",
     )
     .bind(env)
     .bind(number)
@@ -574,13 +302,61 @@ pub async fn resource_digests(
     number: i32,
 ) -> Result<Vec<ResourceDigestRow>> {
     Ok(sqlx::query_as::<_, ResourceDigestRow>(
-        "SELECT resource_id, resource_type, agent, hash, requires, undefined FROM version_resources \
-         WHERE environment_id = $1 AND version = $2 ORDER BY resource_id",
+        "SELECT resource_id, resource_type, agent, hash, requires, undefined FROM resource_spans \
+         WHERE environment_id = $1 AND first_version <= $2 AND last_version >= $2 ORDER BY resource_id",
     )
     .bind(env)
     .bind(number)
     .fetch_all(e)
     .await?)
+}
+
+/// What changed from version `from` to the newer `to`: the resources `to` has that `from` had
+/// not so (new or changed), and the ids `from` had that `to` has not so (changed or gone).
+/// Reads the spans that start or end between them, not the versions: `None` when `from` no
+/// longer exists (its rows may be gone; read `to` whole then).
+pub async fn changes_between(
+    pool: &sqlx::PgPool,
+    env: Uuid,
+    from: i32,
+    to: i32,
+) -> Result<Option<(Vec<ResourceDigestRow>, Vec<String>)>> {
+    // one snapshot: `from` exists in it, so its rows are all there
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await?;
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM versions WHERE environment_id = $1 AND number = $2)",
+    )
+    .bind(env)
+    .bind(from)
+    .fetch_one(&mut *tx)
+    .await?;
+    if !exists {
+        return Ok(None);
+    }
+    let opened = sqlx::query_as::<_, ResourceDigestRow>(
+        "SELECT resource_id, resource_type, agent, hash, requires, undefined FROM resource_spans \
+         WHERE environment_id = $1 AND first_version > $2 AND first_version <= $3 AND last_version >= $3 \
+         ORDER BY resource_id",
+    )
+    .bind(env)
+    .bind(from)
+    .bind(to)
+    .fetch_all(&mut *tx)
+    .await?;
+    let closed: Vec<String> = sqlx::query_scalar(
+        "SELECT resource_id FROM resource_spans \
+         WHERE environment_id = $1 AND last_version >= $2 AND last_version < $3 AND first_version <= $2",
+    )
+    .bind(env)
+    .bind(from)
+    .bind(to)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Some((opened, closed)))
 }
 
 /// Attributes by content hash.
@@ -639,8 +415,9 @@ pub async fn resource_history(
     resource_id: &str,
 ) -> Result<Vec<(i32, String, bool)>> {
     Ok(sqlx::query_as(
-        "SELECT version, hash, undefined FROM version_resources WHERE environment_id = $1 AND resource_id = $2 \
-         ORDER BY version DESC",
+        "SELECT v.number, s.hash, s.undefined FROM resource_spans s JOIN versions v \
+           ON v.environment_id = s.environment_id AND v.number BETWEEN s.first_version AND s.last_version \
+         WHERE s.environment_id = $1 AND s.resource_id = $2 ORDER BY v.number DESC",
     )
     .bind(env)
     .bind(resource_id)
@@ -656,8 +433,9 @@ pub async fn resource_in(
 ) -> Result<StoredResource> {
     sqlx::query_as::<_, StoredResource>(
         "SELECT vr.resource_id, vr.resource_type, vr.agent, vr.hash, b.attributes, vr.requires, vr.undefined \
-         FROM version_resources vr JOIN resource_blobs b ON b.hash = vr.hash \
-         WHERE vr.environment_id = $1 AND vr.version = $2 AND vr.resource_id = $3",
+         FROM resource_spans vr JOIN resource_blobs b ON b.hash = vr.hash \
+         WHERE vr.environment_id = $1 AND vr.resource_id = $3 \
+         AND vr.first_version <= $2 AND vr.last_version >= $2",
     )
     .bind(env)
     .bind(number)
@@ -668,7 +446,7 @@ pub async fn resource_in(
 }
 
 /// Release under the environment lock (the caller holds it).
-async fn release_locked(
+pub(super) async fn release_locked(
     c: &mut PgConnection,
     env: Uuid,
     number: i32,
@@ -826,49 +604,7 @@ pub async fn delete(c: &mut PgConnection, env: Uuid, number: i32) -> Result<()> 
             "version {number} is the active version and can not be deleted"
         )));
     }
-    delete_unchecked(c, env, &[number]).await
-}
-
-async fn delete_unchecked(c: &mut PgConnection, env: Uuid, numbers: &[i32]) -> Result<()> {
-    let hashes: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT hash FROM version_resources WHERE environment_id = $1 AND version = ANY($2)",
-    )
-    .bind(env)
-    .bind(numbers)
-    .fetch_all(&mut *c)
-    .await?;
-    sqlx::query("DELETE FROM versions WHERE environment_id = $1 AND number = ANY($2)")
-        .bind(env)
-        .bind(numbers)
-        .execute(&mut *c)
-        .await?;
-    // attributes nobody refers to any more
-    sqlx::query(
-        "DELETE FROM resource_blobs b WHERE b.hash = ANY($1) \
-         AND NOT EXISTS (SELECT 1 FROM version_resources vr WHERE vr.hash = b.hash)",
-    )
-    .bind(&hashes)
-    .execute(&mut *c)
-    .await?;
-    Ok(())
-}
-
-/// Keep the newest `keep` versions and the active one.
-async fn apply_retention(c: &mut PgConnection, env: Uuid, keep: u32) -> Result<()> {
-    let active = active(&mut *c, env).await?.unwrap_or(0);
-    let old: Vec<i32> = sqlx::query_scalar(
-        "SELECT number FROM (SELECT number FROM versions WHERE environment_id = $1 ORDER BY number DESC OFFSET $3) o \
-         WHERE number <> $2",
-    )
-    .bind(env)
-    .bind(active)
-    .bind(keep as i64)
-    .fetch_all(&mut *c)
-    .await?;
-    if !old.is_empty() {
-        delete_unchecked(c, env, &old).await?;
-    }
-    Ok(())
+    write::delete_unchecked(c, env, &[number]).await
 }
 
 /// Number of versions per environment (for metrics).

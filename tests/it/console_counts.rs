@@ -41,7 +41,7 @@ fn ids(v: &Value) -> Vec<String> {
 /// A state row saying `result` for the resource's current intent.
 async fn set_result(s: &TestServer, env: uuid::Uuid, id: &str, result: &str) {
     let (agent, hash): (String, String) = sqlx::query_as(
-        "SELECT agent, hash FROM version_resources WHERE environment_id = $1 AND version = 1 \
+        "SELECT agent, hash FROM resource_spans WHERE environment_id = $1 AND first_version = 1 \
          AND resource_id = $2",
     )
     .bind(env)

@@ -110,7 +110,7 @@ pub(crate) async fn seeded(s: &TestServer, c: &Client) -> (String, Vec<String>) 
              last_run_hash, last_deployed) \
              SELECT $1, $2, agent, $3, CASE WHEN $3 = 'failed' THEN 'it broke' END, hash, \
                now() - make_interval(mins => 1000 - $4) \
-             FROM version_resources WHERE environment_id = $1 AND version = 1 AND resource_id = $2",
+             FROM resource_spans WHERE environment_id = $1 AND first_version = 1 AND resource_id = $2",
         )
         .bind(env_id)
         .bind(id)

@@ -68,3 +68,4 @@ mod ssh_support;
 mod stuck_writers;
 mod support;
 mod tls;
+mod version_spans;

@@ -18,6 +18,14 @@ impl EnvScheduler {
         version: i32,
         take: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
+        // a newer version than the model's: read only what changed between them
+        if take
+            && let Some(old) = self.model.version.filter(|&old| old < version)
+            && let Some((opened, closed)) =
+                store::versions::changes_between(&self.pool, self.env, old, version).await?
+        {
+            return self.intents_from_changes(opened, closed).await;
+        }
         let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
         fn held(m: &Model, r: &store::versions::ResourceDigestRow) -> Option<usize> {
             m.get(&r.resource_id)
@@ -51,6 +59,67 @@ impl EnvScheduler {
                 undefined: r.undefined,
             });
         }
+        Ok(intents)
+    }
+
+    /// The next version's intents from the model's and what changed: unchanged resources
+    /// are moved out of the model (it is about to be replaced), changed ones read (their
+    /// attributes only when the model does not hold them already).
+    async fn intents_from_changes(
+        &mut self,
+        opened: Vec<store::versions::ResourceDigestRow>,
+        closed: Vec<String>,
+    ) -> Result<Vec<Intent>, store::StoreError> {
+        let mut changed: HashSet<&str> = closed.iter().map(String::as_str).collect();
+        changed.extend(opened.iter().map(|r| r.resource_id.as_str()));
+        let mut missing: Vec<String> = opened
+            .iter()
+            .filter(|r| {
+                self.model
+                    .get(&r.resource_id)
+                    .is_none_or(|i| self.model.intents[i].hash != r.hash)
+            })
+            .map(|r| r.hash.clone())
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
+        let mut intents = Vec::with_capacity(self.model.len() + opened.len());
+        for i in &mut self.model.intents {
+            if !changed.contains(i.id.as_str()) {
+                intents.push(Intent {
+                    id: i.id.clone(),
+                    type_name: i.type_name.clone(),
+                    agent: i.agent.clone(),
+                    hash: i.hash.clone(),
+                    attributes: std::mem::take(&mut i.attributes),
+                    requires: i.requires.clone(),
+                    undefined: i.undefined,
+                });
+            }
+        }
+        for r in opened {
+            let attributes = match self.model.get(&r.resource_id) {
+                Some(i) if self.model.intents[i].hash == r.hash => {
+                    std::mem::take(&mut self.model.intents[i].attributes)
+                }
+                _ => blobs
+                    .get(&r.hash)
+                    .and_then(|v| v.as_object().cloned())
+                    .unwrap_or_default(),
+            };
+            intents.push(Intent {
+                id: r.resource_id,
+                type_name: r.resource_type,
+                agent: r.agent,
+                hash: r.hash,
+                attributes,
+                requires: r.requires,
+                undefined: r.undefined,
+            });
+        }
+        // the order a whole read gives (the model's indexes follow it)
+        intents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         Ok(intents)
     }
 

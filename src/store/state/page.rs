@@ -6,7 +6,7 @@
 //!   counting by status joins every resource of the version once. That one pass (grouping
 //!   sets) gives the counts by status under the other filters, the agents and the types.
 //! - The page itself, when it neither filters nor sorts by status or deploy time, is cut from
-//!   `version_resources` alone (its primary key is in id order) and only its rows are joined
+//!   `resource_spans` alone (its primary key is in id order) and only its rows are joined
 //!   with their state.
 //! - A status filter is written on the underlying columns as well (a result is
 //!   `last_result = X`), so the planner sees how selective it is and can start from the few
@@ -134,7 +134,7 @@ const JOIN_STATE: &str = "LEFT JOIN resource_state s ON s.environment_id = vr.en
 
 /// The conditions on the version's own columns: $1 env, $2 version, $3 agent, $4 type,
 /// $5 pattern.
-const ROW_FILTER: &str = "vr.environment_id = $1 AND vr.version = $2 \
+const ROW_FILTER: &str = "vr.environment_id = $1 AND vr.first_version <= $2 AND vr.last_version >= $2 \
     AND ($3::text IS NULL OR vr.agent = $3) AND ($4::text IS NULL OR vr.resource_type = $4) \
     AND ($5::text IS NULL OR vr.resource_id ILIKE $5 ESCAPE '\\')";
 
@@ -225,15 +225,15 @@ async fn rows(
         // then fetch those rows and their state only
         format!(
             "SELECT {ROW_COLUMNS}, {state_cols} FROM \
-               (SELECT vr.resource_id FROM version_resources vr \
+               (SELECT vr.resource_id FROM resource_spans vr \
                 WHERE {ROW_FILTER} {by_status} ORDER BY {order} {cut}) p \
-             JOIN version_resources vr ON vr.environment_id = $1 AND vr.version = $2 \
-               AND vr.resource_id = p.resource_id \
+             JOIN resource_spans vr ON vr.environment_id = $1 AND vr.resource_id = p.resource_id \
+               AND vr.first_version <= $2 AND vr.last_version >= $2 \
              {JOIN_STATE} ORDER BY {order}"
         )
     } else {
         format!(
-            "SELECT {ROW_COLUMNS}, {state_cols} FROM version_resources vr {JOIN_STATE} \
+            "SELECT {ROW_COLUMNS}, {state_cols} FROM resource_spans vr {JOIN_STATE} \
              WHERE {ROW_FILTER} {by_status} ORDER BY {order} {cut}"
         )
     };
@@ -265,7 +265,7 @@ async fn rows(
 /// they leave).
 async fn counts(pool: &PgPool, env: Uuid, version: i32, filter: &Filter) -> Result<Counts> {
     let sql = format!(
-        "SELECT {STATUS_SQL} AS status, count(*) FROM version_resources vr {JOIN_STATE} \
+        "SELECT {STATUS_SQL} AS status, count(*) FROM resource_spans vr {JOIN_STATE} \
          WHERE {ROW_FILTER} GROUP BY 1"
     );
     let mut tx = roomy(pool).await?;
@@ -285,10 +285,10 @@ async fn counts(pool: &PgPool, env: Uuid, version: i32, filter: &Filter) -> Resu
 /// The agents and the types of a version, sorted (from its indexes on both).
 async fn choices(pool: &PgPool, env: Uuid, version: i32) -> Result<Choices> {
     let rows: Vec<(bool, String)> = sqlx::query_as(
-        "SELECT true, agent FROM (SELECT DISTINCT agent FROM version_resources \
-           WHERE environment_id = $1 AND version = $2) a \
-         UNION ALL SELECT false, resource_type FROM (SELECT DISTINCT resource_type \
-           FROM version_resources WHERE environment_id = $1 AND version = $2) t",
+        "SELECT true, agent FROM (SELECT DISTINCT agent FROM resource_spans \
+           WHERE environment_id = $1 AND first_version <= $2 AND last_version >= $2) a \
+         UNION ALL SELECT false, resource_type FROM (SELECT DISTINCT resource_type FROM resource_spans \
+           WHERE environment_id = $1 AND first_version <= $2 AND last_version >= $2) t",
     )
     .bind(env)
     .bind(version)
@@ -362,7 +362,7 @@ async fn by_deploy_time_with_counts(
     );
     let sql = format!(
         "WITH j AS MATERIALIZED (SELECT vr.resource_id, {STATUS_SQL} AS status, s.last_deployed \
-           FROM version_resources vr {JOIN_STATE} WHERE {ROW_FILTER}) \
+           FROM resource_spans vr {JOIN_STATE} WHERE {ROW_FILTER}) \
          SELECT status, count(*), NULL::integer FROM j GROUP BY status \
          UNION ALL SELECT resource_id, 0, (row_number() OVER ())::integer FROM \
            (SELECT resource_id FROM j WHERE $6::text IS NULL OR status = $6 \
@@ -393,8 +393,9 @@ async fn by_deploy_time_with_counts(
     ids.sort();
     let ids: Vec<String> = ids.into_iter().map(|(_, id)| id).collect();
     let sql = format!(
-        "SELECT {ROW_COLUMNS}, {} FROM version_resources vr {JOIN_STATE} \
-         WHERE vr.environment_id = $1 AND vr.version = $2 AND vr.resource_id = ANY($3)",
+        "SELECT {ROW_COLUMNS}, {} FROM resource_spans vr {JOIN_STATE} \
+         WHERE vr.environment_id = $1 AND vr.first_version <= $2 AND vr.last_version >= $2 \
+         AND vr.resource_id = ANY($3)",
         state_columns()
     );
     let mut rows: Vec<ResourceWithState> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -546,8 +547,9 @@ pub async fn one(
     resource_id: &str,
 ) -> Result<Option<ResourceWithState>> {
     let sql = format!(
-        "SELECT {ROW_COLUMNS}, {} FROM version_resources vr {JOIN_STATE} \
-         WHERE vr.environment_id = $1 AND vr.version = $2 AND vr.resource_id = $3",
+        "SELECT {ROW_COLUMNS}, {} FROM resource_spans vr {JOIN_STATE} \
+         WHERE vr.environment_id = $1 AND vr.resource_id = $3 \
+         AND vr.first_version <= $2 AND vr.last_version >= $2",
         state_columns()
     );
     Ok(
@@ -569,8 +571,8 @@ pub async fn required_by(
     limit: i64,
 ) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar(
-        "SELECT resource_id FROM version_resources \
-         WHERE environment_id = $1 AND version = $2 AND $3 = ANY(requires) \
+        "SELECT resource_id FROM resource_spans \
+         WHERE environment_id = $1 AND first_version <= $2 AND last_version >= $2 AND $3 = ANY(requires) \
          ORDER BY resource_id LIMIT $4",
     )
     .bind(env)

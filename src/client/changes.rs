@@ -1,0 +1,256 @@
+//! Uploading a version as its changes: the client remembers what it last stored in an
+//! environment ([`LastUpload`]: the version's number, content hash, and each resource's
+//! attribute hash and requires) and sends the next export as the resources that are new or
+//! changed, the ids that went, and the content hash the whole must have. The server checks
+//! that its newest version is still that base and that the result has that content hash;
+//! otherwise it answers `409 base_moved` and the whole export is sent, so a wrong or stale
+//! memory costs one upload, never a wrong version.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{Client, ClientError, Result};
+use crate::model::{
+    DeltaBase, ExportFile, ExportMetadata, HandlerCode, Resource, ResourceId, UnknownRecord,
+};
+
+/// What a client stored last in an environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LastUpload {
+    /// The server it was stored in (for people reading the file; callers keep one memory
+    /// per server, and the server's checks make any other harmless).
+    pub server: String,
+    /// The environment it was stored in: a memory of another is not used.
+    pub environment: String,
+    pub version: i32,
+    pub content_hash: String,
+    /// id -> (attribute hash, requires)
+    entries: HashMap<String, (String, Vec<String>)>,
+}
+
+const MAGIC: &str = "steward-last-upload 1";
+
+#[derive(Serialize, serde::Deserialize)]
+struct Header {
+    server: String,
+    environment: String,
+    version: i32,
+    content_hash: String,
+}
+
+impl LastUpload {
+    /// Read a memory written by [`LastUpload::save`]; `None` when there is none or it does
+    /// not read (the next upload is then whole).
+    pub fn load(path: &Path) -> Option<LastUpload> {
+        let file = std::fs::File::open(path).ok()?;
+        let mut lines = std::io::BufReader::new(file).lines();
+        if lines.next()?.ok()? != MAGIC {
+            return None;
+        }
+        let header: Header = serde_json::from_str(&lines.next()?.ok()?).ok()?;
+        let mut entries = HashMap::new();
+        for line in lines {
+            let line = line.ok()?;
+            let mut fields = line.split('\t');
+            let hash = fields.next()?.to_string();
+            let id = fields.next()?.to_string();
+            let requires = fields.map(str::to_string).collect();
+            entries.insert(id, (hash, requires));
+        }
+        Some(LastUpload {
+            server: header.server,
+            environment: header.environment,
+            version: header.version,
+            content_hash: header.content_hash,
+            entries,
+        })
+    }
+
+    /// Write it (to a temporary file renamed into place: a crash leaves the old or the new).
+    /// Ids hold no control character (the server refuses them), so tabs and newlines part
+    /// the fields.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("tmp");
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        writeln!(out, "{MAGIC}")?;
+        let header = Header {
+            server: self.server.clone(),
+            environment: self.environment.clone(),
+            version: self.version,
+            content_hash: self.content_hash.clone(),
+        };
+        writeln!(out, "{}", serde_json::to_string(&header)?)?;
+        for (id, (hash, requires)) in &self.entries {
+            write!(out, "{hash}\t{id}")?;
+            for r in requires {
+                write!(out, "\t{r}")?;
+            }
+            writeln!(out)?;
+        }
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+/// How an upload went.
+pub struct Sent {
+    /// The server's answer (the stored version).
+    pub answer: serde_json::Value,
+    /// What to remember for the next upload (`None` when the server's content hash was not
+    /// the one computed here: the next upload is whole).
+    pub last: Option<LastUpload>,
+    /// Whether it went as changes (else whole).
+    pub as_changes: bool,
+}
+
+#[derive(Serialize)]
+struct ChangesBody<'a> {
+    format: u32,
+    resources: Vec<&'a Resource>,
+    undefined: &'a [ResourceId],
+    metadata: &'a ExportMetadata,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    handlers: &'a std::collections::BTreeMap<String, HandlerCode>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    code: &'a std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    unknowns: &'a [UnknownRecord],
+    provenance: &'a serde_json::Value,
+    base: DeltaBase,
+    removed: Vec<&'a ResourceId>,
+    content_hash: &'a str,
+}
+
+/// Where `steward export` remembers its last upload to `server`'s `environment`: the user's
+/// cache directory (`$XDG_CACHE_HOME` or `~/.cache`), `None` when there is none.
+pub fn memory_path(server: &str, environment: &str) -> Option<std::path::PathBuf> {
+    use sha2::Digest;
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+    let key = hex::encode(sha2::Sha256::digest(format!("{server}\n{environment}")));
+    Some(cache.join("steward").join("uploads").join(&key[..32]))
+}
+
+impl Client {
+    /// The server's base URL.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// Upload `export` as the environment's next version: as its changes against `last` when
+    /// that is a memory of this environment, whole otherwise or when the server says the
+    /// base moved.
+    pub async fn upload_changes(
+        &self,
+        env: &str,
+        export: &ExportFile,
+        provenance: serde_json::Value,
+        last: Option<&LastUpload>,
+    ) -> Result<Sent> {
+        let hashes: Vec<String> = export.resources.iter().map(Resource::hash).collect();
+        let requires: Vec<Vec<String>> = export
+            .resources
+            .iter()
+            .map(|r| r.requires.iter().map(|q| q.0.clone()).collect())
+            .collect();
+        let undefined: std::collections::HashSet<&str> =
+            export.undefined.iter().map(|u| u.0.as_str()).collect();
+        let expected = crate::model::diff::version_hash(
+            export.resources.iter().enumerate().map(|(i, r)| {
+                (
+                    r.id.0.as_str(),
+                    hashes[i].as_str(),
+                    requires[i].as_slice(),
+                    undefined.contains(r.id.0.as_str()),
+                )
+            }),
+            &export.handlers,
+        );
+        let mut as_changes = false;
+        let mut answer = None;
+        if let Some(last) = last.filter(|l| l.environment == env) {
+            let mut present = std::collections::HashSet::with_capacity(export.resources.len());
+            let changed: Vec<&Resource> = export
+                .resources
+                .iter()
+                .enumerate()
+                .filter(|(i, r)| {
+                    present.insert(r.id.0.as_str());
+                    last.entries
+                        .get(&r.id.0)
+                        .is_none_or(|(h, q)| *h != hashes[*i] || *q != requires[*i])
+                })
+                .map(|(_, r)| r)
+                .collect();
+            let removed: Vec<ResourceId> = last
+                .entries
+                .keys()
+                .filter(|id| !present.contains(id.as_str()))
+                .map(|id| ResourceId(id.clone()))
+                .collect();
+            let body = ChangesBody {
+                format: export.format,
+                resources: changed,
+                undefined: &export.undefined,
+                metadata: &export.metadata,
+                handlers: &export.handlers,
+                code: &export.code,
+                unknowns: &export.unknowns,
+                provenance: &provenance,
+                base: DeltaBase {
+                    version: last.version,
+                    content_hash: last.content_hash.clone(),
+                },
+                removed: removed.iter().collect(),
+                content_hash: &expected,
+            };
+            match self
+                .call::<serde_json::Value>(
+                    reqwest::Method::POST,
+                    &format!("{}/versions", Self::env(env)),
+                    Some(&body),
+                )
+                .await
+            {
+                Ok(v) => {
+                    answer = Some(v);
+                    as_changes = true;
+                }
+                Err(ClientError::Api {
+                    status: 409, kind, ..
+                }) if kind == "base_moved" => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let answer = match answer {
+            Some(v) => v,
+            None => self.upload(env, export, provenance).await?,
+        };
+        let last = (answer["content_hash"] == expected.as_str()).then(|| LastUpload {
+            server: self.base.clone(),
+            environment: env.to_string(),
+            version: answer["number"].as_i64().unwrap_or(0) as i32,
+            content_hash: expected.clone(),
+            entries: export
+                .resources
+                .iter()
+                .zip(hashes)
+                .zip(requires)
+                .map(|((r, h), q)| (r.id.0.clone(), (h, q)))
+                .collect(),
+        });
+        Ok(Sent {
+            answer,
+            last,
+            as_changes,
+        })
+    }
+}

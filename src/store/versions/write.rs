@@ -1,0 +1,608 @@
+//! Storing a version: in one transaction under the environment's row lock, number it, check
+//! it, store the attributes it adds (content-addressed), move the resource spans by what
+//! changed against the newest version, compute and keep its diff, release it when the
+//! environment auto-releases, and apply version retention.
+//!
+//! A version arrives whole (an export) or as its changes against the newest version (a
+//! *delta*: the resources that are new or changed, the ids that went, and the complete list
+//! of undefined ones). Both end in the same [`Manifest`] of the new version and the same
+//! rows, so a version has one content hash and one diff however it was sent. The cost of
+//! storing follows the change: the newest version's manifest is kept in memory between
+//! stores (checked against the database's newest version number and content hash, so
+//! another replica's store or a deletion is never missed), and only the changed spans are
+//! written.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::spans::{self, Entry};
+use super::{DiffEntry, NewVersion, Stored};
+use crate::model::diff::{self, ChangeKind};
+use crate::model::{DeltaBase, ExportFile, Resource, ResourceId};
+use crate::store::{Result, StoreError, environments};
+
+/// The resources of a version by id.
+pub type Manifest = BTreeMap<String, Entry>;
+
+/// Check an export before it becomes a version: unique ids, ids consistent with type and
+/// agent, `requires` and `undefined` pointing inside the version.
+pub fn validate_export(export: &ExportFile) -> Result<()> {
+    check_format(export)?;
+    let mut ids = HashSet::with_capacity(export.resources.len());
+    for r in &export.resources {
+        check_resource(r)?;
+        if !ids.insert(r.id.0.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "resource {} appears twice",
+                r.id
+            )));
+        }
+    }
+    for r in &export.resources {
+        for q in &r.requires {
+            if !ids.contains(q.0.as_str()) {
+                return Err(not_inside(&r.id.0, &q.0));
+            }
+        }
+    }
+    for u in &export.undefined {
+        if !ids.contains(u.0.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "undefined resource {u} is not in this version"
+            )));
+        }
+    }
+    if let Some(cycle) = crate::model::find_cycle(&export.resources) {
+        return Err(cycle_error(&cycle));
+    }
+    Ok(())
+}
+
+fn check_format(export: &ExportFile) -> Result<()> {
+    if export.format != crate::model::EXPORT_FORMAT {
+        return Err(StoreError::Invalid(format!(
+            "unsupported export format {} (this server reads format {})",
+            export.format,
+            crate::model::EXPORT_FORMAT
+        )));
+    }
+    super::super::code::validate(export)?;
+    super::super::facts::validate_unknowns(&export.unknowns)
+}
+
+fn check_resource(r: &Resource) -> Result<()> {
+    if r.id.0.chars().any(char::is_control) {
+        return Err(StoreError::Invalid(format!(
+            "resource id {:?} contains a control character",
+            r.id.0
+        )));
+    }
+    let Some((ty, agent, _, _)) = r.id.parse() else {
+        return Err(StoreError::Invalid(format!(
+            "'{}' is not a resource id (type[agent,attr=value])",
+            r.id
+        )));
+    };
+    if ty != r.type_name || agent != r.agent {
+        return Err(StoreError::Invalid(format!(
+            "resource {}: type '{}' and agent '{}' do not match its id",
+            r.id, r.type_name, r.agent
+        )));
+    }
+    Ok(())
+}
+
+fn not_inside(id: &str, required: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "resource {id} requires {required}, which is not in this version"
+    ))
+}
+
+fn cycle_error(cycle: &[ResourceId]) -> StoreError {
+    StoreError::Invalid(format!(
+        "dependency cycle: {}",
+        cycle
+            .iter()
+            .map(|c| c.0.as_str())
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    ))
+}
+
+fn entry_of(r: &Resource, undefined: bool) -> Entry {
+    Entry {
+        resource_type: r.type_name.clone(),
+        agent: r.agent.clone(),
+        hash: r.hash(),
+        requires: r.requires.iter().map(|q| q.0.clone()).collect(),
+        undefined,
+    }
+}
+
+/// Store a whole export as the next version.
+pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Result<Stored> {
+    validate_export(nv.export)?;
+    let undefined: HashSet<&str> = nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
+    let manifest: Manifest = nv
+        .export
+        .resources
+        .iter()
+        .map(|r| {
+            (
+                r.id.0.clone(),
+                entry_of(r, undefined.contains(r.id.0.as_str())),
+            )
+        })
+        .collect();
+    let lock = lock_newest(c, env_id).await?;
+    write(c, env_id, &nv, lock, manifest, None).await
+}
+
+/// Store the next version sent as its changes against `base`, which must be the newest
+/// version (else [`StoreError::BaseMoved`]: the sender sends the whole export), and which
+/// must come out with the content hash `expect` when given (so a sender whose idea of the
+/// base was wrong never stores a version other than its own). In
+/// `nv.export`, `resources` are the new and changed resources, in full, and `undefined` is
+/// the complete list of the new version's undefined resources; `removed` are the ids the new
+/// version no longer has.
+pub async fn store_delta(
+    c: &mut PgConnection,
+    env_id: Uuid,
+    nv: NewVersion<'_>,
+    base: &DeltaBase,
+    removed: &[ResourceId],
+    expect: Option<&str>,
+) -> Result<Stored> {
+    let export = nv.export;
+    check_format(export)?;
+    let mut given = HashSet::with_capacity(export.resources.len());
+    for r in &export.resources {
+        check_resource(r)?;
+        if !given.insert(r.id.0.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "resource {} appears twice",
+                r.id
+            )));
+        }
+    }
+    if let Some(r) = removed.iter().find(|r| given.contains(r.0.as_str())) {
+        return Err(StoreError::Invalid(format!(
+            "resource {r} is both removed and given"
+        )));
+    }
+    let lock = lock_newest(c, env_id).await?;
+    match &lock.newest {
+        Some((n, hash, _)) if *n == base.version && *hash == base.content_hash => {}
+        Some((n, _, _)) if *n == base.version => {
+            return Err(StoreError::BaseMoved(format!(
+                "version {n} is not the version these changes were made against (its content differs): send the whole version"
+            )));
+        }
+        Some((n, _, _)) => {
+            return Err(StoreError::BaseMoved(format!(
+                "the newest version is {n}, not {}: send the whole version",
+                base.version
+            )));
+        }
+        None => {
+            return Err(StoreError::BaseMoved(
+                "the environment has no version yet: send the whole version".into(),
+            ));
+        }
+    }
+    let base_manifest = lock
+        .newest
+        .as_ref()
+        .map(|(_, _, m)| m.clone())
+        .unwrap_or_default();
+    let mut manifest: Manifest = (*base_manifest).clone();
+    for r in removed {
+        // the sender's idea of the base is wrong: it sends the whole version
+        if manifest.remove(&r.0).is_none() {
+            return Err(StoreError::BaseMoved(format!(
+                "removed resource {r} is not in version {}: send the whole version",
+                base.version
+            )));
+        }
+    }
+    let undefined: HashSet<&str> = export.undefined.iter().map(|u| u.0.as_str()).collect();
+    let mut requires_changed = false;
+    for r in &export.resources {
+        let entry = entry_of(r, false);
+        if base_manifest
+            .get(&r.id.0)
+            .is_none_or(|b| b.requires != entry.requires)
+        {
+            requires_changed = true;
+        }
+        manifest.insert(r.id.0.clone(), entry);
+    }
+    for u in &undefined {
+        if !manifest.contains_key(*u) {
+            return Err(StoreError::Invalid(format!(
+                "undefined resource {u} is not in this version"
+            )));
+        }
+    }
+    for (id, e) in manifest.iter_mut() {
+        e.undefined = undefined.contains(id.as_str());
+    }
+    // the graph: what the given resources require is there; nothing left requires a removed
+    // one; a cycle can only come from changed requires
+    for r in &export.resources {
+        if let Some(q) = r.requires.iter().find(|q| !manifest.contains_key(&q.0)) {
+            return Err(not_inside(&r.id.0, &q.0));
+        }
+    }
+    if !removed.is_empty() {
+        let gone: HashSet<&str> = removed.iter().map(|r| r.0.as_str()).collect();
+        for (id, e) in &manifest {
+            if let Some(q) = e.requires.iter().find(|q| gone.contains(q.as_str())) {
+                return Err(not_inside(id, q));
+            }
+        }
+    }
+    if requires_changed && let Some(cycle) = find_cycle(&manifest) {
+        return Err(cycle_error(&cycle));
+    }
+    write(c, env_id, &nv, lock, manifest, expect).await
+}
+
+/// The environment locked, and its newest version (number, content hash, manifest).
+struct Locked {
+    settings: crate::model::settings::EnvSettings,
+    auto_release_held: bool,
+    newest: Option<(i32, String, Arc<Manifest>)>,
+}
+
+async fn lock_newest(c: &mut PgConnection, env_id: Uuid) -> Result<Locked> {
+    let env = environments::lock(&mut *c, env_id).await?;
+    let newest: Option<(i32, String)> = sqlx::query_as(
+        "SELECT number, content_hash FROM versions WHERE environment_id = $1 ORDER BY number DESC LIMIT 1",
+    )
+    .bind(env_id)
+    .fetch_optional(&mut *c)
+    .await?;
+    let newest = match newest {
+        None => None,
+        Some((n, hash)) => {
+            let manifest = match cached(env_id, n, &hash) {
+                Some(m) => m,
+                None => Arc::new(spans::open_entries(&mut *c, env_id).await?),
+            };
+            Some((n, hash, manifest))
+        }
+    };
+    Ok(Locked {
+        settings: env.settings,
+        auto_release_held: env.auto_release_held,
+        newest,
+    })
+}
+
+async fn write(
+    c: &mut PgConnection,
+    env_id: Uuid,
+    nv: &NewVersion<'_>,
+    lock: Locked,
+    manifest: Manifest,
+    expect: Option<&str>,
+) -> Result<Stored> {
+    let prev = lock.newest.as_ref().map(|(n, _, _)| *n);
+    let empty = Manifest::new();
+    let base: &Manifest = lock.newest.as_ref().map(|(_, _, m)| &**m).unwrap_or(&empty);
+    let number = prev.unwrap_or(0) + 1;
+    let content_hash = content_hash(&manifest, nv.export);
+    if let Some(expected) = expect
+        && expected != content_hash
+    {
+        return Err(StoreError::BaseMoved(format!(
+            "these changes make a version with content hash {content_hash}, not the {expected} the sender has: send the whole version"
+        )));
+    }
+    // what changed: rows to close, rows to open, the diff
+    let mut closed: Vec<&str> = Vec::new();
+    let mut opened: Vec<(&str, &Entry)> = Vec::new();
+    let mut changes: Vec<(&str, ChangeKind)> = Vec::new();
+    for (id, e) in &manifest {
+        match base.get(id) {
+            None => {
+                opened.push((id, e));
+                changes.push((id, ChangeKind::New));
+            }
+            Some(b) if b == e => {}
+            Some(b) => {
+                closed.push(id);
+                opened.push((id, e));
+                if b.hash != e.hash || b.undefined != e.undefined {
+                    changes.push((id, ChangeKind::Updated));
+                }
+            }
+        }
+    }
+    for id in base.keys() {
+        if !manifest.contains_key(id) {
+            closed.push(id);
+            changes.push((id, ChangeKind::Deleted));
+        }
+    }
+    changes.sort_by(|a, b| a.0.cmp(b.0));
+    // attributes, content-addressed: only those of new and changed resources can be missing
+    let given: HashMap<&str, &serde_json::Map<String, serde_json::Value>> = nv
+        .export
+        .resources
+        .iter()
+        .map(|r| (r.id.0.as_str(), &r.attributes))
+        .collect();
+    let mut sent = HashSet::new();
+    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<serde_json::Value>) = opened
+        .iter()
+        .filter(|(id, e)| base.get(*id).is_none_or(|b| b.hash != e.hash))
+        .filter(|(_, e)| sent.insert(e.hash.as_str()))
+        .filter_map(|(id, e)| {
+            given
+                .get(id)
+                .map(|a| (e.hash.as_str(), serde_json::Value::Object((*a).clone())))
+        })
+        .unzip();
+    if !blob_hashes.is_empty() {
+        sqlx::query(
+            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
+             ON CONFLICT (hash) DO NOTHING",
+        )
+        .bind(&blob_hashes)
+        .bind(&blob_attrs)
+        .execute(&mut *c)
+        .await?;
+    }
+    let entries = diff_entries(c, base, &manifest, &changes, &given).await?;
+    let summary = summary(&entries, manifest.len());
+    let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
+    sqlx::query(
+        "INSERT INTO versions (environment_id, number, uploader, origin, content_hash, provenance, metadata, \
+         resource_count, diff_base, diff_summary) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(env_id)
+    .bind(number)
+    .bind(nv.uploader)
+    .bind(nv.origin)
+    .bind(&content_hash)
+    .bind(&nv.provenance)
+    .bind(&metadata)
+    .bind(manifest.len() as i32)
+    .bind(prev)
+    .bind(&summary)
+    .execute(&mut *c)
+    .await?;
+    spans::advance(&mut *c, env_id, prev, number, &closed, &opened).await?;
+    super::super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
+    super::super::facts::record_unknowns(&mut *c, env_id, number, &nv.export.unknowns).await?;
+    store_diff(c, env_id, number, &entries).await?;
+    // release by policy
+    let mut auto_released = false;
+    if lock.settings.auto_release && !lock.auto_release_held {
+        super::release_locked(
+            &mut *c,
+            env_id,
+            number,
+            "auto-release",
+            "released automatically",
+        )
+        .await?;
+        auto_released = true;
+    }
+    apply_retention(&mut *c, env_id, lock.settings.version_retention).await?;
+    let info = super::get(&mut *c, env_id, number).await?;
+    // kept for the next store; if this transaction does not commit, the number and content
+    // hash it is kept under will not match the database's newest version, so it is not used
+    remember(env_id, number, &content_hash, Arc::new(manifest));
+    Ok(Stored {
+        info,
+        auto_released,
+    })
+}
+
+fn content_hash(manifest: &Manifest, export: &ExportFile) -> String {
+    diff::version_hash(
+        manifest.iter().map(|(id, e)| {
+            (
+                id.as_str(),
+                e.hash.as_str(),
+                e.requires.as_slice(),
+                e.undefined,
+            )
+        }),
+        &export.handlers,
+    )
+}
+
+/// The diff entries of `changes` (sorted by id): attribute changes of the updated ones.
+async fn diff_entries(
+    c: &mut PgConnection,
+    base: &Manifest,
+    manifest: &Manifest,
+    changes: &[(&str, ChangeKind)],
+    given: &HashMap<&str, &serde_json::Map<String, serde_json::Value>>,
+) -> Result<Vec<DiffEntry>> {
+    // the attributes before, and after where they were not given (an undefined flag flipped)
+    let mut wanted: Vec<String> = Vec::new();
+    for (id, kind) in changes {
+        if *kind == ChangeKind::Updated {
+            wanted.push(base[*id].hash.clone());
+            if !given.contains_key(id) {
+                wanted.push(manifest[*id].hash.clone());
+            }
+        }
+    }
+    let blobs = super::attributes_by_hash(&mut *c, &wanted).await?;
+    let attrs_of = |hash: &str| {
+        blobs
+            .get(hash)
+            .and_then(|v| v.as_object().cloned())
+            .unwrap_or_default()
+    };
+    Ok(changes
+        .iter()
+        .map(|(id, kind)| {
+            let attributes = match kind {
+                ChangeKind::Updated => {
+                    let before = attrs_of(&base[*id].hash);
+                    let after = match given.get(id) {
+                        Some(a) => (*a).clone(),
+                        None => attrs_of(&manifest[*id].hash),
+                    };
+                    serde_json::to_value(diff::attribute_changes(&before, &after))
+                        .unwrap_or_default()
+                }
+                _ => serde_json::json!({}),
+            };
+            DiffEntry {
+                resource_id: id.to_string(),
+                change: kind.as_str().to_string(),
+                attributes,
+            }
+        })
+        .collect())
+}
+
+fn summary(entries: &[DiffEntry], total: usize) -> serde_json::Value {
+    let mut counts: BTreeMap<&str, i64> =
+        [("new", 0), ("updated", 0), ("deleted", 0), ("unchanged", 0)].into();
+    for e in entries {
+        *counts.entry(e.change.as_str()).or_default() += 1;
+    }
+    let changed = entries.iter().filter(|e| e.change != "deleted").count();
+    counts.insert("unchanged", total as i64 - changed as i64);
+    serde_json::json!(counts)
+}
+
+async fn store_diff(
+    c: &mut PgConnection,
+    env: Uuid,
+    number: i32,
+    entries: &[DiffEntry],
+) -> Result<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = entries.iter().map(|e| e.resource_id.as_str()).collect();
+    let kinds: Vec<&str> = entries.iter().map(|e| e.change.as_str()).collect();
+    let attrs: Vec<&serde_json::Value> = entries.iter().map(|e| &e.attributes).collect();
+    sqlx::query(
+        "INSERT INTO version_diffs (environment_id, version, resource_id, change, attributes) \
+         SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::jsonb[])",
+    )
+    .bind(env)
+    .bind(number)
+    .bind(&ids)
+    .bind(&kinds)
+    .bind(&attrs)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
+/// A dependency cycle among the manifest's resources, if any.
+fn find_cycle(manifest: &Manifest) -> Option<Vec<ResourceId>> {
+    let ids: Vec<&String> = manifest.keys().collect();
+    let index: HashMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    let edges: Vec<Vec<usize>> = manifest
+        .values()
+        .map(|e| {
+            e.requires
+                .iter()
+                .filter_map(|q| index.get(q.as_str()).copied())
+                .collect()
+        })
+        .collect();
+    crate::model::find_cycle_in(&edges)
+        .map(|c| c.into_iter().map(|i| ResourceId(ids[i].clone())).collect())
+}
+
+/// Delete versions (their rows, spans, diffs) and the attributes nobody refers to any more.
+pub(super) async fn delete_unchecked(
+    c: &mut PgConnection,
+    env: Uuid,
+    numbers: &[i32],
+) -> Result<()> {
+    sqlx::query("DELETE FROM versions WHERE environment_id = $1 AND number = ANY($2)")
+        .bind(env)
+        .bind(numbers)
+        .execute(&mut *c)
+        .await?;
+    let hashes = spans::forget(&mut *c, env, numbers).await?;
+    if !hashes.is_empty() {
+        sqlx::query(
+            "DELETE FROM resource_blobs b WHERE b.hash = ANY($1) \
+             AND NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash)",
+        )
+        .bind(&hashes)
+        .execute(&mut *c)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Keep the newest `keep` versions and the active one.
+async fn apply_retention(c: &mut PgConnection, env: Uuid, keep: u32) -> Result<()> {
+    let active = super::active(&mut *c, env).await?.unwrap_or(0);
+    let old: Vec<i32> = sqlx::query_scalar(
+        "SELECT number FROM (SELECT number FROM versions WHERE environment_id = $1 ORDER BY number DESC OFFSET $3) o \
+         WHERE number <> $2",
+    )
+    .bind(env)
+    .bind(active)
+    .bind(keep as i64)
+    .fetch_all(&mut *c)
+    .await?;
+    if !old.is_empty() {
+        delete_unchecked(c, env, &old).await?;
+    }
+    Ok(())
+}
+
+// The newest versions' manifests, kept between stores. Bounded by resources held, so a few
+// large environments do not hold the memory of many.
+const CACHE_RESOURCES: usize = 1_000_000;
+
+struct CachedManifest {
+    env: Uuid,
+    number: i32,
+    content_hash: String,
+    manifest: Arc<Manifest>,
+}
+
+static CACHE: Mutex<Vec<CachedManifest>> = Mutex::new(Vec::new());
+
+fn cached(env: Uuid, number: i32, content_hash: &str) -> Option<Arc<Manifest>> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .iter()
+        .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
+        .map(|m| m.manifest.clone())
+}
+
+fn remember(env: Uuid, number: i32, content_hash: &str, manifest: Arc<Manifest>) {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|m| m.env != env);
+    if manifest.len() > CACHE_RESOURCES {
+        return;
+    }
+    cache.push(CachedManifest {
+        env,
+        number,
+        content_hash: content_hash.to_string(),
+        manifest,
+    });
+    // oldest first out
+    while cache.iter().map(|m| m.manifest.len()).sum::<usize>() > CACHE_RESOURCES {
+        cache.remove(0);
+    }
+}
