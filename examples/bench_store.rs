@@ -64,6 +64,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main]
 async fn main() {
+    // STEWARD_LOG=steward=debug: the stages of each store
+    if let Ok(filter) = std::env::var("STEWARD_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .init();
+    }
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

@@ -155,7 +155,8 @@ impl Client {
         provenance: serde_json::Value,
         last: Option<&LastUpload>,
     ) -> Result<Sent> {
-        let hashes: Vec<String> = export.resources.iter().map(Resource::hash).collect();
+        let started = std::time::Instant::now();
+        let hashes: Vec<String> = crate::model::hash_all(&export.resources);
         let requires: Vec<Vec<String>> = export
             .resources
             .iter()
@@ -173,6 +174,11 @@ impl Client {
                 )
             }),
             &export.handlers,
+        );
+        tracing::debug!(
+            resources = export.resources.len(),
+            hashed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "export hashed"
         );
         let mut as_changes = false;
         let mut answer = None;

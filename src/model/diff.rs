@@ -9,8 +9,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::canonical_json;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChangeKind {
@@ -115,15 +113,34 @@ pub fn content_hash<'a>(
     entries: impl Iterator<Item = (&'a str, &'a str, &'a [String], bool)>,
 ) -> String {
     let mut sorted: Vec<_> = entries.collect();
-    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let mut h = Sha256::new();
+    // each line is the canonical JSON of [id, hash, sorted requires, undefined], written
+    // straight into one buffer (the same text `canonical_json` gives; tested below)
+    let mut line = Vec::with_capacity(256);
+    let mut req: Vec<&String> = Vec::new();
     for (id, hash, requires, undefined) in sorted {
-        let mut req: Vec<&String> = requires.iter().collect();
-        req.sort();
-        let mut line = String::new();
-        canonical_json(&serde_json::json!([id, hash, req, undefined]), &mut line);
-        h.update(line.as_bytes());
-        h.update(b"\n");
+        line.clear();
+        line.push(b'[');
+        super::write_json_string(id, &mut line);
+        line.push(b',');
+        super::write_json_string(hash, &mut line);
+        line.extend_from_slice(b",[");
+        req.clear();
+        req.extend(requires.iter());
+        req.sort_unstable();
+        for (i, r) in req.iter().enumerate() {
+            if i > 0 {
+                line.push(b',');
+            }
+            super::write_json_string(r, &mut line);
+        }
+        line.extend_from_slice(if undefined {
+            b"],true]\n"
+        } else {
+            b"],false]\n"
+        });
+        h.update(&line);
     }
     hex::encode(h.finalize())
 }
@@ -151,6 +168,30 @@ pub fn version_hash<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::canonical_json;
+
+    /// The content hash approvals are bound to: the same text, line by line, as the
+    /// canonical JSON of `[id, hash, sorted requires, undefined]` (how it was first written).
+    #[test]
+    fn content_hash_is_the_canonical_text() {
+        let req = vec!["b\"q".to_string(), "a".to_string()];
+        let none: Vec<String> = vec![];
+        let entries = [
+            ("t[x,n=2]", "h2", none.as_slice(), true),
+            ("t[x,n=1]", "h1", req.as_slice(), false),
+        ];
+        let mut text = String::new();
+        for (id, hash, requires, undefined) in [entries[1], entries[0]] {
+            let mut sorted: Vec<&String> = requires.iter().collect();
+            sorted.sort();
+            canonical_json(&serde_json::json!([id, hash, sorted, undefined]), &mut text);
+            text.push('\n');
+        }
+        assert_eq!(
+            content_hash(entries.iter().copied()),
+            hex::encode(Sha256::digest(text.as_bytes()))
+        );
+    }
 
     #[test]
     fn changes_by_attribute() {

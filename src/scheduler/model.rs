@@ -194,6 +194,9 @@ pub struct Merged {
 pub struct Model {
     pub version: Option<i32>,
     pub intents: Vec<Intent>,
+    /// The agents the intents name (kept with them: status is asked often and must not walk
+    /// 100,000 intents each time).
+    pub agents: BTreeSet<String>,
     pub states: Vec<RState>,
     pub index: HashMap<String, usize>,
     pub requires: Vec<Vec<usize>>,
@@ -232,6 +235,7 @@ impl Model {
             m.push(i, s);
         }
         m.rebuild_edges();
+        m.recompute_agents();
         m.recompute_blocked();
         for r in 0..m.len() {
             let s = &mut m.states[r];
@@ -258,6 +262,16 @@ impl Model {
         self.index.insert(i.id.clone(), self.intents.len());
         self.intents.push(i);
         self.states.push(s);
+    }
+
+    fn recompute_agents(&mut self) {
+        let mut agents = BTreeSet::new();
+        for i in &self.intents {
+            if !agents.contains(i.agent.as_str()) {
+                agents.insert(i.agent.clone());
+            }
+        }
+        self.agents = agents;
     }
 
     fn rebuild_edges(&mut self) {
@@ -374,6 +388,7 @@ impl Model {
         }
         self.version = Some(version);
         self.rebuild_edges();
+        self.recompute_agents();
         let (newly, freed) = self.recompute_blocked();
         merged.newly_blocked = newly;
         merged.unblocked = freed;

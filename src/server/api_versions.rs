@@ -68,7 +68,13 @@ pub async fn upload(
             "this environment follows a git repository: only committed models reach it (push to the repository instead)",
         ));
     }
+    let received = std::time::Instant::now();
     let ApiJson(body) = ApiJson::<Upload>::from_request(request, &state).await?;
+    tracing::debug!(
+        read_ms = received.elapsed().as_secs_f64() * 1e3,
+        resources = body.export.resources.len(),
+        "upload read"
+    );
     let mut provenance = body.provenance.unwrap_or_else(|| json!({}));
     if !provenance.is_object() {
         return Err(ApiError::bad_request("provenance must be an object"));
@@ -111,6 +117,10 @@ pub async fn upload(
     )
     .await?;
     tx.commit().await.map_err(StoreError::from)?;
+    tracing::debug!(
+        committed_ms = received.elapsed().as_secs_f64() * 1e3,
+        "upload stored"
+    );
     if stored.auto_released {
         state.notifier.send(Event::Released {
             environment: env.id,

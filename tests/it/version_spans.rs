@@ -33,7 +33,7 @@ type World = BTreeMap<usize, (String, BTreeSet<usize>, bool)>;
 fn id_of(n: usize) -> ResourceId {
     ResourceId::new(
         "fs::File",
-        if n % 3 == 0 { "a" } else { "b" },
+        if n.is_multiple_of(3) { "a" } else { "b" },
         "path",
         &format!("/f/{n:04}"),
     )
@@ -544,7 +544,9 @@ async fn versions_in_the_old_layout_read_the_same_after_the_migration() {
         .unwrap();
     // versions 1, 2, 4, 5 (3 was deleted); x changes in 2, y is gone in 4 and back in 5, z
     // is undefined in 5 only
-    let layout: [(i32, &[(&str, &str, bool)]); 4] = [
+    // (version, [(resource, attribute hash, undefined)])
+    type Rows<'a> = &'a [(&'a str, &'a str, bool)];
+    let layout: [(i32, Rows); 4] = [
         (
             1,
             &[("x", "x1", false), ("y", "y1", false), ("z", "z1", false)],

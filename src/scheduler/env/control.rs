@@ -62,15 +62,7 @@ impl EnvScheduler {
 
     pub(super) fn status(&self) -> Status {
         let mut agents: HashMap<String, AgentStatus> = HashMap::new();
-        for i in &self.model.intents {
-            agents
-                .entry(i.agent.clone())
-                .or_insert_with(|| AgentStatus {
-                    name: i.agent.clone(),
-                    ..Default::default()
-                });
-        }
-        for p in &self.paused {
+        for p in self.model.agents.iter().chain(&self.paused) {
             agents.entry(p.clone()).or_insert_with(|| AgentStatus {
                 name: p.clone(),
                 ..Default::default()

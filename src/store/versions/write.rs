@@ -126,15 +126,21 @@ fn entry_of(r: &Resource, undefined: bool) -> Entry {
 pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Result<Stored> {
     validate_export(nv.export)?;
     let undefined: HashSet<&str> = nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
+    let hashes = crate::model::hash_all(&nv.export.resources);
     let manifest: Manifest = nv
         .export
         .resources
         .iter()
-        .map(|r| {
-            (
-                r.id.0.clone(),
-                entry_of(r, undefined.contains(r.id.0.as_str())),
-            )
+        .zip(hashes)
+        .map(|(r, hash)| {
+            let entry = Entry {
+                resource_type: r.type_name.clone(),
+                agent: r.agent.clone(),
+                hash,
+                requires: r.requires.iter().map(|q| q.0.clone()).collect(),
+                undefined: undefined.contains(r.id.0.as_str()),
+            };
+            (r.id.0.clone(), entry)
         })
         .collect();
     let lock = lock_newest(c, env_id).await?;
@@ -291,6 +297,7 @@ async fn write(
     manifest: Manifest,
     expect: Option<&str>,
 ) -> Result<Stored> {
+    let t0 = std::time::Instant::now();
     let prev = lock.newest.as_ref().map(|(n, _, _)| *n);
     let empty = Manifest::new();
     let base: &Manifest = lock.newest.as_ref().map(|(_, _, m)| &**m).unwrap_or(&empty);
@@ -307,14 +314,20 @@ async fn write(
     let mut closed: Vec<&str> = Vec::new();
     let mut opened: Vec<(&str, &Entry)> = Vec::new();
     let mut changes: Vec<(&str, ChangeKind)> = Vec::new();
+    // both are in id order: one walk over the two, not a lookup per resource
+    let mut old = base.iter().peekable();
     for (id, e) in &manifest {
-        match base.get(id) {
+        while let Some((gone, _)) = old.next_if(|(b, _)| b.as_str() < id.as_str()) {
+            closed.push(gone);
+            changes.push((gone, ChangeKind::Deleted));
+        }
+        match old.next_if(|(b, _)| *b == id) {
             None => {
                 opened.push((id, e));
                 changes.push((id, ChangeKind::New));
             }
-            Some(b) if b == e => {}
-            Some(b) => {
+            Some((_, b)) if b == e => {}
+            Some((_, b)) => {
                 closed.push(id);
                 opened.push((id, e));
                 if b.hash != e.hash || b.undefined != e.undefined {
@@ -323,13 +336,11 @@ async fn write(
             }
         }
     }
-    for id in base.keys() {
-        if !manifest.contains_key(id) {
-            closed.push(id);
-            changes.push((id, ChangeKind::Deleted));
-        }
+    for (gone, _) in old {
+        closed.push(gone);
+        changes.push((gone, ChangeKind::Deleted));
     }
-    changes.sort_by(|a, b| a.0.cmp(b.0));
+    let t_classified = t0.elapsed();
     // attributes, content-addressed: only those of new and changed resources can be missing
     let given: HashMap<&str, &serde_json::Map<String, serde_json::Value>> = nv
         .export
@@ -358,6 +369,7 @@ async fn write(
         .execute(&mut *c)
         .await?;
     }
+    let t_blobs = t0.elapsed();
     let entries = diff_entries(c, base, &manifest, &changes, &given).await?;
     let summary = summary(&entries, manifest.len());
     let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
@@ -377,7 +389,9 @@ async fn write(
     .bind(&summary)
     .execute(&mut *c)
     .await?;
+    let t_diffed = t0.elapsed();
     spans::advance(&mut *c, env_id, prev, number, &closed, &opened).await?;
+    let t_spans = t0.elapsed();
     super::super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
     super::super::facts::record_unknowns(&mut *c, env_id, number, &nv.export.unknowns).await?;
     store_diff(c, env_id, number, &entries).await?;
@@ -396,6 +410,13 @@ async fn write(
     }
     apply_retention(&mut *c, env_id, lock.settings.version_retention).await?;
     let info = super::get(&mut *c, env_id, number).await?;
+    tracing::debug!(
+        environment = %env_id, version = number, resources = manifest.len(),
+        opened = opened.len(), closed = closed.len(),
+        classified_ms = t_classified.as_secs_f64() * 1e3, blobs_ms = t_blobs.as_secs_f64() * 1e3,
+        diffed_ms = t_diffed.as_secs_f64() * 1e3, spans_ms = t_spans.as_secs_f64() * 1e3,
+        total_ms = t0.elapsed().as_secs_f64() * 1e3, "version stored"
+    );
     // kept for the next store; if this transaction does not commit, the number and content
     // hash it is kept under will not match the database's newest version, so it is not used
     remember(env_id, number, &content_hash, Arc::new(manifest));
