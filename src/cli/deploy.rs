@@ -132,6 +132,7 @@ async fn deploy(
                 let _ = std::fs::remove_file(memory);
             }
         }
+        let sent_as_changes = sent.as_changes;
         let v = sent.answer;
         let number = v["number"].as_i64().unwrap_or(0) as i32;
         let d = &v["diff_summary"];
@@ -139,8 +140,16 @@ async fn deploy(
             return dry_run(c, &env, number).await;
         }
         eprintln!(
-            "version {number}: {} new, {} changed, {} removed, {} unchanged",
-            d["new"], d["updated"], d["deleted"], d["unchanged"]
+            "version {number}: {} new, {} changed, {} removed, {} unchanged{}",
+            d["new"],
+            d["updated"],
+            d["deleted"],
+            d["unchanged"],
+            if sent_as_changes {
+                " (sent as its changes)"
+            } else {
+                ""
+            }
         );
         c.release(&env, number, "steward deploy").await?;
         if args.repair {

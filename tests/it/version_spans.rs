@@ -669,3 +669,114 @@ async fn versions_in_the_old_layout_read_the_same_after_the_migration() {
         .unwrap();
     assert_eq!(five.len(), 3, "version 5 is unchanged by storing 6");
 }
+
+fn model(dir: &std::path::Path, out: &std::path::Path, changed: Option<usize>) {
+    let mut m = String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
+    for i in 0..40 {
+        let content = if Some(i) == changed {
+            format!("file {i} changed")
+        } else {
+            format!("file {i}")
+        };
+        m.push_str(&format!(
+            "fs::File(host=host, path=\"{}/f{i}\", content=\"{content}\", mode=644, owner=null, group=null)\n",
+            out.display()
+        ));
+    }
+    std::fs::write(dir.join("main.cf"), m).unwrap();
+}
+
+/// The command line sends changes for real: `steward export` a second time sends the one
+/// changed resource and stores the same version a whole upload of the same project stores;
+/// `steward deploy` a second time too, and the file on disk changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn steward_export_and_deploy_send_only_what_changed() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = new_env(&c, "cli", 10).await;
+    let elsewhere = new_env(&c, "cli-whole", 10).await;
+    let project = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("project.yml"), "name: changes\n").unwrap();
+    let out = project.path().join("out");
+    let export = |args: &[&str]| {
+        let o = std::process::Command::new(steward_bin())
+            .args(args)
+            .current_dir(project.path())
+            .env("STEWARD_SERVER", &s.url)
+            .env("STEWARD_TOKEN", s.admin.as_deref().unwrap())
+            .env("STEWARD_ENV", &env)
+            .env("XDG_CACHE_HOME", cache.path())
+            .env_remove("STEWARD_CA_CERT")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    model(project.path(), &out, None);
+    let first = export(&["export"]);
+    assert!(first.contains("uploaded version 1"), "{first}");
+    assert!(!first.contains("sent as its changes"), "{first}");
+    model(project.path(), &out, Some(7));
+    let second = export(&["export"]);
+    assert!(second.contains("uploaded version 2"), "{second}");
+    assert!(
+        second.contains("(+0 ~1 -0), sent as its changes"),
+        "{second}"
+    );
+    let remembered = std::fs::read_dir(cache.path().join("steward/uploads"))
+        .unwrap()
+        .count();
+    assert_eq!(remembered, 1);
+    // the same project uploaded whole elsewhere: the same version
+    export(&["export", "-j", "whole.json"]);
+    let whole: ExportFile =
+        serde_json::from_slice(&std::fs::read(project.path().join("whole.json")).unwrap()).unwrap();
+    let w = c.upload(&elsewhere, &whole, json!({})).await.unwrap();
+    let v2 = c.version(&env, 2).await.unwrap();
+    assert_eq!(v2["content_hash"], w["content_hash"]);
+    same(
+        &as_stored(&c, &env, 2).await,
+        &as_sent(&whole),
+        "steward export sent as changes",
+    );
+
+    // steward deploy: its own private server; the second run sends the change
+    let deploy = || {
+        let o = std::process::Command::new(steward_bin())
+            .args(["deploy", "-p"])
+            .arg(project.path())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{text}");
+        text
+    };
+    std::fs::create_dir_all(&out).unwrap();
+    let first = deploy();
+    assert!(!first.contains("sent as its changes"), "{first}");
+    model(project.path(), &out, Some(9));
+    let second = deploy();
+    assert!(
+        second.contains("0 new, 2 changed, 0 removed, 38 unchanged (sent as its changes)"),
+        "{second}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("f9")).unwrap(),
+        "file 9 changed"
+    );
+    // without its memory the next run sends the whole version and still works
+    std::fs::remove_file(project.path().join("data/deploy/last-upload")).unwrap();
+    model(project.path(), &out, Some(3));
+    let third = deploy();
+    assert!(!third.contains("sent as its changes"), "{third}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("f3")).unwrap(),
+        "file 3 changed"
+    );
+}
