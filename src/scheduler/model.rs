@@ -336,6 +336,56 @@ impl Model {
         (newly, freed)
     }
 
+    /// Take a newer version that only changes resources the model holds (none added or
+    /// removed): `updates` are their new intents. The same result as [`Model::merge`] with
+    /// the whole version, without rebuilding the model: a change to one resource of 100,000
+    /// touches one intent (edges are rebuilt only when requires changed). `None`, with the
+    /// model untouched, when an update is of a resource the model does not hold.
+    pub fn update_in_place(&mut self, version: i32, updates: Vec<Intent>) -> Option<Merged> {
+        if updates.iter().any(|i| !self.index.contains_key(&i.id)) {
+            return None;
+        }
+        let mut merged = Merged::default();
+        let mut requires_changed = false;
+        for i in updates {
+            let r = self.index[&i.id];
+            let old = &self.intents[r];
+            requires_changed |= old.requires != i.requires;
+            if old.hash != i.hash || old.undefined != i.undefined {
+                let s = &mut self.states[r];
+                s.compliance = if i.undefined {
+                    Compliance::Undefined
+                } else {
+                    Compliance::HasUpdate
+                };
+                if s.blocked == Blocked::Temporarily {
+                    // give it another chance
+                    s.blocked = Blocked::NotBlocked;
+                    s.blocked_reason = None;
+                }
+                s.failure_count = 0;
+                s.next_retry = None;
+                merged.updated.push(r);
+            }
+            self.intents[r] = i;
+        }
+        // in model order, as a whole merge reports them
+        merged.updated.sort_unstable();
+        self.version = Some(version);
+        if requires_changed {
+            self.rebuild_edges();
+        }
+        let (newly, freed) = self.recompute_blocked();
+        merged.newly_blocked = newly;
+        merged.unblocked = freed;
+        for &r in merged.updated.iter().chain(merged.unblocked.iter()) {
+            if self.states[r].blocked == Blocked::NotBlocked {
+                self.dirty.insert(r);
+            }
+        }
+        Some(merged)
+    }
+
     /// Merge a newer version (its intents): the net change against what we hold.
     pub fn merge(&mut self, version: i32, intents: Vec<Intent>) -> Merged {
         let mut merged = Merged::default();
@@ -549,6 +599,81 @@ mod tests {
             requires: requires.iter().map(|s| s.to_string()).collect(),
             undefined,
         }
+    }
+
+    /// Updating in place gives what merging the whole version gives: the same intents,
+    /// states, dirty set and report, over changes of hash, requires and undefined flags.
+    #[test]
+    fn update_in_place_is_a_merge() {
+        let v1 = vec![
+            intent("a", "1", &[], false),
+            intent("b", "1", &["a"], false),
+            intent("c", "1", &[], false),
+            intent("d", "1", &["c"], false),
+        ];
+        let steps: Vec<Vec<Intent>> = vec![
+            vec![intent("a", "2", &[], false)],
+            vec![intent("c", "1", &[], true)],
+            vec![intent("c", "2", &[], false), intent("d", "1", &[], false)],
+            vec![
+                intent("b", "2", &["a", "c"], false),
+                intent("a", "2", &[], true),
+            ],
+            vec![intent("a", "3", &[], false)],
+        ];
+        let (mut full, mut fast) = (Model::default(), Model::default());
+        full.merge(1, v1.clone());
+        fast.merge(1, v1);
+        let now = Utc::now();
+        for m in [&mut full, &mut fast] {
+            for r in 0..4 {
+                m.finish(r, Outcome::Deployed, Change::Created, None, now, now);
+            }
+            // one failed and is waiting to retry, one was skipped for it
+            let c = m.get("c").unwrap();
+            m.finish(c, Outcome::Failed, Change::Nochange, None, now, now);
+        }
+        let mut whole: std::collections::BTreeMap<String, Intent> = full
+            .intents
+            .iter()
+            .map(|i| (i.id.clone(), i.clone()))
+            .collect();
+        for (n, step) in steps.into_iter().enumerate() {
+            let version = n as i32 + 2;
+            for i in &step {
+                whole.insert(i.id.clone(), i.clone());
+            }
+            let a = full.merge(version, whole.values().cloned().collect());
+            let b = fast.update_in_place(version, step).expect("all held");
+            let report = |m: &Merged| {
+                (
+                    m.new.clone(),
+                    m.updated.clone(),
+                    m.newly_blocked.clone(),
+                    m.unblocked.clone(),
+                    m.deleted.len(),
+                )
+            };
+            assert_eq!(report(&a), report(&b), "step {n}");
+            assert_eq!(full.states, fast.states, "step {n}");
+            assert_eq!(full.dirty, fast.dirty, "step {n}");
+            assert_eq!(full.requires, fast.requires, "step {n}");
+            for (x, y) in full.intents.iter().zip(&fast.intents) {
+                assert_eq!(
+                    (&x.id, &x.hash, &x.requires, x.undefined),
+                    (&y.id, &y.hash, &y.requires, y.undefined)
+                );
+            }
+            assert_eq!(fast.version, Some(version));
+        }
+        // a resource the model does not hold: refused, nothing changed
+        let before = fast.states.clone();
+        assert!(
+            fast.update_in_place(9, vec![intent("new", "1", &[], false)])
+                .is_none()
+        );
+        assert_eq!(fast.states, before);
+        assert_eq!(fast.version, Some(6));
     }
 
     #[test]

@@ -62,6 +62,62 @@ impl EnvScheduler {
         Ok(intents)
     }
 
+    /// The new intents of the resources `version` changes, when it changes only resources
+    /// the model holds (none added or removed) and the model holds an older version; `None`
+    /// otherwise. Reads what changed between the two versions, and attributes only where
+    /// the model does not hold them.
+    async fn load_updates(
+        &mut self,
+        version: i32,
+    ) -> Result<Option<Vec<Intent>>, store::StoreError> {
+        let Some(old) = self.model.version.filter(|&old| old < version) else {
+            return Ok(None);
+        };
+        let Some((opened, closed)) =
+            store::versions::changes_between(&self.pool, self.env, old, version).await?
+        else {
+            return Ok(None);
+        };
+        let opened_ids: HashSet<&str> = opened.iter().map(|r| r.resource_id.as_str()).collect();
+        let closed_ids: HashSet<&str> = closed.iter().map(String::as_str).collect();
+        if opened_ids != closed_ids || opened_ids.iter().any(|id| self.model.get(id).is_none()) {
+            return Ok(None);
+        }
+        let mut missing: Vec<String> = opened
+            .iter()
+            .filter(|r| self.model.intents[self.model.index[&r.resource_id]].hash != r.hash)
+            .map(|r| r.hash.clone())
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
+        Ok(Some(
+            opened
+                .into_iter()
+                .map(|r| {
+                    let held = &self.model.intents[self.model.index[&r.resource_id]];
+                    let attributes = if held.hash == r.hash {
+                        held.attributes.clone()
+                    } else {
+                        blobs
+                            .get(&r.hash)
+                            .and_then(|v| v.as_object().cloned())
+                            .unwrap_or_default()
+                    };
+                    Intent {
+                        id: r.resource_id,
+                        type_name: r.resource_type,
+                        agent: r.agent,
+                        hash: r.hash,
+                        attributes,
+                        requires: r.requires,
+                        undefined: r.undefined,
+                    }
+                })
+                .collect(),
+        ))
+    }
+
     /// The next version's intents from the model's and what changed: unchanged resources
     /// are moved out of the model (it is about to be replaced), changed ones read (their
     /// attributes only when the model does not hold them already).
@@ -130,11 +186,27 @@ impl EnvScheduler {
         if self.model.version.is_some_and(|v| v >= version) {
             return Ok(());
         }
-        let intents = self.load_intents(version, true).await?;
+        let updates = self.load_updates(version).await?;
+        let intents = match updates {
+            Some(_) => Vec::new(),
+            None => self.load_intents(version, true).await?,
+        };
         let new_handlers = store::code::handlers_of(&self.pool, self.env, version).await?;
         let old_handlers = std::mem::replace(&mut self.handlers, new_handlers);
         let old_version = self.model.version;
-        let merged = self.model.merge(version, intents);
+        // a version that only changes resources the model holds is taken in place; any
+        // other is merged whole
+        let merged = match updates.and_then(|u| self.model.update_in_place(version, u)) {
+            Some(merged) => merged,
+            None => {
+                let intents = if intents.is_empty() {
+                    self.load_intents(version, true).await?
+                } else {
+                    intents
+                };
+                self.model.merge(version, intents)
+            }
+        };
         self.load_wanted_facts().await;
         let agents: Vec<String> = self.model.agents.iter().cloned().collect();
         let _ = store::deploy::ensure_agents(
