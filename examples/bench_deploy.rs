@@ -154,17 +154,18 @@ async fn run(n: usize) {
         let e = export(&files, n, Some(which));
         let id = e.resources[which].id.0.clone();
         let hash = e.resources[which].hash();
+        let had_memory = as_changes && last.is_some();
         let start = Instant::now();
         let sent = c
             .upload_changes(
                 &env,
                 &e,
                 json!({}),
-                if as_changes { last.as_ref() } else { None },
+                if as_changes { last.take() } else { None },
             )
             .await
             .expect("upload");
-        assert_eq!(sent.as_changes, as_changes && last.is_some());
+        assert_eq!(sent.as_changes, had_memory);
         last = sent.last;
         let stored = start.elapsed().as_secs_f64();
         let path = files.join(format!("f{which:06}"));

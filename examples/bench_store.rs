@@ -103,7 +103,7 @@ async fn main() {
                 &env,
                 &e,
                 json!({}),
-                if as_changes { last.as_ref() } else { None },
+                if as_changes { last.take() } else { None },
             )
             .await
             .expect("upload");

@@ -25,6 +25,12 @@ use sha2::{Digest, Sha256};
 #[serde(transparent)]
 pub struct ResourceId(pub String);
 
+impl AsRef<str> for ResourceId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
 impl ResourceId {
     pub fn new(type_name: &str, agent: &str, attr: &str, value: &str) -> ResourceId {
         ResourceId(format!("{type_name}[{agent},{attr}={value}]"))

@@ -209,7 +209,7 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         let last = memory.as_deref().and_then(crate::client::LastUpload::load);
         let sent = remote
             .client
-            .upload_changes(&env, export, provenance, last.as_ref())
+            .upload_changes(&env, export, provenance, last)
             .await?;
         if let (Some(path), Some(last)) = (&memory, &sent.last)
             && let Err(e) = last.save(path)

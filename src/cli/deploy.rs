@@ -120,7 +120,7 @@ async fn deploy(
         // as its changes against the last run's version, when that is still the newest
         let last = crate::client::LastUpload::load(memory);
         let sent = c
-            .upload_changes(&env, &export, provenance.clone(), last.as_ref())
+            .upload_changes(&env, &export, provenance.clone(), last)
             .await?;
         match &sent.last {
             Some(l) => {

@@ -147,21 +147,17 @@ impl Client {
 
     /// Upload `export` as the environment's next version: as its changes against `last` when
     /// that is a memory of this environment, whole otherwise or when the server says the
-    /// base moved.
+    /// base moved. The memory comes back updated by what changed (or made anew after a
+    /// whole upload).
     pub async fn upload_changes(
         &self,
         env: &str,
         export: &ExportFile,
         provenance: serde_json::Value,
-        last: Option<&LastUpload>,
+        last: Option<LastUpload>,
     ) -> Result<Sent> {
         let started = std::time::Instant::now();
         let hashes: Vec<String> = crate::model::hash_all(&export.resources);
-        let requires: Vec<Vec<String>> = export
-            .resources
-            .iter()
-            .map(|r| r.requires.iter().map(|q| q.0.clone()).collect())
-            .collect();
         let undefined: std::collections::HashSet<&str> =
             export.undefined.iter().map(|u| u.0.as_str()).collect();
         let expected = crate::model::diff::version_hash(
@@ -169,7 +165,7 @@ impl Client {
                 (
                     r.id.0.as_str(),
                     hashes[i].as_str(),
-                    requires[i].as_slice(),
+                    r.requires.as_slice(),
                     undefined.contains(r.id.0.as_str()),
                 )
             }),
@@ -180,21 +176,20 @@ impl Client {
             hashed_ms = started.elapsed().as_secs_f64() * 1e3,
             "export hashed"
         );
-        let mut as_changes = false;
+        let mut memory = last.filter(|l| l.environment == env);
+        // what went as changes: the indexes of the changed resources and the removed ids
+        let mut sent_changes: Option<(Vec<usize>, Vec<ResourceId>)> = None;
         let mut answer = None;
-        if let Some(last) = last.filter(|l| l.environment == env) {
+        if let Some(last) = &memory {
             let mut present = std::collections::HashSet::with_capacity(export.resources.len());
-            let changed: Vec<&Resource> = export
-                .resources
-                .iter()
-                .enumerate()
-                .filter(|(i, r)| {
+            let changed: Vec<usize> = (0..export.resources.len())
+                .filter(|&i| {
+                    let r = &export.resources[i];
                     present.insert(r.id.0.as_str());
                     last.entries
                         .get(&r.id.0)
-                        .is_none_or(|(h, q)| *h != hashes[*i] || *q != requires[*i])
+                        .is_none_or(|(h, q)| *h != hashes[i] || !same_requires(q, &r.requires))
                 })
-                .map(|(_, r)| r)
                 .collect();
             let removed: Vec<ResourceId> = last
                 .entries
@@ -204,7 +199,7 @@ impl Client {
                 .collect();
             let body = ChangesBody {
                 format: export.format,
-                resources: changed,
+                resources: changed.iter().map(|&i| &export.resources[i]).collect(),
                 undefined: &export.undefined,
                 metadata: &export.metadata,
                 handlers: &export.handlers,
@@ -228,7 +223,7 @@ impl Client {
             {
                 Ok(v) => {
                     answer = Some(v);
-                    as_changes = true;
+                    sent_changes = Some((changed, removed));
                 }
                 Err(ClientError::Api {
                     status: 409, kind, ..
@@ -240,23 +235,47 @@ impl Client {
             Some(v) => v,
             None => self.upload(env, export, provenance).await?,
         };
-        let last = (answer["content_hash"] == expected.as_str()).then(|| LastUpload {
-            server: self.base.clone(),
-            environment: env.to_string(),
-            version: answer["number"].as_i64().unwrap_or(0) as i32,
-            content_hash: expected.clone(),
-            entries: export
-                .resources
-                .iter()
-                .zip(hashes)
-                .zip(requires)
-                .map(|((r, h), q)| (r.id.0.clone(), (h, q)))
-                .collect(),
-        });
+        let as_changes = sent_changes.is_some();
+        let version = answer["number"].as_i64().unwrap_or(0) as i32;
+        let requires_of = |r: &Resource| r.requires.iter().map(|q| q.0.clone()).collect();
+        let last = if answer["content_hash"] != expected.as_str() {
+            None
+        } else if let (Some(mut m), Some((changed, removed))) = (memory.take(), sent_changes) {
+            // what the server holds now: the memory with the changes applied
+            for id in &removed {
+                m.entries.remove(&id.0);
+            }
+            for i in changed {
+                let r = &export.resources[i];
+                m.entries
+                    .insert(r.id.0.clone(), (hashes[i].clone(), requires_of(r)));
+            }
+            m.server = self.base.clone();
+            m.version = version;
+            m.content_hash = expected;
+            Some(m)
+        } else {
+            Some(LastUpload {
+                server: self.base.clone(),
+                environment: env.to_string(),
+                version,
+                content_hash: expected,
+                entries: export
+                    .resources
+                    .iter()
+                    .zip(hashes)
+                    .map(|(r, h)| (r.id.0.clone(), (h, requires_of(r))))
+                    .collect(),
+            })
+        };
         Ok(Sent {
             answer,
             last,
             as_changes,
         })
     }
+}
+
+fn same_requires(held: &[String], now: &[ResourceId]) -> bool {
+    held.len() == now.len() && held.iter().zip(now).all(|(a, b)| *a == b.0)
 }

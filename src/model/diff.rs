@@ -109,8 +109,8 @@ pub fn classify<'a>(
 
 /// Content hash of a version: its resources (id, attribute hash, requires, undefined flag),
 /// in id order. Approvals are bound to it.
-pub fn content_hash<'a>(
-    entries: impl Iterator<Item = (&'a str, &'a str, &'a [String], bool)>,
+pub fn content_hash<'a, Q: AsRef<str> + 'a>(
+    entries: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
 ) -> String {
     let mut sorted: Vec<_> = entries.collect();
     sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -118,7 +118,7 @@ pub fn content_hash<'a>(
     // each line is the canonical JSON of [id, hash, sorted requires, undefined], written
     // straight into one buffer (the same text `canonical_json` gives; tested below)
     let mut line = Vec::with_capacity(256);
-    let mut req: Vec<&String> = Vec::new();
+    let mut req: Vec<&str> = Vec::new();
     for (id, hash, requires, undefined) in sorted {
         line.clear();
         line.push(b'[');
@@ -127,7 +127,7 @@ pub fn content_hash<'a>(
         super::write_json_string(hash, &mut line);
         line.extend_from_slice(b",[");
         req.clear();
-        req.extend(requires.iter());
+        req.extend(requires.iter().map(AsRef::as_ref));
         req.sort_unstable();
         for (i, r) in req.iter().enumerate() {
             if i > 0 {
@@ -149,8 +149,8 @@ pub fn content_hash<'a>(
 /// (an approval covers the code too: other code, another content hash). The server computes
 /// it when it stores a version; a client sending only changes computes it too, so the server
 /// stores exactly the version the client has.
-pub fn version_hash<'a>(
-    entries: impl Iterator<Item = (&'a str, &'a str, &'a [String], bool)>,
+pub fn version_hash<'a, Q: AsRef<str> + 'a>(
+    entries: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
     handlers: &BTreeMap<String, super::HandlerCode>,
 ) -> String {
     let hash = content_hash(entries);

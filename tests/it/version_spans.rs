@@ -227,7 +227,7 @@ async fn whole_and_changes_store_identical_versions_over_a_random_sequence() {
         let export = world_export(&world);
         let a = c.upload(&whole, &export, json!({})).await.unwrap();
         let b = c
-            .upload_changes(&changes, &export, json!({}), last.as_ref())
+            .upload_changes(&changes, &export, json!({}), last.take())
             .await
             .unwrap();
         last = b.last.clone();
@@ -397,7 +397,7 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     world.get_mut(&5).unwrap().0 = "changed".into();
     let export = world_export(&world);
     let sent = c
-        .upload_changes(&env, &export, json!({}), LastUpload::load(&path).as_ref())
+        .upload_changes(&env, &export, json!({}), LastUpload::load(&path))
         .await
         .unwrap();
     assert!(
@@ -433,7 +433,7 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     assert!(text.contains(&old8));
     std::fs::write(&path, text.replace(&old8, &new8)).unwrap();
     let sent = c
-        .upload_changes(&env, &export, json!({}), LastUpload::load(&path).as_ref())
+        .upload_changes(&env, &export, json!({}), LastUpload::load(&path))
         .await
         .unwrap();
     assert!(
@@ -450,7 +450,7 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     // a memory of another environment is not used
     let other = new_env(&c, "other", 10).await;
     let sent = c
-        .upload_changes(&other, &export, json!({}), sent.last.as_ref())
+        .upload_changes(&other, &export, json!({}), sent.last.clone())
         .await
         .unwrap();
     assert!(!sent.as_changes);
