@@ -78,6 +78,7 @@ pub async fn list(
     );
     Ok(
         sqlx::query_as::<_, ResourceWithState>(sqlx::AssertSqlSafe(sql))
+            .persistent(false)
             .bind(env)
             .bind(version)
             .fetch_all(e)
@@ -97,7 +98,13 @@ pub async fn status_counts(
          WHERE vr.environment_id = $1 AND vr.first_version <= $2 AND vr.last_version >= $2 \
          GROUP BY 1 ORDER BY 1"
     );
+    // planned for each call, not kept prepared: a generic plan made while the first deploy
+    // of 100,000 resources had written few states (a nested loop over them) would stay in
+    // use as they grow. A progress call timed out after 300 s twice in six runs of
+    // examples/bench_deploy.rs at 100,000; this is the suspected cause (none in the runs
+    // since)
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .persistent(false)
         .bind(env)
         .bind(version)
         .fetch_all(e)
