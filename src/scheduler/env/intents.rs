@@ -18,14 +18,6 @@ impl EnvScheduler {
         version: i32,
         take: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
-        // a newer version than the model's: read only what changed between them
-        if take
-            && let Some(old) = self.model.version.filter(|&old| old < version)
-            && let Some((opened, closed)) =
-                store::versions::changes_between(&self.pool, self.env, old, version).await?
-        {
-            return self.intents_from_changes(opened, closed).await;
-        }
         let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
         fn held(m: &Model, r: &store::versions::ResourceDigestRow) -> Option<usize> {
             m.get(&r.resource_id)
@@ -62,87 +54,60 @@ impl EnvScheduler {
         Ok(intents)
     }
 
-    /// The new intents of the resources `version` changes, when it changes only resources
-    /// the model holds (none added or removed) and the model holds an older version; `None`
-    /// otherwise. Reads what changed between the two versions, and attributes only where
-    /// the model does not hold them.
-    async fn load_updates(
+    /// The intents of changed resources (`opened` rows of a newer version): attributes the
+    /// model holds under the same hash are taken from it, the others read by hash.
+    async fn changed_intents(
         &mut self,
-        version: i32,
-    ) -> Result<Option<Vec<Intent>>, store::StoreError> {
-        let Some(old) = self.model.version.filter(|&old| old < version) else {
-            return Ok(None);
+        opened: Vec<store::versions::ResourceDigestRow>,
+    ) -> Result<Vec<Intent>, store::StoreError> {
+        let held = |m: &Model, r: &store::versions::ResourceDigestRow| {
+            m.get(&r.resource_id)
+                .filter(|&i| m.intents[i].hash == r.hash)
         };
-        let Some((opened, closed)) =
-            store::versions::changes_between(&self.pool, self.env, old, version).await?
-        else {
-            return Ok(None);
-        };
-        let opened_ids: HashSet<&str> = opened.iter().map(|r| r.resource_id.as_str()).collect();
-        let closed_ids: HashSet<&str> = closed.iter().map(String::as_str).collect();
-        if opened_ids != closed_ids || opened_ids.iter().any(|id| self.model.get(id).is_none()) {
-            return Ok(None);
-        }
         let mut missing: Vec<String> = opened
             .iter()
-            .filter(|r| self.model.intents[self.model.index[&r.resource_id]].hash != r.hash)
+            .filter(|r| held(&self.model, r).is_none())
             .map(|r| r.hash.clone())
             .collect();
         missing.sort_unstable();
         missing.dedup();
         let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
-        Ok(Some(
-            opened
-                .into_iter()
-                .map(|r| {
-                    let held = &self.model.intents[self.model.index[&r.resource_id]];
-                    let attributes = if held.hash == r.hash {
-                        held.attributes.clone()
-                    } else {
-                        blobs
-                            .get(&r.hash)
-                            .and_then(|v| v.as_object().cloned())
-                            .unwrap_or_default()
-                    };
-                    Intent {
-                        id: r.resource_id,
-                        type_name: r.resource_type,
-                        agent: r.agent,
-                        hash: r.hash,
-                        attributes,
-                        requires: r.requires,
-                        undefined: r.undefined,
-                    }
-                })
-                .collect(),
-        ))
+        Ok(opened
+            .into_iter()
+            .map(|r| {
+                let attributes = match held(&self.model, &r) {
+                    Some(i) => self.model.intents[i].attributes.clone(),
+                    None => blobs
+                        .get(&r.hash)
+                        .and_then(|v| v.as_object().cloned())
+                        .unwrap_or_default(),
+                };
+                Intent {
+                    id: r.resource_id,
+                    type_name: r.resource_type,
+                    agent: r.agent,
+                    hash: r.hash,
+                    attributes,
+                    requires: r.requires,
+                    undefined: r.undefined,
+                }
+            })
+            .collect())
     }
 
-    /// The next version's intents from the model's and what changed: unchanged resources
-    /// are moved out of the model (it is about to be replaced), changed ones read (their
-    /// attributes only when the model does not hold them already).
+    /// The whole next version from the model and what changed: unchanged intents are moved
+    /// out of the model (it is about to be replaced), changed ones built by
+    /// [`Self::changed_intents`]; in id order, as a whole read gives them.
     async fn intents_from_changes(
         &mut self,
         opened: Vec<store::versions::ResourceDigestRow>,
         closed: Vec<String>,
     ) -> Result<Vec<Intent>, store::StoreError> {
-        let mut changed: HashSet<&str> = closed.iter().map(String::as_str).collect();
-        changed.extend(opened.iter().map(|r| r.resource_id.as_str()));
-        let mut missing: Vec<String> = opened
-            .iter()
-            .filter(|r| {
-                self.model
-                    .get(&r.resource_id)
-                    .is_none_or(|i| self.model.intents[i].hash != r.hash)
-            })
-            .map(|r| r.hash.clone())
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
-        let mut intents = Vec::with_capacity(self.model.len() + opened.len());
+        let mut changed: HashSet<String> = closed.into_iter().collect();
+        changed.extend(opened.iter().map(|r| r.resource_id.clone()));
+        let mut intents = self.changed_intents(opened).await?;
         for i in &mut self.model.intents {
-            if !changed.contains(i.id.as_str()) {
+            if !changed.contains(&i.id) {
                 intents.push(Intent {
                     id: i.id.clone(),
                     type_name: i.type_name.clone(),
@@ -154,29 +119,19 @@ impl EnvScheduler {
                 });
             }
         }
-        for r in opened {
-            let attributes = match self.model.get(&r.resource_id) {
-                Some(i) if self.model.intents[i].hash == r.hash => {
-                    std::mem::take(&mut self.model.intents[i].attributes)
-                }
-                _ => blobs
-                    .get(&r.hash)
-                    .and_then(|v| v.as_object().cloned())
-                    .unwrap_or_default(),
-            };
-            intents.push(Intent {
-                id: r.resource_id,
-                type_name: r.resource_type,
-                agent: r.agent,
-                hash: r.hash,
-                attributes,
-                requires: r.requires,
-                undefined: r.undefined,
-            });
-        }
-        // the order a whole read gives (the model's indexes follow it)
         intents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         Ok(intents)
+    }
+
+    /// Whether the changes replace resources the model holds and add or remove none.
+    fn only_updates(
+        &self,
+        opened: &[store::versions::ResourceDigestRow],
+        closed: &[String],
+    ) -> bool {
+        let opened_ids: HashSet<&str> = opened.iter().map(|r| r.resource_id.as_str()).collect();
+        let closed_ids: HashSet<&str> = closed.iter().map(String::as_str).collect();
+        opened_ids == closed_ids && opened_ids.iter().all(|id| self.model.get(id).is_some())
     }
 
     /// Take a released version into the model: new and changed resources are scheduled,
@@ -186,24 +141,35 @@ impl EnvScheduler {
         if self.model.version.is_some_and(|v| v >= version) {
             return Ok(());
         }
-        let updates = self.load_updates(version).await?;
-        let intents = match updates {
-            Some(_) => Vec::new(),
-            None => self.load_intents(version, true).await?,
+        // newer than the model's version: read only what changed between them
+        let changes = match self.model.version {
+            Some(old) => {
+                store::versions::changes_between(&self.pool, self.env, old, version).await?
+            }
+            None => None,
         };
         let new_handlers = store::code::handlers_of(&self.pool, self.env, version).await?;
         let old_handlers = std::mem::replace(&mut self.handlers, new_handlers);
         let old_version = self.model.version;
-        // a version that only changes resources the model holds is taken in place; any
-        // other is merged whole
-        let merged = match updates.and_then(|u| self.model.update_in_place(version, u)) {
-            Some(merged) => merged,
+        // a version that only changes resources the model holds is taken in place; one
+        // that adds or removes some is merged whole, built from the model and the changes
+        let merged = match changes {
+            Some((opened, closed)) if self.only_updates(&opened, &closed) => {
+                let updates = self.changed_intents(opened).await?;
+                match self.model.update_in_place(version, updates) {
+                    Some(merged) => merged,
+                    None => {
+                        let intents = self.load_intents(version, true).await?;
+                        self.model.merge(version, intents)
+                    }
+                }
+            }
+            Some((opened, closed)) => {
+                let intents = self.intents_from_changes(opened, closed).await?;
+                self.model.merge(version, intents)
+            }
             None => {
-                let intents = if intents.is_empty() {
-                    self.load_intents(version, true).await?
-                } else {
-                    intents
-                };
+                let intents = self.load_intents(version, true).await?;
                 self.model.merge(version, intents)
             }
         };
