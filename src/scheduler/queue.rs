@@ -61,6 +61,9 @@ pub struct Running {
 pub struct Queue {
     seq: u64,
     queued: HashMap<TaskKey, Queued>,
+    /// how many of `queued` each agent has: status asks for it on every call, and counting
+    /// 100,000 queued tasks each time cost the scheduler most of a repair
+    queued_by_agent: HashMap<String, usize>,
     ready: HashMap<String, BTreeSet<(Priority, u64, TaskKey)>>,
     /// waiting task -> requirements (resource ids) it waits for
     waiting: HashMap<TaskKey, HashSet<String>>,
@@ -81,7 +84,7 @@ impl Queue {
     }
 
     pub fn queued_count(&self, agent: &str) -> usize {
-        self.queued.values().filter(|q| q.agent == agent).count()
+        self.queued_by_agent.get(agent).copied().unwrap_or(0)
     }
 
     pub fn running_count(&self, agent: &str) -> usize {
@@ -161,6 +164,12 @@ impl Queue {
         } else {
             HashSet::new()
         };
+        match self.queued_by_agent.get_mut(agent) {
+            Some(n) => *n += 1,
+            None => {
+                self.queued_by_agent.insert(agent.to_string(), 1);
+            }
+        }
         self.queued.insert(
             key.clone(),
             Queued {
@@ -218,6 +227,7 @@ impl Queue {
         set.remove(&first);
         let key = first.2;
         let q = self.queued.remove(&key).expect("ready task is queued");
+        self.count_unqueued(&q.agent);
         let run = Running {
             agent: q.agent,
             priority: q.priority,
@@ -266,10 +276,20 @@ impl Queue {
         }
     }
 
+    fn count_unqueued(&mut self, agent: &str) {
+        if let Some(n) = self.queued_by_agent.get_mut(agent) {
+            *n -= 1;
+            if *n == 0 {
+                self.queued_by_agent.remove(agent);
+            }
+        }
+    }
+
     /// Drop queued work for a resource (deleted, blocked); dry-runs stay.
     pub fn drop_deploy(&mut self, rid: &str) {
         let key = TaskKey::Deploy(rid.to_string());
         if let Some(q) = self.queued.remove(&key) {
+            self.count_unqueued(&q.agent);
             if let Some(set) = self.ready.get_mut(&q.agent) {
                 set.remove(&(q.priority, q.seq, key.clone()));
             }
@@ -402,6 +422,42 @@ mod tests {
             Priority::UserDeploy
         );
         assert_eq!(q.pop("x").unwrap().0, d("b"));
+    }
+
+    #[test]
+    fn queued_counts_follow_the_queue() {
+        let mut q = Queue::default();
+        let brute = |q: &Queue, agent: &str| q.queued.values().filter(|x| x.agent == agent).count();
+        for i in 0..20 {
+            let agent = if i % 3 == 0 { "x" } else { "y" };
+            let requires = if i > 0 && i % 4 == 0 {
+                vec![format!("r{}", i - 1)]
+            } else {
+                vec![]
+            };
+            q.schedule(
+                d(&format!("r{i}")),
+                agent,
+                Priority::NewVersion,
+                "new",
+                &requires,
+                &[],
+                false,
+            );
+        }
+        // a second request for a queued task is not a second task
+        q.schedule(d("r1"), "y", Priority::UserDeploy, "user", &[], &[], false);
+        let (k, _) = q.pop("x").unwrap();
+        q.finish(&k);
+        q.drop_deploy("r2");
+        q.drop_deploy("r2");
+        q.drop_priority(Priority::NewVersion);
+        q.schedule(d("r5"), "x", Priority::NewVersion, "new", &[], &[], false);
+        for agent in ["x", "y", "z"] {
+            assert_eq!(q.queued_count(agent), brute(&q, agent), "agent {agent}");
+        }
+        assert_eq!(q.queued_count("x"), 1);
+        assert_eq!(q.queued_count("y"), 1, "r1 was bumped to a user deploy");
     }
 
     #[test]
