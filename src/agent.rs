@@ -145,6 +145,9 @@ pub async fn run(
     std::fs::create_dir_all(opts.work_dir.join("code"))
         .map_err(|e| AgentError::Setup(format!("creating {}: {e}", opts.work_dir.display())))?;
     let (mut pool, mut events) = Pool::new(opts.executor_bin.clone(), 64);
+    // what the server handed out ahead waits here for a slot, and each action's timeout
+    // runs from when it is sent: an executor gets one at a time
+    pool.one_action_per_executor();
     let mut cache_env = Vec::new();
     if let Some(g) = opts.cache_grace {
         cache_env.push(("STEWARD_CACHE_GRACE".to_string(), g.as_secs().to_string()));

@@ -32,6 +32,7 @@ use crate::model::HandlerCode;
 use crate::model::settings::EnvSettings;
 use crate::replicas::Tenure;
 use crate::store;
+use crate::store::actions::ActionRecord;
 use crate::store::deploy::Batch;
 use persist::{state_from_row, writer};
 
@@ -103,6 +104,12 @@ struct RunInfo {
     kind: ActionKind,
     /// what the action log calls it: deploy, repair, delete or dryrun
     label: &'static str,
+    /// Sent to an executor still busy with an action before it: it waits in the
+    /// executor's input, and starts when the one before it ends. Until then it is not
+    /// deploying, and if the executor dies first it never ran (it is queued again).
+    waiting: bool,
+    /// A deploy's "started" record, written when it starts (a waiting one's, later).
+    start_record: Option<Box<ActionRecord>>,
 }
 
 struct DryrunCtx {

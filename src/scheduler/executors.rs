@@ -29,6 +29,12 @@ pub type ProcId = u64;
 /// others wait in its input (see [`Pool::max_out`]).
 pub const SSH_DEPTH: usize = 4;
 
+/// How many actions an executor on this machine is given at once: the one it works on
+/// and the next, so that it starts the next as soon as it has sent a result, without
+/// waiting for the scheduler to take that result and answer (a round trip through two
+/// processes that, at thousands of actions a second, was a third of each action's time).
+pub const LOCAL_DEPTH: usize = 2;
+
 #[derive(Debug)]
 pub enum PoolEvent {
     Reply(ProcId, Reply),
@@ -56,8 +62,9 @@ struct Proc {
     agent: String,
     child: Child,
     stdin: ChildStdin,
-    /// actions sent to it and not finished: at most 1, and [`SSH_DEPTH`] over SSH (the
-    /// others wait in its input while it works on the first: see [`Pool::max_out`])
+    /// actions sent to it and not finished: at most [`LOCAL_DEPTH`], and [`SSH_DEPTH`]
+    /// over SSH (the others wait in its input while it works on the first: see
+    /// [`Pool::max_out`])
     out: usize,
     last_used: Instant,
     /// An executor on a target over SSH: the connection, and its pid there (from its
@@ -89,6 +96,8 @@ pub struct Pool {
     ssh_targets: HashMap<String, SshState>,
     /// the environment's agent_parallelism, which an external agent process enforces
     parallelism: usize,
+    /// how many actions one local executor is given at once ([`LOCAL_DEPTH`])
+    local_depth: usize,
     /// how executors on this machine are confined, and their HOME
     jail: crate::sandbox::Jail,
     home: Option<PathBuf>,
@@ -132,6 +141,7 @@ impl Pool {
                 ssh_options: SshOptions::default(),
                 ssh_targets: HashMap::new(),
                 parallelism: 1,
+                local_depth: LOCAL_DEPTH,
                 jail: crate::sandbox::Jail {
                     die_with_parent: true,
                     ..Default::default()
@@ -172,15 +182,29 @@ impl Pool {
     /// for an external agent [`super::agents::AHEAD`] more, handed out ahead so that the
     /// process starts the next as soon as a slot frees, without waiting for a round trip to
     /// the server.
-    /// Over SSH, each executor gets its next actions while it works on one (it reads each
-    /// when done with the one before, [`SSH_DEPTH`] at most): round trips to the target
-    /// overlap the work, and still at most `agent_parallelism` actions run there at once.
+    /// Each executor gets its next actions while it works on one (it reads each when done
+    /// with the one before; [`LOCAL_DEPTH`] at most, [`SSH_DEPTH`] over SSH): round trips
+    /// overlap the work, and still at most `agent_parallelism` actions run at once.
     pub fn max_out(&self, agent: &str) -> usize {
         match self.placement(agent) {
             Placement::External => self.parallelism + super::agents::AHEAD,
-            Placement::Ssh(_) => self.parallelism * SSH_DEPTH,
-            Placement::Local => self.parallelism,
+            placement => self.parallelism * self.depth(&placement),
         }
+    }
+
+    /// How many actions one executor at `placement` is given at once.
+    fn depth(&self, placement: &Placement) -> usize {
+        match placement {
+            Placement::Ssh(_) => SSH_DEPTH,
+            Placement::Local => self.local_depth,
+            Placement::External => 1,
+        }
+    }
+
+    /// Give each executor on this machine one action at a time (an agent process, which
+    /// counts its own slots and runs each action's timeout from when it sends it).
+    pub fn one_action_per_executor(&mut self) {
+        self.local_depth = 1;
     }
 
     /// The parallelism set by [`Pool::set_parallelism`].
@@ -355,14 +379,14 @@ impl Pool {
             p.last_used = Instant::now();
             return Ok(*id);
         }
-        // over SSH, with `agent_parallelism` executors at work: the next action waits in the
-        // input of one of them (see max_out)
-        if matches!(placement, Placement::Ssh(_))
-            && self.procs.values().filter(|p| p.agent == agent).count() >= self.parallelism
+        // with `agent_parallelism` executors at work: the next action waits in the input of
+        // one of them (see max_out)
+        let depth = self.depth(&placement);
+        if self.procs.values().filter(|p| p.agent == agent).count() >= self.parallelism
             && let Some((id, p)) = self
                 .procs
                 .iter_mut()
-                .filter(|(_, p)| p.agent == agent && p.out < SSH_DEPTH)
+                .filter(|(_, p)| p.agent == agent && p.out < depth)
                 .min_by_key(|(id, p)| (p.out, **id))
         {
             p.out += 1;

@@ -251,6 +251,12 @@ impl Queue {
         Some(run)
     }
 
+    /// A running task that never started (its executor died first): no longer running,
+    /// and what waits for it still waits, for the caller to queue it again.
+    pub fn unrun(&mut self, key: &TaskKey) -> Option<Running> {
+        self.running.remove(key)
+    }
+
     fn release_waiters(&mut self, rid: &str) {
         let Some(ws) = self.waiters.remove(rid) else {
             return;

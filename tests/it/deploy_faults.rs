@@ -30,27 +30,38 @@ async fn crashed_executor_is_reported_respawned_and_retried() {
     )
     .await;
     let d = dir.path().display().to_string();
-    let cmd = format!("sh -c 'sleep 2; echo done >> {d}/out'");
-    let run = exec_run(AGENT, &cmd, json!({}), &[]);
-    let rid = run.id.0.clone();
-    let v = upload(&c, &env, vec![run]).await;
-    // the executor working on it
-    let pid = eventually(20, "the command to start", || async {
+    // two slow commands: the executor works on one, and is given the other to start next
+    let runs: Vec<_> = (1..=2)
+        .map(|n| {
+            let cmd = format!("sh -c 'touch {d}/started-{n}; sleep 2; echo done >> {d}/out-{n}'");
+            exec_run(AGENT, &cmd, json!({}), &[])
+        })
+        .collect();
+    let rids: Vec<String> = runs.iter().map(|r| r.id.0.clone()).collect();
+    let v = upload(&c, &env, runs).await;
+    // the executor working on one of them, with the other handed to it to start next
+    let pid = eventually(20, "a command to start", || async {
         let a = c.agents(&env).await.unwrap();
         let agent = a["agents"]
             .as_array()?
             .iter()
             .find(|x| x["name"] == AGENT)?
             .clone();
-        (agent["running"] == 1)
+        let started = (1..=2).any(|n| std::path::Path::new(&format!("{d}/started-{n}")).exists());
+        (started && agent["running"] == 2)
             .then(|| agent["executors"][0].as_u64())
             .flatten()
     })
     .await;
+    let first = (1..=2)
+        .find(|n| std::path::Path::new(&format!("{d}/started-{n}")).exists())
+        .unwrap();
     kill9(pid as u32);
-    // reported as unavailable, then retried on a new executor and deployed
+    // the one it worked on: reported as unavailable, then retried on a new executor and
+    // deployed
+    let crashed_rid = &rids[first - 1];
     let acts = eventually(30, "a retry to deploy it", || async {
-        let acts = deploy_actions(&c, &env, &rid).await;
+        let acts = deploy_actions(&c, &env, crashed_rid).await;
         acts.iter().any(|a| a.status == "deployed").then_some(acts)
     })
     .await;
@@ -64,6 +75,21 @@ async fn crashed_executor_is_reported_respawned_and_retried() {
         crashed.messages
     );
     wait_deployed(&c, &env, v, 30).await;
+    // the one waiting behind it never started: queued again, not failed, run once
+    let other_rid = &rids[2 - first];
+    let other = deploy_actions(&c, &env, other_rid).await;
+    assert_eq!(
+        other.iter().map(|a| a.status.as_str()).collect::<Vec<_>>(),
+        ["deployed"],
+        "the action waiting behind the crashed one: {other:?}"
+    );
+    for n in 1..=2 {
+        assert_eq!(
+            std::fs::read_to_string(format!("{d}/out-{n}")).unwrap(),
+            "done\n",
+            "command {n} ran to its end once"
+        );
+    }
     let a = c.agents(&env).await.unwrap();
     let pids = a["agents"][0]["executors"].as_array().unwrap().clone();
     assert!(
@@ -91,6 +117,7 @@ async fn hung_handler_times_out_and_the_agent_goes_on() {
     // after the hung one in the queue: it only deploys if the agent keeps going
     let file = fs_file(AGENT, &format!("{d}/after"), "x", &[&hid]);
     let other = fs_file(AGENT, &format!("{d}/independent"), "y", &[]);
+    let other_id = other.id.0.clone();
     let started = std::time::Instant::now();
     let v = upload(&c, &env, vec![hang, file, other]).await;
     let p = wait_deployed(&c, &env, v, 30).await;
@@ -100,6 +127,14 @@ async fn hung_handler_times_out_and_the_agent_goes_on() {
     assert_eq!(
         std::fs::read_to_string(format!("{d}/independent")).unwrap(),
         "y"
+    );
+    // the executor was given it to start after the hung one: it never started there, and
+    // went back to the queue (not reported as failed) when that executor was killed
+    let acts = deploy_actions(&c, &env, &other_id).await;
+    assert_eq!(
+        acts.iter().map(|a| a.status.as_str()).collect::<Vec<_>>(),
+        ["deployed"],
+        "{acts:?}"
     );
     let s = state_of(&c, &env, &hid).await;
     assert!(

@@ -280,21 +280,11 @@ impl EnvScheduler {
                     + timeout
             }
         };
-        self.running.insert(
-            key.clone(),
-            RunInfo {
-                proc,
-                action_id,
-                started: now,
-                deadline,
-                version,
-                kind,
-                label,
-            },
-        );
-        if kind == ActionKind::Deploy {
+        // an executor busy with the action before this one starts it when that one ends
+        let waiting = behind.is_some();
+        let mut start_record = (kind == ActionKind::Deploy).then(|| {
             self.open_versions.insert(version);
-            self.batch.actions.push(ActionRecord {
+            Box::new(ActionRecord {
                 id: action_id,
                 environment_id: self.env,
                 version,
@@ -309,7 +299,24 @@ impl EnvScheduler {
                     "level": "debug", "message": format!("{label} started on agent {agent} because {reason}"),
                     "fields": {"reason": reason}, "at": now
                 }]),
-            });
+            })
+        });
+        self.running.insert(
+            key.clone(),
+            RunInfo {
+                proc,
+                action_id,
+                started: now,
+                deadline,
+                version,
+                kind,
+                label,
+                waiting,
+                start_record: if waiting { start_record.take() } else { None },
+            },
+        );
+        if !waiting && let Some(record) = start_record {
+            self.batch.actions.push(*record);
             if let Some(r) = r {
                 self.mark_state(r);
             }
@@ -348,6 +355,8 @@ impl EnvScheduler {
                 version,
                 kind,
                 label,
+                waiting: false,
+                start_record: None,
             },
         );
         self.finish(key, res);
@@ -367,17 +376,9 @@ impl EnvScheduler {
                 if let Some(key) = key {
                     self.finish(key, *res);
                 }
-                // over SSH the executor goes on with the next action it was given: that one
-                // starts now, and so does its timeout
-                if let Some(next) = self
-                    .running
-                    .values_mut()
-                    .filter(|r| r.proc == proc)
-                    .min_by_key(|r| r.deadline)
-                {
-                    next.deadline = tokio::time::Instant::now()
-                        + Duration::from_secs(self.settings.handler_timeout);
-                }
+                // the executor goes on with the next action it was given: that one starts
+                // now, and so does its timeout
+                self.start_next_on(proc);
             }
             PoolEvent::Reply(_, Reply::Ready { .. }) => {}
             PoolEvent::Reply(proc, Reply::Call(call)) => self.on_call(proc, *call),
@@ -385,7 +386,8 @@ impl EnvScheduler {
             PoolEvent::SshConnected(uri, outcome) => self.executors.ssh_connected(uri, outcome),
             PoolEvent::Exited(proc, why) => {
                 self.executors.forget(proc);
-                // every action it had (over SSH, one may have waited behind another)
+                // every action it had: the one it worked on ends here; those waiting behind
+                // it never started, and go back to the queue
                 let keys: Vec<TaskKey> = self
                     .running
                     .iter()
@@ -393,6 +395,10 @@ impl EnvScheduler {
                     .map(|(k, _)| k.clone())
                     .collect();
                 for key in keys {
+                    let info = &self.running[&key];
+                    if info.waiting && self.requeue_unstarted(&key) {
+                        continue;
+                    }
                     let info = &self.running[&key];
                     let (action_id, started) = (info.action_id, info.started);
                     tracing::warn!(environment = %self.env, resource = key.resource(), "executor crashed: {why}");
@@ -406,6 +412,70 @@ impl EnvScheduler {
                 }
             }
         }
+    }
+
+    /// The executor `proc` finished an action: the next one it was given (if any) starts
+    /// now. Its timeout runs from now, and its "started" record and deploying state are
+    /// written now.
+    fn start_next_on(&mut self, proc: crate::scheduler::executors::ProcId) {
+        let timeout = Duration::from_secs(self.settings.handler_timeout);
+        let Some((key, next)) = self
+            .running
+            .iter_mut()
+            .filter(|(_, r)| r.proc == proc)
+            .min_by_key(|(_, r)| r.deadline)
+        else {
+            return;
+        };
+        next.deadline = tokio::time::Instant::now() + timeout;
+        if !next.waiting {
+            return;
+        }
+        next.waiting = false;
+        let now = Utc::now();
+        next.started = now;
+        if let Some(mut record) = next.start_record.take() {
+            record.started_at = now;
+            if let Some(m) = record.messages.get_mut(0) {
+                m["at"] = serde_json::json!(now);
+            }
+            self.batch.actions.push(*record);
+            if let Some(r) = self.model.get(key.resource())
+                && matches!(key, TaskKey::Deploy(_))
+            {
+                self.mark_state(r);
+            }
+        }
+    }
+
+    /// A deploy that its executor never started (the executor died, or was killed for the
+    /// action before it) goes back to the queue as it was asked for, with any follow-up it
+    /// got meanwhile. Nothing ran, so nothing is recorded. False when it can not be
+    /// queued again (a delete, or a resource no longer in the model): it then ends like the
+    /// action before it.
+    fn requeue_unstarted(&mut self, key: &TaskKey) -> bool {
+        let TaskKey::Deploy(rid) = key else {
+            return false;
+        };
+        let Some(r) = self.model.get(rid) else {
+            return false;
+        };
+        if self.tombstones.contains_key(rid) {
+            return false;
+        }
+        self.running.remove(key);
+        let rid = rid.clone();
+        if let Some(run) = self.queue.unrun(key) {
+            self.schedule(r, run.priority, &run.reason, false);
+            if let Some((p, reason)) = run.follow_up {
+                self.schedule(r, p, &reason, false);
+            }
+        }
+        // blocked meanwhile: it is not queued, and what waited for it waits no more
+        if !self.queue.deploy_pending(&rid) {
+            self.queue.drop_deploy(&rid);
+        }
+        true
     }
 
     /// An action ended: update state, log, send events, arm timers, release the queue.

@@ -353,7 +353,7 @@ impl EnvScheduler {
         let deploying = self
             .running
             .get(&TaskKey::Deploy(i.id.clone()))
-            .filter(|x| x.kind == ActionKind::Deploy)
+            .filter(|x| x.kind == ActionKind::Deploy && !x.waiting)
             .map(|x| x.started);
         StateRow {
             resource_id: i.id.clone(),
