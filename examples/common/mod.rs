@@ -3,6 +3,11 @@
 
 use std::path::Path;
 
+// the allocator the `steward` binary runs with (src/main.rs), so that what a benchmark
+// measures is what the server does
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use steward::store::cluster::PgCluster;
 
 /// Start a cluster under `dir/pg` and connect to a migrated database in it.
