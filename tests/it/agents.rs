@@ -22,7 +22,7 @@ pub fn spawn_agent(
     names: &[&str],
     dir: &Path,
     log: &str,
-) -> Child {
+) -> crate::support::AgentProc {
     let mut cmd = Command::new(steward_bin());
     cmd.args(["agent", "run"]);
     for n in names {
@@ -36,6 +36,7 @@ pub fn spawn_agent(
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("{log}.log"))).unwrap())
         .spawn()
+        .map(crate::support::AgentProc)
         .expect("spawn steward agent run")
 }
 
@@ -410,7 +411,7 @@ async fn an_agent_process_reconnects_after_the_server_restarts() {
         .env("STEWARD_AGENT_DIR", dir.path().join("work"))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("a.log")).unwrap());
-    let mut agent = cmd.spawn().unwrap();
+    let mut agent = crate::support::AgentProc(cmd.spawn().unwrap());
     let v1 = upload(&c, &env, vec![fs_file(WEB, &format!("{d}/one"), "1", &[])]).await;
     wait_deployed(&c, &env, v1, 30).await;
     // the server dies and comes back: the process reconnects by itself
@@ -486,7 +487,7 @@ async fn agents_stay_consistent_and_bounded_while_primaries_keep_dying() {
     let (srv, c, env, dir) = deploying_env("churn", json!({"agent_map": {WEB: "external"}})).await;
     let d = dir.path().display().to_string();
     let token = agent_token(&c, &env, &[WEB]).await;
-    let mut procs: Vec<(String, Child)> = Vec::new();
+    let mut procs: Vec<(String, crate::support::AgentProc)> = Vec::new();
     for name in ["p0", "p1"] {
         procs.push((
             name.into(),
@@ -555,16 +556,18 @@ async fn an_agent_backs_off_while_the_server_is_away_and_comes_back_quickly() {
     let env = crate::deploy::env_with(&c, "away", json!({"agent_map": {WEB: "external"}})).await;
     let token = agent_token(&c, &env, &[WEB]).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = Command::new(steward_bin())
-        .args(["agent", "run", "--name", WEB])
-        .env("STEWARD_SERVER", &srv.url)
-        .env("STEWARD_TOKEN", &token)
-        .env("STEWARD_ENV", &env)
-        .env("STEWARD_AGENT_DIR", dir.path().join("work"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("a.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut agent = crate::support::AgentProc(
+        Command::new(steward_bin())
+            .args(["agent", "run", "--name", WEB])
+            .env("STEWARD_SERVER", &srv.url)
+            .env("STEWARD_TOKEN", &token)
+            .env("STEWARD_ENV", &env)
+            .env("STEWARD_AGENT_DIR", dir.path().join("work"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("a.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     eventually(20, "connected", || async {
         log_of(dir.path(), "a")
             .contains("connected to the server")

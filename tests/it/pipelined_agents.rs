@@ -27,16 +27,18 @@ async fn an_agent_holds_work_ahead_and_runs_at_most_its_parallelism() {
         .await
         .unwrap();
     let token = t["secret"].as_str().unwrap().to_string();
-    let mut agent = std::process::Command::new(steward_bin())
-        .args(["agent", "run", "--name", WEB])
-        .env("STEWARD_SERVER", &srv.url)
-        .env("STEWARD_TOKEN", &token)
-        .env("STEWARD_ENV", &env)
-        .env("STEWARD_AGENT_DIR", dir.path().join("work"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut agent = crate::support::AgentProc(
+        std::process::Command::new(steward_bin())
+            .args(["agent", "run", "--name", WEB])
+            .env("STEWARD_SERVER", &srv.url)
+            .env("STEWARD_TOKEN", &token)
+            .env("STEWARD_ENV", &env)
+            .env("STEWARD_AGENT_DIR", dir.path().join("work"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let n = 8;
     // each command logs when it starts and ends (nanoseconds)
     let resources = (0..n)

@@ -10,31 +10,7 @@ use serde_json::json;
 
 use crate::deploy::deploying_env;
 use crate::python_handlers::{demo_code, journal, resource, upload, with_code};
-use crate::support::{TestServer, eventually, steward_bin, wait_deployed};
-
-/// An agent process that is killed when the test ends, also when it fails (a leaked agent
-/// would keep its executors, and whatever file descriptors the test process had, open).
-pub struct AgentProc(Child);
-
-impl std::ops::Deref for AgentProc {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for AgentProc {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{AgentProc, TestServer, eventually, steward_bin, wait_deployed};
 
 pub fn spawn_agent(srv: &TestServer, token: &str, env: &str, dir: &Path) -> AgentProc {
     AgentProc(spawn_agent_child(srv, token, env, dir))

@@ -699,3 +699,27 @@ impl Drop for Operated {
         let _ = self.child.wait();
     }
 }
+
+/// An agent process that is killed when the test ends, also when it fails (a leaked agent
+/// would keep its executors, and whatever file descriptors the test process had, open).
+pub struct AgentProc(pub std::process::Child);
+
+impl std::ops::Deref for AgentProc {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for AgentProc {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
