@@ -160,10 +160,18 @@ pub(super) async fn compute_diff(
     Ok(out)
 }
 
-/// The stored diff of a version against its diff base.
+/// The stored diff of a version against its diff base. A version stored with no version
+/// before it (no diff base) has every resource new: that diff is not stored row by row
+/// (100,000 rows for a first version of 100,000 resources) but read from its resources.
+/// (Versions stored before that have the same rows stored; they are not read twice.)
 pub async fn stored_diff(e: impl PgExecutor<'_>, env: Uuid, number: i32) -> Result<Vec<DiffEntry>> {
     Ok(sqlx::query_as::<_, DiffEntry>(
         "SELECT resource_id, change, attributes FROM version_diffs WHERE environment_id = $1 AND version = $2 \
+         UNION ALL \
+         SELECT s.resource_id, 'new', '{}'::jsonb FROM resource_spans s JOIN versions v \
+           ON v.environment_id = s.environment_id AND v.number = $2 AND v.diff_base IS NULL \
+         WHERE s.environment_id = $1 AND s.first_version <= $2 AND s.last_version >= $2 \
+           AND NOT EXISTS (SELECT 1 FROM version_diffs d WHERE d.environment_id = $1 AND d.version = $2) \
          ORDER BY resource_id",
     )
     .bind(env)

@@ -780,3 +780,106 @@ async fn steward_export_and_deploy_send_only_what_changed() {
         "file 3 changed"
     );
 }
+
+/// A version with no version before it is all new. Its diff is read from its resources, not
+/// stored as a row per resource. It reads as every resource "new" (undefined ones too), in
+/// id order, and the next version's diff is stored and read as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_version_diff_is_every_resource_new_and_not_stored_row_by_row() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = new_env(&c, "first", 10).await;
+    let env_id = uuid::Uuid::parse_str(&env).unwrap();
+    let mut world: World = (0..5)
+        .map(|n| (n, (format!("c{n}"), BTreeSet::new(), n == 3)))
+        .collect();
+    let v1 = c
+        .upload(&env, &world_export(&world), json!({}))
+        .await
+        .unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    let diff_rows = |v: i32| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM version_diffs WHERE environment_id = $1 AND version = $2",
+        )
+        .bind(env_id)
+        .bind(v)
+        .fetch_one(&s.pool)
+    };
+    assert_eq!(
+        diff_rows(v1).await.unwrap(),
+        0,
+        "a first version's diff is not stored"
+    );
+    let (status, d) = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/api/v1/environments/{env}/versions/{v1}/diff"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{d}");
+    let entries = d["changes"].as_array().expect("changes");
+    let mut want: Vec<String> = (0..5).map(|n| id_of(n).0).collect();
+    want.sort();
+    assert_eq!(
+        entries
+            .iter()
+            .map(|e| e["resource_id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>(),
+        want,
+        "{d}"
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["change"] == "new" && e["attributes"] == json!({})),
+        "{d}"
+    );
+    // the detail page carries the same diff
+    let (_, detail) = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/api/v1/environments/{env}/versions/{v1}"),
+        None,
+    )
+    .await;
+    assert_eq!(detail["diff"], d["changes"], "{detail}");
+    // the next version: stored as before, one row per change
+    world.get_mut(&1).unwrap().0 = "changed".into();
+    world.remove(&4);
+    let v2 = c
+        .upload(&env, &world_export(&world), json!({}))
+        .await
+        .unwrap()["number"]
+        .as_i64()
+        .unwrap() as i32;
+    assert_eq!(diff_rows(v2).await.unwrap(), 2);
+    let (_, d2) = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/api/v1/environments/{env}/versions/{v2}/diff"),
+        None,
+    )
+    .await;
+    let changes: Vec<(String, String)> = d2["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["resource_id"].as_str().unwrap().to_string(),
+                e["change"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            (id_of(1).0, "updated".to_string()),
+            (id_of(4).0, "deleted".to_string())
+        ],
+        "{d2}"
+    );
+}

@@ -394,7 +394,11 @@ async fn write(
     let t_spans = t0.elapsed();
     super::super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
     super::super::facts::record_unknowns(&mut *c, env_id, number, &nv.export.unknowns).await?;
-    store_diff(c, env_id, number, &entries).await?;
+    // a version with nothing before it is all new: its diff is read from its resources
+    // ([`super::stored_diff`]) instead of written as one row per resource
+    if prev.is_some() {
+        store_diff(c, env_id, number, &entries).await?;
+    }
     // release by policy
     let mut auto_released = false;
     if lock.settings.auto_release && !lock.auto_release_held {
