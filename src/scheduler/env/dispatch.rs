@@ -395,8 +395,7 @@ impl EnvScheduler {
                     .map(|(k, _)| k.clone())
                     .collect();
                 for key in keys {
-                    let info = &self.running[&key];
-                    if info.waiting && self.requeue_unstarted(&key) {
+                    if self.running[&key].waiting && self.requeue_unstarted(&key) {
                         continue;
                     }
                     let info = &self.running[&key];
@@ -440,9 +439,8 @@ impl EnvScheduler {
                 m["at"] = serde_json::json!(now);
             }
             self.batch.actions.push(*record);
-            if let Some(r) = self.model.get(key.resource())
-                && matches!(key, TaskKey::Deploy(_))
-            {
+            // only deploys have a start record
+            if let Some(r) = self.model.get(key.resource()) {
                 self.mark_state(r);
             }
         }

@@ -370,8 +370,7 @@ async fn write(
         .await?;
     }
     let t_blobs = t0.elapsed();
-    let entries = diff_entries(c, base, &manifest, &changes, &given).await?;
-    let summary = summary(&entries, manifest.len());
+    let summary = summary(&changes, manifest.len());
     let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
     sqlx::query(
         "INSERT INTO versions (environment_id, number, uploader, origin, content_hash, provenance, metadata, \
@@ -397,6 +396,7 @@ async fn write(
     // a version with nothing before it is all new: its diff is read from its resources
     // ([`super::stored_diff`]) instead of written as one row per resource
     if prev.is_some() {
+        let entries = diff_entries(c, base, &manifest, &changes, &given).await?;
         store_diff(c, env_id, number, &entries).await?;
     }
     // release by policy
@@ -493,13 +493,16 @@ async fn diff_entries(
         .collect())
 }
 
-fn summary(entries: &[DiffEntry], total: usize) -> serde_json::Value {
+fn summary(changes: &[(&str, ChangeKind)], total: usize) -> serde_json::Value {
     let mut counts: BTreeMap<&str, i64> =
         [("new", 0), ("updated", 0), ("deleted", 0), ("unchanged", 0)].into();
-    for e in entries {
-        *counts.entry(e.change.as_str()).or_default() += 1;
+    for (_, kind) in changes {
+        *counts.entry(kind.as_str()).or_default() += 1;
     }
-    let changed = entries.iter().filter(|e| e.change != "deleted").count();
+    let changed = changes
+        .iter()
+        .filter(|(_, kind)| *kind != ChangeKind::Deleted)
+        .count();
     counts.insert("unchanged", total as i64 - changed as i64);
     serde_json::json!(counts)
 }
