@@ -10,6 +10,10 @@ use std::time::Instant;
 
 use steward::compiler::{self, CompileOptions};
 
+// The allocator of the `steward` binary, so that this measures what `steward compile` does.
+#[global_allocator]
+static ALLOCATOR: steward::alloc::Allocator = steward::alloc::Allocator;
+
 const HOSTS_PER_DC: usize = 25;
 
 const STATIC_MODEL: &str = r#""""

@@ -6,6 +6,7 @@
 //! `(SCHEDULER.md §6.3)`, are to the design contracts in `docs/design/`.
 
 pub mod agent;
+pub mod alloc;
 pub mod cli;
 pub mod client;
 // Diagnostics carry spans, notes and labels, so they are large; they travel only on the

@@ -169,7 +169,20 @@ impl GitSources {
             tokio::spawn(s.clone().report_deploys(s.0.released.clone()));
             return s;
         }
-        match store::sources::requeue_interrupted(&s.0.pool).await {
+        let requeued = async {
+            let mut tx = s.0.pool.begin().await?;
+            let settled = s.settle_stored(&mut tx, None).await?;
+            let n = store::sources::requeue_interrupted(&mut *tx).await?;
+            tx.commit().await?;
+            Ok::<_, StoreError>((settled, n))
+        }
+        .await;
+        if let Ok((settled, _)) = &requeued {
+            if *settled {
+                s.0.feedback.wake();
+            }
+        }
+        match requeued.map(|(_, n)| n) {
             Ok(n) if n > 0 => tracing::info!(
                 compiles = n,
                 "compiles interrupted by a stop are queued again"
@@ -801,6 +814,43 @@ impl GitSources {
         }
     }
 
+    /// End the compiles left running whose version was stored (the server stopped, or this
+    /// replica's predecessor lost the environment, between storing the version and recording
+    /// the end): they are not compiled again, which would make a second version of the same
+    /// commit. Their timeline and the commit status say they compiled. True when feedback
+    /// was queued.
+    async fn settle_stored(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        env: Option<Uuid>,
+    ) -> Result<bool, StoreError> {
+        let settled = store::sources::settle_stored(&mut *tx, env).await?;
+        let mut queued = false;
+        for c in settled {
+            tracing::warn!(environment = %c.environment_id, commit = %c.commit, version = c.version, compile = %c.id, "a compile's version was stored but its end was not recorded: recorded now, not compiled again");
+            let detail = json!({"compile": c.id, "version": c.version});
+            store::sources::add_event(&mut *tx, c.environment_id, &c.commit, "compiled", detail)
+                .await?;
+            let mut out = Outgoing::default();
+            if let Some(src) = store::sources::get_source(&mut *tx, c.environment_id).await? {
+                out.status(
+                    &src,
+                    &c.commit,
+                    "steward/compile",
+                    State::Success,
+                    &format!("compiled into version {}", c.version),
+                );
+                out.notify(
+                    &src,
+                    "compiled",
+                    json!({"commit": c.commit, "compile": c.id, "version": c.version}),
+                );
+            }
+            queued |= out.write(&mut *tx, c.environment_id).await?;
+        }
+        Ok(queued)
+    }
+
     async fn compiler(self, env: Uuid, queued: Arc<Notify>) {
         // a compile left `running` by the workers this one replaces (a source changed), by
         // a stop, or by the replica that owned the environment before: it runs again here
@@ -809,13 +859,17 @@ impl GitSources {
             let requeued = async {
                 let mut tx = self.0.pool.begin().await?;
                 self.check_fence(env, &mut tx).await?;
+                let settled = self.settle_stored(&mut tx, Some(env)).await?;
                 let n = store::sources::requeue_interrupted_of(&mut *tx, env).await?;
                 tx.commit().await?;
-                Ok::<u64, StoreError>(n)
+                Ok::<(bool, u64), StoreError>((settled, n))
             }
             .await;
             match requeued {
-                Ok(n) => {
+                Ok((settled, n)) => {
+                    if settled {
+                        self.0.feedback.wake();
+                    }
                     if n > 0 {
                         tracing::info!(environment = %env, compiles = n, "interrupted compiles are queued again");
                     }

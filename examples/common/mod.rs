@@ -6,7 +6,7 @@ use std::path::Path;
 // the allocator the `steward` binary runs with (src/main.rs), so that what a benchmark
 // measures is what the server does
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: steward::alloc::Allocator = steward::alloc::Allocator;
 
 use steward::store::cluster::PgCluster;
 

@@ -553,6 +553,7 @@ async fn store_version(
             },
         )
         .await?;
+        store::sources::set_compile_version(&mut *tx, job.id, s.info.number).await?;
         let meanwhile =
             store::facts::resolve_existing(&mut *tx, job.environment_id, s.info.number, started)
                 .await?;

@@ -400,10 +400,51 @@ pub async fn finish_compile(e: impl PgExecutor<'_>, id: Uuid, end: &CompileEnd<'
     Ok(())
 }
 
-/// Compiles that were running when the server stopped run again.
+/// Note on a running compile the version it stored, in the transaction that stores it. The
+/// compile's end is recorded in a later transaction; if that never happens (the server
+/// stopped in between, the replica lost the environment), the version is how whoever finds
+/// the compile still running knows the commit must not be compiled again.
+pub async fn set_compile_version(e: impl PgExecutor<'_>, id: Uuid, version: i32) -> Result<()> {
+    sqlx::query("UPDATE compiles SET version = $2 WHERE id = $1")
+        .bind(id)
+        .bind(version)
+        .execute(e)
+        .await?;
+    Ok(())
+}
+
+/// A running compile whose version was stored, ended `success` by [`settle_stored`].
+#[derive(Debug, sqlx::FromRow)]
+pub struct Settled {
+    pub id: Uuid,
+    pub environment_id: Uuid,
+    pub commit: String,
+    pub version: i32,
+}
+
+/// End the running compiles (of `env`, or all) whose version was stored but whose end was
+/// never recorded: `success`, with a stage that says what happened. Their commits keep the
+/// one version they made.
+pub async fn settle_stored(c: &mut PgConnection, env: Option<Uuid>) -> Result<Vec<Settled>> {
+    Ok(sqlx::query_as(
+        "UPDATE compiles SET status = 'success', finished_at = now(), error = NULL, \
+           stages = stages || jsonb_build_array(jsonb_build_object( \
+             'name', 'recorded', 'started_at', now(), 'ms', 0, 'ok', true, \
+             'detail', 'version ' || version || ' was stored; the server that compiled it stopped (or lost the environment) before it recorded the end')) \
+         WHERE status = 'running' AND version IS NOT NULL AND ($1::uuid IS NULL OR environment_id = $1) \
+         RETURNING id, environment_id, commit, version",
+    )
+    .bind(env)
+    .fetch_all(&mut *c)
+    .await?)
+}
+
+/// Compiles that were running when the server stopped run again (those whose version was
+/// stored are [`settle_stored`] first).
 pub async fn requeue_interrupted(e: impl PgExecutor<'_>) -> Result<u64> {
     let r = sqlx::query(
-        "UPDATE compiles SET status = 'queued', started_at = NULL WHERE status = 'running'",
+        "UPDATE compiles SET status = 'queued', started_at = NULL \
+         WHERE status = 'running' AND version IS NULL",
     )
     .execute(e)
     .await?;
@@ -414,7 +455,7 @@ pub async fn requeue_interrupted(e: impl PgExecutor<'_>) -> Result<u64> {
 pub async fn requeue_interrupted_of(e: impl PgExecutor<'_>, env: Uuid) -> Result<u64> {
     let r = sqlx::query(
         "UPDATE compiles SET status = 'queued', started_at = NULL \
-         WHERE status = 'running' AND environment_id = $1",
+         WHERE status = 'running' AND version IS NULL AND environment_id = $1",
     )
     .bind(env)
     .execute(e)

@@ -301,3 +301,80 @@ async fn source_set_changes_only_what_is_given() {
     assert_eq!(s["has_webhook_secret"], true, "{s}");
     assert_eq!(s["branch"], "main");
 }
+
+/// A crash between storing a commit's version and recording the compile's end (two
+/// transactions) left the compile `running`; the next start queued it again and the commit
+/// made a second version. The end is made to fail here (a trigger refuses it, as a database
+/// that goes away at that moment would), then the server is killed with -9 and started again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_stored_before_a_crash_is_not_compiled_again() {
+    let db = new_database();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = "stw_test_admin_secret_for_stored_crash";
+    let mut child = spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let c = Client::new(&url, Some(admin.into()));
+    let repo = Repo::new();
+    let env = follow(&c, "storedcrash", &repo, json!({})).await;
+    let pool = steward::store::connect(&db, 1).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION test_refuse_compile_end() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF OLD.status = 'running' AND NEW.status <> 'running' THEN \
+           RAISE EXCEPTION 'test: the end of this compile can not be recorded'; END IF; \
+         RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_compile_end BEFORE UPDATE ON compiles \
+           FOR EACH ROW EXECUTE FUNCTION test_refuse_compile_end();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let commit = repo.commit(&repo.model(&[("a", "1")], ""), "one");
+    repo.push_ok();
+    c.trigger_compile(&env, None).await.unwrap();
+    // the version is stored, the compile stays running: its end was refused
+    eventually(60, "version 1 stored while its compile runs", || async {
+        let versions = c.versions(&env).await.unwrap();
+        let list = compiles_of(&c, &env, &commit).await;
+        (versions.len() == 1 && list.len() == 1 && list[0]["status"] == "running").then_some(())
+    })
+    .await;
+    std::process::Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+    sqlx::raw_sql(
+        "DROP TRIGGER refuse_compile_end ON compiles; DROP FUNCTION test_refuse_compile_end();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let mut child = spawn_server(&db, port, admin, data.path());
+    wait_healthy(&url).await;
+    let report = compiled(&c, &env, &commit, 60).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    assert_eq!(report["version"], 1, "{report:#}");
+    // time for a compile queued again to run and store a second version
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let versions = c.versions(&env).await.unwrap();
+    assert_eq!(
+        versions.len(),
+        1,
+        "the commit compiled twice: {versions:#?}"
+    );
+    let list = compiles_of(&c, &env, &commit).await;
+    assert_eq!(list.len(), 1, "{list:#?}");
+    assert_eq!(list[0]["status"], "success", "{list:#?}");
+    let events = timeline(&c, &env, &commit).await;
+    assert_eq!(
+        events.iter().filter(|e| *e == "compiled").count(),
+        1,
+        "{events:?}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

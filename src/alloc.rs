@@ -1,0 +1,191 @@
+//! The process's memory allocator: mimalloc for everything, except that blocks of
+//! [`MAPPED_FROM`] bytes or more are their own memory mappings, grown with `mremap`.
+//!
+//! Why not mimalloc alone: the compiler and the server grow a few vectors to hundreds of
+//! megabytes (the compiler's result variables, tasks and instances; the store's batches).
+//! mimalloc grows a block by allocating a new one and copying, so each doubling copies the
+//! whole vector and faults in fresh pages for it: at gen_model N=20,000 that was a quarter of
+//! `steward compile`'s time (`finish_grow` -> `_mi_theap_realloc_zero` -> `memcpy` and
+//! page faults). `mremap` moves the pages instead, as glibc's allocator does for its large
+//! blocks. A large block freed is also given back to the system at once, which keeps the
+//! server's resident memory close to what it uses.
+//!
+//! Which allocator owns a block follows from its size alone (the size of the layout Rust
+//! passes to `dealloc` and `realloc`), so no header or lookup is needed.
+//!
+//! mimalloc is built without transparent huge pages (the `no_thp` feature): it reserves
+//! 1 GiB arenas and asked the kernel to back them with 2 MiB pages, and where the kernel
+//! defragments for such requests (`defrag` = `madvise`, a common default) a short run such as
+//! `steward compile` after another large process stalled on compaction and page clearing
+//! (gen_model N=1,000: 0.05 s -> 0.15-0.2 s).
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::ptr;
+
+/// Blocks from this size on are separate mappings. Below it, the copies that growing a
+/// vector costs add up to a few megabytes at most, and mimalloc's reuse of freed memory is
+/// faster than a system call and fresh pages per allocation.
+pub const MAPPED_FROM: usize = 4 << 20;
+
+/// The allocator of the `steward` binary (and of the benchmarks, which measure what it does).
+pub struct Allocator;
+
+fn page_size() -> usize {
+    // 4 KiB on the platforms we build for; `sysconf` is cheap but not free, and the result
+    // only rounds mapping lengths, for which any multiple of the real page size is correct
+    4096
+}
+
+fn mapping_len(size: usize) -> usize {
+    (size + page_size() - 1) & !(page_size() - 1)
+}
+
+fn is_mapped(layout: &Layout) -> bool {
+    // a mapping is aligned to a page; larger alignments stay with mimalloc
+    layout.size() >= MAPPED_FROM && layout.align() <= page_size()
+}
+
+unsafe fn map(size: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping has no preconditions; failure is MAP_FAILED
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            mapping_len(size),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+unsafe fn unmap(p: *mut u8, size: usize) {
+    // SAFETY: the caller passes a mapping made by `map`/`remap` for this size
+    unsafe { libc::munmap(p.cast(), mapping_len(size)) };
+}
+
+unsafe impl GlobalAlloc for Allocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if is_mapped(&layout) {
+            unsafe { map(layout.size()) }
+        } else {
+            unsafe { mimalloc::MiMalloc.alloc(layout) }
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if is_mapped(&layout) {
+            // fresh anonymous pages read as zero
+            unsafe { map(layout.size()) }
+        } else {
+            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        if is_mapped(&layout) {
+            unsafe { unmap(p, layout.size()) }
+        } else {
+            unsafe { mimalloc::MiMalloc.dealloc(p, layout) }
+        }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY (for the layout): GlobalAlloc::realloc promises `new_size`, rounded up to
+        // the alignment, does not overflow isize
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        match (is_mapped(&layout), is_mapped(&new_layout)) {
+            (false, false) => unsafe { mimalloc::MiMalloc.realloc(p, layout, new_size) },
+            (true, true) => {
+                let (old_len, new_len) = (mapping_len(layout.size()), mapping_len(new_size));
+                if old_len == new_len {
+                    return p;
+                }
+                // SAFETY: `p` is a mapping of `old_len` bytes; MAYMOVE lets the kernel move
+                // its pages to a free range, without copying them
+                let q = unsafe { libc::mremap(p.cast(), old_len, new_len, libc::MREMAP_MAYMOVE) };
+                if q == libc::MAP_FAILED {
+                    ptr::null_mut()
+                } else {
+                    q.cast()
+                }
+            }
+            // crossing the threshold: the other allocator takes the block over, once
+            _ => unsafe {
+                let q = self.alloc(new_layout);
+                if !q.is_null() {
+                    ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                    self.dealloc(p, layout);
+                }
+                q
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every path between the two allocators keeps the bytes, in both directions, and a
+    /// mapped block grown with `mremap` reads back what was written before it moved.
+    #[test]
+    fn blocks_keep_their_bytes_across_the_threshold_and_mremap() {
+        let a = Allocator;
+        let fill = |p: *mut u8, n: usize| {
+            for i in (0..n).step_by(4093) {
+                unsafe { *p.add(i) = (i % 251) as u8 };
+            }
+        };
+        let check = |p: *mut u8, n: usize| {
+            for i in (0..n).step_by(4093) {
+                assert_eq!(unsafe { *p.add(i) }, (i % 251) as u8, "byte {i}");
+            }
+        };
+        unsafe {
+            let small = 1 << 20;
+            let layout = Layout::from_size_align(small, 8).unwrap();
+            let p = a.alloc(layout);
+            assert!(!p.is_null());
+            fill(p, small);
+            // small -> mapped
+            let big = MAPPED_FROM + 12345;
+            let p = a.realloc(p, layout, big);
+            assert!(!p.is_null());
+            check(p, small);
+            fill(p, big);
+            // mapped -> bigger mapped (mremap)
+            let layout = Layout::from_size_align(big, 8).unwrap();
+            let bigger = 64 << 20;
+            let p = a.realloc(p, layout, bigger);
+            assert!(!p.is_null());
+            check(p, big);
+            fill(p, bigger);
+            // mapped -> small again
+            let layout = Layout::from_size_align(bigger, 8).unwrap();
+            let p = a.realloc(p, layout, small);
+            assert!(!p.is_null());
+            check(p, small);
+            a.dealloc(p, Layout::from_size_align(small, 8).unwrap());
+
+            // a zeroed mapped block reads as zero
+            let layout = Layout::from_size_align(MAPPED_FROM, 16).unwrap();
+            let z = a.alloc_zeroed(layout);
+            assert!(!z.is_null());
+            assert!((0..MAPPED_FROM).step_by(4096).all(|i| *z.add(i) == 0));
+            a.dealloc(z, layout);
+
+            // an alignment past a page stays with mimalloc, also when large
+            let layout = Layout::from_size_align(MAPPED_FROM, 1 << 16).unwrap();
+            let p = a.alloc(layout);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % (1 << 16), 0);
+            a.dealloc(p, layout);
+        }
+    }
+}
