@@ -5,6 +5,7 @@
 //! (constructors, plugin calls) record their results in the task's memo so a re-run replays
 //! them instead of repeating them.
 
+use std::collections::hash_map::Entry;
 use std::rc::Rc;
 
 use super::state::*;
@@ -877,42 +878,49 @@ impl Runtime<'_> {
         let p = self.p;
         let entity = self.inst_entity(inst);
         let ent = p.entity(entity);
-        let mut types = vec![entity];
-        types.extend(ent.ancestors.iter().copied());
-        for t in types {
+        // the instance goes into the maps of its entity and of each ancestor, for each index
+        // that type has; every one of those indexes is also in `ent.indexes`, with the slots
+        // of the attributes in this entity (no name lookups per instance)
+        for t in std::iter::once(entity).chain(ent.ancestors.iter().copied()) {
             for (pos, (idx, _)) in p.entity(t).indexes.iter().enumerate() {
-                let attrs = &p.indexes[idx.0 as usize].attrs;
-                let mut key = Vec::with_capacity(attrs.len());
-                for a in attrs {
-                    let slot = ent
-                        .slot(p.syms.get(a).expect("interned"))
-                        .expect("inherited slot");
-                    match values.iter().find(|(s, _)| *s == slot) {
+                let Some((_, slots)) = ent.indexes.iter().find(|(own, _)| own == idx) else {
+                    continue;
+                };
+                let mut key = Vec::with_capacity(slots.len());
+                for slot in slots {
+                    match values.iter().find(|(s, _)| s == slot) {
                         Some((_, v)) => key.push(Self::key_part(v)),
-                        None => {
-                            key.clear();
-                            break;
+                        None => break,
+                    }
+                }
+                if key.len() != slots.len() || key.is_empty() {
+                    continue;
+                }
+                // one hash of the key: the entry, and the waiting lookup only if there are any
+                let waiting = !self.pending_lookups.is_empty();
+                match self.index_maps[t.0 as usize][pos].entry(key) {
+                    Entry::Occupied(o) => {
+                        if *o.get() != inst {
+                            let key = o.key().clone();
+                            let attrs = &p.indexes[idx.0 as usize].attrs;
+                            let text = self.key_text(t, attrs, &key);
+                            return Err(err(
+                                "index",
+                                format!("Duplicate key in index. {text}"),
+                                span,
+                            ));
                         }
                     }
-                }
-                if key.is_empty() {
-                    continue;
-                }
-                if let Some(existing) = self.index_maps[t.0 as usize][pos].get(&key) {
-                    if *existing != inst {
-                        let text = self.key_text(t, attrs, &key);
-                        return Err(err(
-                            "index",
-                            format!("Duplicate key in index. {text}"),
-                            span,
-                        ));
+                    Entry::Vacant(v) => {
+                        let key = waiting.then(|| v.key().clone());
+                        v.insert(inst);
+                        if let Some(key) = key
+                            && let Some((rv, _)) = self.pending_lookups.remove(&(t, pos, key))
+                        {
+                            self.rvs[rv.0 as usize].state = RvState::Set(Value::Instance(inst));
+                            self.wake(rv, false);
+                        }
                     }
-                    continue;
-                }
-                self.index_maps[t.0 as usize][pos].insert(key.clone(), inst);
-                if let Some((rv, _)) = self.pending_lookups.remove(&(t, pos, key)) {
-                    self.rvs[rv.0 as usize].state = RvState::Set(Value::Instance(inst));
-                    self.wake(rv, false);
                 }
             }
         }
