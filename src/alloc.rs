@@ -201,10 +201,16 @@ mod tests {
             for (size, align) in [(3, 1), (24, 8), (24, 16), (40, 32), (100, 64)] {
                 let layout = Layout::from_size_align(size, align).unwrap();
                 let p = a.alloc(layout);
-                assert!(!p.is_null() && p as usize % align == 0, "{size} {align}");
+                assert!(
+                    !p.is_null() && (p as usize).is_multiple_of(align),
+                    "{size} {align}"
+                );
                 *p = 7;
                 let p = a.realloc(p, layout, size * 100);
-                assert!(!p.is_null() && p as usize % align == 0, "{size} {align}");
+                assert!(
+                    !p.is_null() && (p as usize).is_multiple_of(align),
+                    "{size} {align}"
+                );
                 assert_eq!(*p, 7);
                 a.dealloc(p, Layout::from_size_align(size * 100, align).unwrap());
             }

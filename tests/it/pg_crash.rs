@@ -13,10 +13,44 @@ use steward::client::Client;
 
 use crate::support::{free_port, null_export, steward_bin, wait_deployed};
 
+/// A `steward server` of a test. When the test fails (panics) it is killed, and the
+/// PostgreSQL its data dir names with it: a failing test otherwise left both running, with
+/// the test process's file descriptors (a build lock among them). A test that passes stops
+/// them itself and checks that nothing is left.
+struct Server {
+    child: Child,
+    data: PathBuf,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            if let Some(pg) = postmaster(&self.data).filter(|p| alive(*p)) {
+                kill9(pg);
+            }
+        }
+    }
+}
+
 /// A `steward server` with its private cluster under `data` (not under /tmp: an operator's
 /// data dir is not there), on `port`.
-fn spawn(data: &Path, port: u16, admin: &str) -> Child {
-    Command::new(steward_bin())
+fn spawn(data: &Path, port: u16, admin: &str) -> Server {
+    let child = Command::new(steward_bin())
         .args(["server", "--bind", &format!("127.0.0.1:{port}")])
         .arg("--data-dir")
         .arg(data)
@@ -32,7 +66,11 @@ fn spawn(data: &Path, port: u16, admin: &str) -> Child {
                 .unwrap(),
         )
         .spawn()
-        .unwrap()
+        .unwrap();
+    Server {
+        child,
+        data: data.to_path_buf(),
+    }
 }
 
 fn log_of(data: &Path) -> String {
@@ -343,23 +381,25 @@ async fn a_server_started_before_its_database_waits_for_it() {
     let port = free_port();
     let admin = "stw_test_admin_pg_crash_waits";
     let c = Client::new(&format!("http://127.0.0.1:{port}"), Some(admin.into()));
-    let mut child = Command::new(steward_bin())
-        .args(["server", "--bind", &format!("127.0.0.1:{port}")])
-        .arg("--data-dir")
-        .arg(&data)
-        .env("STEWARD_DATABASE_URL", &url)
-        .env("STEWARD_EXECUTOR_USER", "server")
-        .env("STEWARD_ADMIN_TOKEN", admin)
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(data.with_extension("log"))
-                .unwrap(),
-        )
-        .spawn()
-        .unwrap();
+    let mut child = crate::support::AgentProc(
+        Command::new(steward_bin())
+            .args(["server", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(&data)
+            .env("STEWARD_DATABASE_URL", &url)
+            .env("STEWARD_EXECUTOR_USER", "server")
+            .env("STEWARD_ADMIN_TOKEN", admin)
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(data.with_extension("log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap(),
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         child.try_wait().unwrap().is_none(),

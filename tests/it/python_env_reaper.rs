@@ -43,7 +43,8 @@ async fn fifty_requirement_sets_stay_within_the_cap_and_every_compile_works() {
     let admin = "stw_test_admin_env_reaper";
     let wheels_arg = wheels.path().as_os_str().to_owned();
     let cap = format!("{CAP_MIB}MiB");
-    let mut child = spawn_server_with(
+    // killed when the test ends, also when it fails
+    let mut child = crate::support::AgentProc(spawn_server_with(
         &new_database(),
         port,
         admin,
@@ -56,7 +57,7 @@ async fn fifty_requirement_sets_stay_within_the_cap_and_every_compile_works() {
             "--prune-interval".as_ref(),
             "5".as_ref(),
         ],
-    );
+    ));
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(&url).await;
     let c = Client::new(&url, Some(admin.into()));

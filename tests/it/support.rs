@@ -700,8 +700,9 @@ impl Drop for Operated {
     }
 }
 
-/// An agent process that is killed when the test ends, also when it fails (a leaked agent
-/// would keep its executors, and whatever file descriptors the test process had, open).
+/// A child process (an agent, a server) that is killed when the test ends, also when it
+/// fails (a leaked agent would keep its executors, and whatever file descriptors the test
+/// process had, open).
 pub struct AgentProc(pub std::process::Child);
 
 impl std::ops::Deref for AgentProc {

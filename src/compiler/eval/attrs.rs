@@ -332,6 +332,10 @@ impl Runtime<'_> {
 
     /// Run the gradual listeners of a relation for a new element.
     fn notify_listeners(&mut self, rv: RvId, item: InstId) -> Result<(), SetError> {
+        // most relations have no listener: no copy of the empty list per element
+        if self.dl(rv).listeners.is_empty() {
+            return Ok(());
+        }
         let listeners = self.dl(rv).listeners.clone();
         for l in listeners {
             self.deliver(&l, item).map_err(SetError::Stop)?;
