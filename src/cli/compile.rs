@@ -58,12 +58,15 @@ pub struct ExportArgs {
 
 /// Run one compile, printing std::print output to stdout and diagnostics to stderr.
 /// `facts`: the environment's parameters and facts, `None` when no server is known.
+/// `process_ends_after`: the command exits after this compile (see
+/// [`CompileOptions::process_ends_after`]).
 pub(super) fn compile_once(
     project: &Path,
     file: &str,
     export: bool,
     json: bool,
     facts: Option<Facts>,
+    process_ends_after: bool,
 ) -> CompileOutcome {
     let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {
@@ -71,6 +74,7 @@ pub(super) fn compile_once(
         main_file: Some(file.to_string()),
         export,
         facts,
+        process_ends_after,
         ..Default::default()
     };
     let outcome = compiler::compile(&opts, &mut |line| {
@@ -146,6 +150,7 @@ pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
         args.export.is_some(),
         args.json,
         facts,
+        true,
     );
     if let Some(path) = &args.export {
         write_export(&outcome, path)?;
@@ -181,7 +186,14 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
-    let outcome = compile_once(&args.project, &args.file, true, args.remote.json, facts);
+    let outcome = compile_once(
+        &args.project,
+        &args.file,
+        true,
+        args.remote.json,
+        facts,
+        true,
+    );
     if let Some(path) = &args.json_file {
         write_export(&outcome, path)?;
         if outcome.is_ok() {
@@ -339,6 +351,7 @@ fn watch(args: &CompileArgs) -> anyhow::Result<ExitCode> {
             args.export.is_some(),
             args.json,
             facts,
+            false,
         );
         if let Some(path) = &args.export
             && let Err(e) = write_export(&outcome, path)

@@ -58,6 +58,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         true,
         false,
         Some(crate::model::Facts::new()),
+        false,
     );
     let Ok(Some(export)) = outcome.result else {
         eprintln!("nothing was deployed");
@@ -196,7 +197,7 @@ async fn compile_with_facts(
     let facts = super::compile::environment_facts(c, env).await?;
     let (project, file) = (project.to_path_buf(), args.file.clone());
     let outcome = tokio::task::spawn_blocking(move || {
-        super::compile::compile_once(&project, &file, true, false, Some(facts))
+        super::compile::compile_once(&project, &file, true, false, Some(facts), false)
     })
     .await?;
     match outcome.result {
