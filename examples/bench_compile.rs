@@ -278,6 +278,8 @@ fn peak_rss_mb() -> f64 {
 }
 
 fn main() {
+    // as `steward compile` runs
+    steward::alloc::no_huge_pages_for_this_process();
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);

@@ -13,11 +13,18 @@
 //! Which allocator owns a block follows from its size alone (the size of the layout Rust
 //! passes to `dealloc` and `realloc`), so no header or lookup is needed.
 //!
-//! mimalloc is built without transparent huge pages (the `no_thp` feature): it reserves
-//! 1 GiB arenas and asked the kernel to back them with 2 MiB pages, and where the kernel
-//! defragments for such requests (`defrag` = `madvise`, a common default) a short run such as
-//! `steward compile` after another large process stalled on compaction and page clearing
-//! (gen_model N=1,000: 0.05 s -> 0.15-0.2 s).
+//! Transparent huge pages: mimalloc reserves 1 GiB arenas and, by default, asks the kernel
+//! to back them with 2 MiB pages. It is built without that (`no_thp`). Where the kernel
+//! defragments for such requests (`defrag` = `madvise`, a common default), every fresh 2 MiB
+//! page is cleared whole, after compaction when memory is fragmented:
+//! - `steward compile` after another large process: gen_model N=1,000 took 0.15-0.2 s
+//!   instead of 0.05 s;
+//! - the server storing a first version of 10,000 resources (examples/bench_deploy.rs,
+//!   interleaved runs): upload and store 0.66 s with huge pages, 0.40 s without. Only the
+//!   no-change repair gains from them (0.42 against 0.45 s).
+//!
+//! On a system whose THP setting is `always`, one-shot commands still turn them off for
+//! themselves ([`no_huge_pages_for_this_process`]).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ptr;
@@ -31,6 +38,16 @@ const WORD: usize = std::mem::size_of::<usize>();
 /// vector costs add up to a few megabytes at most, and mimalloc's reuse of freed memory is
 /// faster than a system call and fresh pages per allocation.
 pub const MAPPED_FROM: usize = 4 << 20;
+
+/// No transparent huge pages for this process from now on, whatever the allocator asked for
+/// (`PR_SET_THP_DISABLE`, checked by the kernel at each page fault): for a command that runs
+/// for a moment, clearing (and compacting memory for) 2 MiB at a time costs more than the
+/// fewer page faults gain. Inherited by the children it starts.
+pub fn no_huge_pages_for_this_process() {
+    // SAFETY: prctl with these arguments only sets a flag of the calling process; failing
+    // (an old kernel) leaves huge pages as they were, which is correct, only slower
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
 
 /// The allocator of the `steward` binary (and of the benchmarks, which measure what it does).
 pub struct Allocator;

@@ -68,6 +68,9 @@ pub(super) fn compile_once(
     facts: Option<Facts>,
     process_ends_after: bool,
 ) -> CompileOutcome {
+    if process_ends_after {
+        crate::alloc::no_huge_pages_for_this_process();
+    }
     let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
