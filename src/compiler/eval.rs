@@ -427,7 +427,7 @@ impl<'p> Runtime<'p> {
             return;
         }
         d.frozen = true;
-        d.listeners = Vec::new();
+        d.listeners = None;
         match kind {
             RvKind::List => {
                 let items: Vec<Value> = d.items.iter().map(|i| Value::Instance(*i)).collect();

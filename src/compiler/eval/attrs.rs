@@ -333,10 +333,10 @@ impl Runtime<'_> {
     /// Run the gradual listeners of a relation for a new element.
     fn notify_listeners(&mut self, rv: RvId, item: InstId) -> Result<(), SetError> {
         // most relations have no listener: no copy of the empty list per element
-        if self.dl(rv).listeners.is_empty() {
+        if self.dl(rv).listeners().is_empty() {
             return Ok(());
         }
-        let listeners = self.dl(rv).listeners.clone();
+        let listeners = self.dl(rv).listeners().to_vec();
         for l in listeners {
             self.deliver(&l, item).map_err(SetError::Stop)?;
         }
@@ -622,7 +622,7 @@ impl Runtime<'_> {
                         };
                         let existing = self.dl(src).items.clone();
                         self.memo_put_marker(cx);
-                        self.dl_mut(src).listeners.push(listener.clone());
+                        self.dl_mut(src).add_listener(listener.clone());
                         for i in existing {
                             self.deliver(&listener, i)?;
                         }
@@ -655,8 +655,7 @@ impl Runtime<'_> {
         self.memo_put_marker(cx);
         if !self.is_frozen(src) {
             self.dl_mut(src)
-                .listeners
-                .push(Listener::Forward { target, site });
+                .add_listener(Listener::Forward { target, site });
         }
         for i in items {
             self.add_to_relation(target, Value::Instance(i), site)?;

@@ -211,7 +211,7 @@ impl Runtime<'_> {
                     scope: cx.scope,
                 };
                 let existing = self.dl(rv).items.clone();
-                self.dl_mut(rv).listeners.push(listener);
+                self.dl_mut(rv).add_listener(listener);
                 for i in existing {
                     self.emit_for_body(body, cx.scope, Value::Instance(i));
                 }
