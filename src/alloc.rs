@@ -52,19 +52,17 @@ pub fn no_huge_pages_for_this_process() {
 /// The allocator of the `steward` binary (and of the benchmarks, which measure what it does).
 pub struct Allocator;
 
-fn page_size() -> usize {
-    // 4 KiB on the platforms we build for; `sysconf` is cheap but not free, and the result
-    // only rounds mapping lengths, for which any multiple of the real page size is correct
-    4096
-}
+/// The page size mapping lengths are rounded to: 4 KiB on the platforms we build for (any
+/// multiple of the real page size is correct, so no `sysconf` per call).
+const PAGE: usize = 4096;
 
 fn mapping_len(size: usize) -> usize {
-    (size + page_size() - 1) & !(page_size() - 1)
+    (size + PAGE - 1) & !(PAGE - 1)
 }
 
 fn is_mapped(layout: &Layout) -> bool {
     // a mapping is aligned to a page; larger alignments stay with mimalloc
-    layout.size() >= MAPPED_FROM && layout.align() <= page_size()
+    layout.size() >= MAPPED_FROM && layout.align() <= PAGE
 }
 
 unsafe fn map(size: usize) -> *mut u8 {
