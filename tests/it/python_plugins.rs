@@ -80,6 +80,7 @@ pub(crate) fn venv() -> &'static Path {
             .tempdir()
             .unwrap()
             .keep();
+        crate::support::remove_when_tests_exit(&dir);
         let ok = |c: &mut Command| {
             let out = c.output().unwrap();
             assert!(

@@ -101,7 +101,7 @@ pub(crate) fn user_env(project: &Path) -> PathBuf {
             .tempdir()
             .unwrap()
             .keep();
-        remove_when_tests_exit(&dir);
+        crate::support::remove_when_tests_exit(&dir);
         let env = dir.join("venv");
         run_ok(Command::new("python3").arg("-m").arg("venv").arg(&env));
         let started = std::time::Instant::now();
@@ -122,28 +122,6 @@ pub(crate) fn user_env(project: &Path) -> PathBuf {
 
 /// Remove `dir` once this test process has exited: the environments live as long as the
 /// process (tests share them), and each is 100 to 300 MB.
-fn remove_when_tests_exit(dir: &Path) {
-    // a fixed script: the pid and the directory are positional parameters; the loop runs in
-    // the background, so the shell waited for here ends at once and leaves no zombie
-    const SCRIPT: &str = r#"(while kill -0 "$1" 2>/dev/null; do sleep 1; done; rm -rf -- "$2") &"#;
-    let started = Command::new("sh")
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg("steward-user-env-watchdog")
-        .arg(std::process::id().to_string())
-        .arg(dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(
-        started.success(),
-        "the watchdog of {} did not start",
-        dir.display()
-    );
-}
-
 /// `steward deploy` of `project` with `options`, with `root` in the environment variable
 /// `root_var`, in the project's user environment.
 fn steward_deploy(project: &Path, root_var: &str, root: &Path, options: &[&str]) -> String {

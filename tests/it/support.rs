@@ -26,6 +26,31 @@ pub fn cluster() -> &'static PgCluster {
     })
 }
 
+/// Removes `dir` once this test process has exited, however it exits (a `static` holding a
+/// temporary directory is never dropped, and a killed run drops nothing).
+#[allow(dead_code)]
+pub fn remove_when_tests_exit(dir: &Path) {
+    // a fixed script: the pid and the directory are positional parameters; the loop runs in
+    // the background, so the shell waited for here ends at once and leaves no zombie
+    const SCRIPT: &str = r#"(while kill -0 "$1" 2>/dev/null; do sleep 1; done; rm -rf -- "$2") &"#;
+    let started = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg("steward-test-dir-watchdog")
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        started.success(),
+        "the watchdog of {} did not start",
+        dir.display()
+    );
+}
+
 /// A new empty database; returns its URL.
 pub fn new_database() -> String {
     let c = cluster();
