@@ -497,6 +497,7 @@ async fn agents_stay_consistent_and_bounded_while_primaries_keep_dying() {
     wait_processes(&c, &env, 2).await;
     let n = 40;
     let v = upload(&c, &env, slow_commands(&d, &[0.15; 40])).await;
+    let mut kills = 0;
     // for about 20 s: kill -9 whichever process is primary, start a new one
     for round in 0..4 {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -515,19 +516,27 @@ async fn agents_stay_consistent_and_bounded_while_primaries_keep_dying() {
         let (_, mut child) = procs.remove(pos);
         signal(&child, "-9");
         child.wait().unwrap();
+        kills += 1;
         let name = format!("p{}", round + 2);
         let fresh = spawn_agent(&srv, &token, &env, &[WEB], dir.path(), &name);
         procs.push((name, fresh));
     }
     wait_deployed(&c, &env, v, 90).await;
-    // every command completed once; a killed one may have started twice, never more
+    // every command completed once; the agent runs one action at a time, so each kill
+    // cut at most one command short, which then started again: one extra start per kill at
+    // most (two kills can hit the same command, when the second primary is killed right
+    // after it took that command over)
     assert_eq!(
         lines(&d, "out", n),
         vec![1; n],
         "one completion per command"
     );
     let runs = lines(&d, "runs", n);
-    assert!(runs.iter().all(|&r| (1..=2).contains(&r)), "{runs:?}");
+    let extra: usize = runs.iter().map(|&r| r.saturating_sub(1)).sum();
+    assert!(
+        runs.iter().all(|&r| r >= 1) && extra <= kills,
+        "{extra} extra starts for {kills} kills: {runs:?}"
+    );
     // bounded: one lease row for the agent, and only live processes listed
     let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM leases")
         .fetch_one(&srv.pool)

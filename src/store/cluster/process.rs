@@ -196,6 +196,10 @@ impl PgCluster {
                 "synchronous_commit=off",
                 "-c",
                 "full_page_writes=off",
+                // a test run makes hundreds of databases, each written to the WAL whole:
+                // the default 1 GB of WAL kept between checkpoints is disk CI may not have
+                "-c",
+                "max_wal_size=256MB",
             ]);
         }
         // the server outlives us; it must not keep our stdout/stderr open
