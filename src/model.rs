@@ -136,16 +136,17 @@ fn write_canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
 }
 
 fn write_canonical_map(m: &serde_json::Map<String, serde_json::Value>, out: &mut Vec<u8>) {
-    let mut keys: Vec<&String> = m.keys().collect();
-    keys.sort();
+    // sorted as pairs: looking each value up again by its key would hash every key
+    let mut entries: Vec<(&String, &serde_json::Value)> = m.iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
     out.push(b'{');
-    for (i, k) in keys.iter().enumerate() {
+    for (i, (k, v)) in entries.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         write_json_string(k, out);
         out.push(b':');
-        write_canonical(&m[*k], out);
+        write_canonical(v, out);
     }
     out.push(b'}');
 }

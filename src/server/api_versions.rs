@@ -117,6 +117,7 @@ pub async fn upload(
     )
     .await?;
     tx.commit().await.map_err(StoreError::from)?;
+    versions::refresh_statistics_after(&state.pool, &stored);
     tracing::debug!(
         committed_ms = received.elapsed().as_secs_f64() * 1e3,
         "upload stored"

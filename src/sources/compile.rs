@@ -567,6 +567,7 @@ async fn store_version(
         )
         .await?;
         tx.commit().await.map_err(store::StoreError::from)?;
+        versions::refresh_statistics_after(pool, &s);
         Ok::<_, store::StoreError>((s, meanwhile))
     }
     .await;

@@ -883,3 +883,48 @@ async fn a_first_version_diff_is_every_resource_new_and_not_stored_row_by_row() 
         "{d2}"
     );
 }
+
+/// A version that opens thousands of span rows refreshes the planner's statistics of
+/// `resource_spans` right after its commit (with the statistics of a nearly empty table, the
+/// next version's changed rows were closed by scanning every open row), and a small one
+/// does not. `last_analyze` is set by an explicit ANALYZE only, never by autovacuum.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_version_refreshes_the_statistics_of_the_spans() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = new_env(&c, "analyze", 10).await;
+    let analyzed = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'resource_spans'",
+        )
+        .fetch_one(&s.pool)
+        .await
+        .unwrap()
+    };
+    let small: World = (0..50)
+        .map(|n| (n, (format!("c{n}"), BTreeSet::new(), false)))
+        .collect();
+    c.upload(&env, &world_export(&small), json!({}))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        analyzed().await,
+        None,
+        "50 rows do not call for new statistics"
+    );
+    let large: World = (0..6000)
+        .map(|n| (n, (format!("d{n}"), BTreeSet::new(), false)))
+        .collect();
+    c.upload(&env, &world_export(&large), json!({}))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while analyzed().await.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ANALYZE of resource_spans 20 s after a 6,000-resource version"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

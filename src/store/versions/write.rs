@@ -144,7 +144,28 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
         })
         .collect();
     let lock = lock_newest(c, env_id).await?;
-    write(c, env_id, &nv, lock, manifest, None).await
+    let empty = Manifest::new();
+    let base = lock.newest.as_ref().map_or(&empty, |(_, _, m)| &**m);
+    write(c, env_id, &nv, &lock, manifest, Against::Whole(base), None).await
+}
+
+/// What a new version is compared with to find what changed.
+enum Against<'a> {
+    /// The newest version's whole manifest (a version sent whole: every id is compared).
+    Whole(&'a Manifest),
+    /// The newest version's entries of the ids a delta touched, in id order (`None`: the id
+    /// was not in it). Every other id is the same in both, so only these are compared.
+    Touched(&'a BTreeMap<String, Option<Entry>>),
+}
+
+impl Against<'_> {
+    /// The newest version's entry of `id`, for an id that is new, changed or touched.
+    fn base(&self, id: &str) -> Option<&Entry> {
+        match self {
+            Against::Whole(m) => m.get(id),
+            Against::Touched(t) => t.get(id).and_then(Option::as_ref),
+        }
+    }
 }
 
 /// Store the next version sent as its changes against `base`, which must be the newest
@@ -199,32 +220,41 @@ pub async fn store_delta(
             ));
         }
     }
-    let base_manifest = lock
+    let mut lock = lock;
+    // the newest version's manifest becomes the new one in place: taken out of the cache
+    // (a failed store only costs the next one a read of the open rows), it is held once and
+    // is not copied (a copy of 100,000 entries cost ~25 ms); what the delta replaces is kept
+    // aside in `touched`
+    let newest = lock
         .newest
-        .as_ref()
-        .map(|(_, _, m)| m.clone())
+        .as_mut()
+        .map(|(_, _, m)| std::mem::take(m))
         .unwrap_or_default();
-    let mut manifest: Manifest = (*base_manifest).clone();
+    forget_cached(env_id);
+    let mut manifest: Manifest = Arc::try_unwrap(newest).unwrap_or_else(|shared| (*shared).clone());
+    let mut touched: BTreeMap<String, Option<Entry>> = BTreeMap::new();
     for r in removed {
         // the sender's idea of the base is wrong: it sends the whole version
-        if manifest.remove(&r.0).is_none() {
+        let Some(old) = manifest.remove(&r.0) else {
             return Err(StoreError::BaseMoved(format!(
                 "removed resource {r} is not in version {}: send the whole version",
                 base.version
             )));
-        }
+        };
+        touched.insert(r.0.clone(), Some(old));
     }
     let undefined: HashSet<&str> = export.undefined.iter().map(|u| u.0.as_str()).collect();
     let mut requires_changed = false;
     for r in &export.resources {
         let entry = entry_of(r, false);
-        if base_manifest
-            .get(&r.id.0)
-            .is_none_or(|b| b.requires != entry.requires)
+        let old = manifest.insert(r.id.0.clone(), entry);
+        if old
+            .as_ref()
+            .is_none_or(|b| b.requires != manifest[&r.id.0].requires)
         {
             requires_changed = true;
         }
-        manifest.insert(r.id.0.clone(), entry);
+        touched.insert(r.id.0.clone(), old);
     }
     for u in &undefined {
         if !manifest.contains_key(*u) {
@@ -234,7 +264,12 @@ pub async fn store_delta(
         }
     }
     for (id, e) in manifest.iter_mut() {
-        e.undefined = undefined.contains(id.as_str());
+        let now = undefined.contains(id.as_str());
+        if e.undefined != now {
+            // what it was before: given resources are in `touched` already
+            touched.entry(id.clone()).or_insert_with(|| Some(e.clone()));
+            e.undefined = now;
+        }
     }
     // the graph: what the given resources require is there; nothing left requires a removed
     // one; a cycle can only come from changed requires
@@ -254,7 +289,16 @@ pub async fn store_delta(
     if requires_changed && let Some(cycle) = find_cycle(&manifest) {
         return Err(cycle_error(&cycle));
     }
-    write(c, env_id, &nv, lock, manifest, expect).await
+    write(
+        c,
+        env_id,
+        &nv,
+        &lock,
+        manifest,
+        Against::Touched(&touched),
+        expect,
+    )
+    .await
 }
 
 /// The environment locked, and its newest version (number, content hash, manifest).
@@ -293,14 +337,13 @@ async fn write(
     c: &mut PgConnection,
     env_id: Uuid,
     nv: &NewVersion<'_>,
-    lock: Locked,
+    lock: &Locked,
     manifest: Manifest,
+    against: Against<'_>,
     expect: Option<&str>,
 ) -> Result<Stored> {
     let t0 = std::time::Instant::now();
     let prev = lock.newest.as_ref().map(|(n, _, _)| *n);
-    let empty = Manifest::new();
-    let base: &Manifest = lock.newest.as_ref().map(|(_, _, m)| &**m).unwrap_or(&empty);
     let number = prev.unwrap_or(0) + 1;
     let content_hash = content_hash(&manifest, nv.export);
     if let Some(expected) = expect
@@ -314,31 +357,44 @@ async fn write(
     let mut closed: Vec<&str> = Vec::new();
     let mut opened: Vec<(&str, &Entry)> = Vec::new();
     let mut changes: Vec<(&str, ChangeKind)> = Vec::new();
-    // both are in id order: one walk over the two, not a lookup per resource
-    let mut old = base.iter().peekable();
-    for (id, e) in &manifest {
-        while let Some((gone, _)) = old.next_if(|(b, _)| b.as_str() < id.as_str()) {
-            closed.push(gone);
-            changes.push((gone, ChangeKind::Deleted));
-        }
-        match old.next_if(|(b, _)| *b == id) {
-            None => {
-                opened.push((id, e));
-                changes.push((id, ChangeKind::New));
+    match against {
+        // both are in id order: one walk over the two, not a lookup per resource
+        Against::Whole(base) => {
+            let mut old = base.iter().peekable();
+            for (id, e) in &manifest {
+                while let Some((gone, _)) = old.next_if(|(b, _)| b.as_str() < id.as_str()) {
+                    closed.push(gone);
+                    changes.push((gone, ChangeKind::Deleted));
+                }
+                let before = old.next_if(|(b, _)| *b == id).map(|(_, b)| b);
+                classify(id, before, e, &mut closed, &mut opened, &mut changes);
             }
-            Some((_, b)) if b == e => {}
-            Some((_, b)) => {
-                closed.push(id);
-                opened.push((id, e));
-                if b.hash != e.hash || b.undefined != e.undefined {
-                    changes.push((id, ChangeKind::Updated));
+            for (gone, _) in old {
+                closed.push(gone);
+                changes.push((gone, ChangeKind::Deleted));
+            }
+        }
+        // in id order too, and only the ids the delta touched
+        Against::Touched(touched) => {
+            for (id, before) in touched {
+                let now = manifest.get_key_value(id.as_str());
+                match (before, now) {
+                    (Some(_), None) => {
+                        closed.push(id);
+                        changes.push((id, ChangeKind::Deleted));
+                    }
+                    (_, Some((id, e))) => classify(
+                        id,
+                        before.as_ref(),
+                        e,
+                        &mut closed,
+                        &mut opened,
+                        &mut changes,
+                    ),
+                    (None, None) => {}
                 }
             }
         }
-    }
-    for (gone, _) in old {
-        closed.push(gone);
-        changes.push((gone, ChangeKind::Deleted));
     }
     let t_classified = t0.elapsed();
     // attributes, content-addressed: only those of new and changed resources can be missing
@@ -351,7 +407,7 @@ async fn write(
     let mut sent = HashSet::new();
     let (blob_hashes, blob_attrs): (Vec<&str>, Vec<serde_json::Value>) = opened
         .iter()
-        .filter(|(id, e)| base.get(*id).is_none_or(|b| b.hash != e.hash))
+        .filter(|(id, e)| against.base(id).is_none_or(|b| b.hash != e.hash))
         .filter(|(_, e)| sent.insert(e.hash.as_str()))
         .filter_map(|(id, e)| {
             given
@@ -396,7 +452,7 @@ async fn write(
     // a version with nothing before it is all new: its diff is read from its resources
     // ([`super::stored_diff`]) instead of written as one row per resource
     if prev.is_some() {
-        let entries = diff_entries(c, base, &manifest, &changes, &given).await?;
+        let entries = diff_entries(c, &against, &manifest, &changes, &given).await?;
         store_diff(c, env_id, number, &entries).await?;
     }
     // release by policy
@@ -423,10 +479,12 @@ async fn write(
     );
     // kept for the next store; if this transaction does not commit, the number and content
     // hash it is kept under will not match the database's newest version, so it is not used
+    let rows_opened = opened.len();
     remember(env_id, number, &content_hash, Arc::new(manifest));
     Ok(Stored {
         info,
         auto_released,
+        rows_opened,
     })
 }
 
@@ -447,7 +505,7 @@ fn content_hash(manifest: &Manifest, export: &ExportFile) -> String {
 /// The diff entries of `changes` (sorted by id): attribute changes of the updated ones.
 async fn diff_entries(
     c: &mut PgConnection,
-    base: &Manifest,
+    against: &Against<'_>,
     manifest: &Manifest,
     changes: &[(&str, ChangeKind)],
     given: &HashMap<&str, &serde_json::Map<String, serde_json::Value>>,
@@ -456,7 +514,7 @@ async fn diff_entries(
     let mut wanted: Vec<String> = Vec::new();
     for (id, kind) in changes {
         if *kind == ChangeKind::Updated {
-            wanted.push(base[*id].hash.clone());
+            wanted.push(base_hash(against, id));
             if !given.contains_key(id) {
                 wanted.push(manifest[*id].hash.clone());
             }
@@ -474,7 +532,7 @@ async fn diff_entries(
         .map(|(id, kind)| {
             let attributes = match kind {
                 ChangeKind::Updated => {
-                    let before = attrs_of(&base[*id].hash);
+                    let before = attrs_of(&base_hash(against, id));
                     let after = match given.get(id) {
                         Some(a) => (*a).clone(),
                         None => attrs_of(&manifest[*id].hash),
@@ -491,6 +549,38 @@ async fn diff_entries(
             }
         })
         .collect())
+}
+
+/// The attribute hash an updated resource had in the newest version.
+fn base_hash(against: &Against<'_>, id: &str) -> String {
+    against.base(id).map(|b| b.hash.clone()).unwrap_or_default()
+}
+
+/// Sort one id of the new version (`now`) by its entry in the newest one (`before`): new,
+/// changed (its row closed and a new one opened; a diff entry unless only its requires
+/// changed) or the same.
+fn classify<'a>(
+    id: &'a str,
+    before: Option<&Entry>,
+    now: &'a Entry,
+    closed: &mut Vec<&'a str>,
+    opened: &mut Vec<(&'a str, &'a Entry)>,
+    changes: &mut Vec<(&'a str, ChangeKind)>,
+) {
+    match before {
+        None => {
+            opened.push((id, now));
+            changes.push((id, ChangeKind::New));
+        }
+        Some(b) if b == now => {}
+        Some(b) => {
+            closed.push(id);
+            opened.push((id, now));
+            if b.hash != now.hash || b.undefined != now.undefined {
+                changes.push((id, ChangeKind::Updated));
+            }
+        }
+    }
 }
 
 fn summary(changes: &[(&str, ChangeKind)], total: usize) -> serde_json::Value {
@@ -615,6 +705,12 @@ fn cached(env: Uuid, number: i32, content_hash: &str) -> Option<Arc<Manifest>> {
         .iter()
         .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
         .map(|m| m.manifest.clone())
+}
+
+/// Drop the environment's manifest from the cache (it is being made the next version's).
+fn forget_cached(env: Uuid) {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|m| m.env != env);
 }
 
 fn remember(env: Uuid, number: i32, content_hash: &str, manifest: Arc<Manifest>) {
