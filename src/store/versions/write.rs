@@ -200,7 +200,7 @@ pub async fn store_delta(
             "resource {r} is both removed and given"
         )));
     }
-    let lock = lock_newest(c, env_id).await?;
+    let mut lock = lock_newest(c, env_id).await?;
     match &lock.newest {
         Some((n, hash, _)) if *n == base.version && *hash == base.content_hash => {}
         Some((n, _, _)) if *n == base.version => {
@@ -220,7 +220,6 @@ pub async fn store_delta(
             ));
         }
     }
-    let mut lock = lock;
     // the newest version's manifest becomes the new one in place: taken out of the cache
     // (a failed store only costs the next one a read of the open rows), it is held once and
     // is not copied (a copy of 100,000 entries cost ~25 ms); what the delta replaces is kept
@@ -247,13 +246,11 @@ pub async fn store_delta(
     let mut requires_changed = false;
     for r in &export.resources {
         let entry = entry_of(r, false);
+        let same_requires = manifest
+            .get(&r.id.0)
+            .is_some_and(|b| b.requires == entry.requires);
+        requires_changed |= !same_requires;
         let old = manifest.insert(r.id.0.clone(), entry);
-        if old
-            .as_ref()
-            .is_none_or(|b| b.requires != manifest[&r.id.0].requires)
-        {
-            requires_changed = true;
-        }
         touched.insert(r.id.0.clone(), old);
     }
     for u in &undefined {
