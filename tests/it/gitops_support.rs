@@ -158,24 +158,32 @@ pub fn webhook_url(server: &str, env: &str) -> String {
     format!("{server}/api/v1/environments/{env}/source/webhook")
 }
 
-/// The compile of `commit`, once it is finished (success or failed).
+/// The compile of `commit`, once it is finished (success or failed). A timeout names the
+/// compiles the server had then (a commit never seen, or one still queued, says which).
 pub async fn compiled(c: &Client, env: &str, commit: &str, secs: u64) -> serde_json::Value {
-    crate::support::eventually(secs, &format!("a finished compile of {commit}"), || async {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
         let list = c.compiles(env, 100).await.unwrap();
-        let hit = list
-            .as_array()?
-            .iter()
-            .find(|r| {
+        let hit = list.as_array().and_then(|l| {
+            l.iter().find(|r| {
                 r["commit"] == commit && (r["status"] == "success" || r["status"] == "failed")
-            })?
-            .clone();
-        Some(
-            c.compile_report(env, hit["id"].as_str().unwrap())
+            })
+        });
+        if let Some(hit) = hit {
+            return c
+                .compile_report(env, hit["id"].as_str().unwrap())
                 .await
-                .unwrap(),
-        )
-    })
-    .await
+                .unwrap();
+        }
+        if std::time::Instant::now() > deadline {
+            let source = c.source(env).await.ok();
+            panic!(
+                "timed out after {secs}s waiting for a finished compile of {commit}; \
+                 the compiles: {list:#}; the source: {source:#?}"
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 pub fn read(p: &Path) -> Option<String> {

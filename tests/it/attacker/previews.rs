@@ -97,6 +97,9 @@ def probe() -> "string":
     if let Some(a) = account {
         crate::attacker::unprivileged::open_to(&repo, a);
     }
+    // compiled now, not at the fetcher's next retry (the source was set before the branch
+    // existed; on a loaded machine that retry can be 30 s away)
+    c.trigger_compile(&env, None).await.unwrap();
     let v = compiled(&c, &env, &main, 120).await;
     assert_eq!(v["status"], "success", "{v:#}");
     let version = v["version"].as_i64().unwrap();
@@ -115,11 +118,19 @@ def probe() -> "string":
         &srv.url, &env, "s3cret", false, "opened", 2, &head, "org/site", false,
     )
     .await;
-    let p = eventually(120, "the preview", || async {
-        let p = c.preview(&env, "2").await.ok()?;
-        (p["run"]["status"] == "success" || p["run"]["status"] == "failed").then_some(p)
-    })
-    .await;
+    // a timeout says where the preview stood (queued, which stage), not only that it waited
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let p = loop {
+        let p = c.preview(&env, "2").await.unwrap_or_default();
+        if p["run"]["status"] == "success" || p["run"]["status"] == "failed" {
+            break p;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the preview did not finish in 120 s; last seen: {p:#}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert_eq!(p["run"]["status"], "success", "{p:#}");
     let probe_change = p["changes"]
         .as_array()
