@@ -142,7 +142,7 @@ pub fn content_hash<'a, Q: AsRef<str> + 'a>(
         });
         h.update(&line);
     }
-    hex::encode(h.finalize())
+    super::hex_lower(&h.finalize())
 }
 
 /// The content hash of a version: [`content_hash`] of its resources, then the handler code
