@@ -57,6 +57,13 @@ fn real_std() -> bool {
     REAL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The virtualenv [`python`] made, removed by [`remove_venv`] (a static is never dropped).
+static VENV: std::sync::Mutex<Option<tempfile::TempDir>> = std::sync::Mutex::new(None);
+
+fn remove_venv() {
+    drop(VENV.lock().unwrap().take());
+}
+
 fn python() -> PathBuf {
     static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PYTHON
@@ -64,7 +71,9 @@ fn python() -> PathBuf {
             if let Some(p) = std::env::var_os("STEWARD_BENCH_PYTHON") {
                 return PathBuf::from(p);
             }
-            let dir = tempfile::tempdir().unwrap().keep();
+            let made = tempfile::tempdir().unwrap();
+            let dir = made.path().to_path_buf();
+            *VENV.lock().unwrap() = Some(made);
             let mut venv = Command::new("python3");
             venv.args(["-m", "venv"]);
             if !real_std() {
@@ -122,6 +131,7 @@ fn compile(dir: &Path) -> (f64, Vec<String>) {
         for e in errors {
             eprintln!("{}", e.resolve(&outcome.sources));
         }
+        remove_venv();
         std::process::exit(2);
     }
     (t, lines)
@@ -281,6 +291,7 @@ fn main() {
         lines.sort();
         if lines != expected {
             eprintln!("MISMATCH: output differs from the generator's expectation");
+            remove_venv();
             std::process::exit(1);
         }
         times.push(t);
@@ -294,4 +305,5 @@ fn main() {
         ),
         None => println!("reference compiler not found or failed: no comparison"),
     }
+    remove_venv();
 }
