@@ -338,6 +338,14 @@ impl Queue {
         self.queued.get(key)
     }
 
+    /// Is a deploy of `priority` or more urgent queued (ready or waiting)? It looks at the
+    /// queued tasks only (a pre-empted repair's were dropped), and stops at the first one.
+    pub fn has_queued_deploy_of(&self, priority: Priority) -> bool {
+        self.queued
+            .iter()
+            .any(|(k, q)| matches!(k, TaskKey::Deploy(_)) && q.priority <= priority)
+    }
+
     /// Is this queued task waiting for requirements (and which)?
     pub fn waiting_on(&self, key: &TaskKey) -> Option<&HashSet<String>> {
         self.waiting.get(key)
@@ -350,6 +358,55 @@ mod tests {
 
     fn d(s: &str) -> TaskKey {
         TaskKey::Deploy(s.into())
+    }
+
+    /// What a pre-empted repair waits for: queued deploys of new intent, ready or waiting
+    /// for a requirement; not those that run, not a repair, not a facts refresh.
+    #[test]
+    fn new_intent_is_found_among_the_queued_deploys() {
+        let mut q = Queue::default();
+        let urgent = |q: &Queue| q.has_queued_deploy_of(Priority::NewVersion);
+        q.schedule(
+            d("r"),
+            "x",
+            Priority::IntervalRepair,
+            "repair",
+            &[],
+            &[],
+            false,
+        );
+        q.schedule(
+            TaskKey::Facts("f".into()),
+            "x",
+            Priority::Facts,
+            "facts",
+            &[],
+            &[],
+            false,
+        );
+        assert!(!urgent(&q));
+        q.schedule(d("a"), "x", Priority::NewVersion, "new", &[], &[], false);
+        q.schedule(
+            d("b"),
+            "x",
+            Priority::NewVersion,
+            "new",
+            &["a".into()],
+            &[],
+            false,
+        );
+        assert!(urgent(&q));
+        // a runs: b still waits for it, queued
+        let (k, _) = q.pop("x").unwrap();
+        assert_eq!(k, d("a"));
+        assert!(urgent(&q), "b waits, queued");
+        q.finish(&d("a"));
+        let (k, _) = q.pop("x").unwrap();
+        assert_eq!(k, d("b"));
+        assert!(!urgent(&q), "b runs: nothing of new intent is queued");
+        // a repair raised to new intent counts
+        q.schedule(d("r"), "x", Priority::NewVersion, "new", &[], &[], false);
+        assert!(urgent(&q));
     }
 
     #[test]

@@ -178,12 +178,9 @@ impl EnvScheduler {
                 .running
                 .values()
                 .any(|r| r.priority <= Priority::NewVersion)
-            || !self.queue.is_empty()
-                && (0..self.model.len()).any(|r| {
-                    self.queue
-                        .queued_reason(&TaskKey::Deploy(self.model.intents[r].id.clone()))
-                        .is_some_and(|q| q.priority <= Priority::NewVersion)
-                })
+            // (asked of the queue: walking the model made a key per resource, 100,000 of
+            // them on every tick while a pre-empted repair waited)
+            || self.queue.has_queued_deploy_of(Priority::NewVersion)
     }
 
     pub(super) fn repair_sweep(&mut self) {
