@@ -161,29 +161,28 @@ pub fn webhook_url(server: &str, env: &str) -> String {
 /// The compile of `commit`, once it is finished (success or failed). A timeout names the
 /// compiles the server had then (a commit never seen, or one still queued, says which).
 pub async fn compiled(c: &Client, env: &str, commit: &str, secs: u64) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
+    let what = format!("a finished compile of {commit}");
+    crate::support::eventually_or(secs, &what, || async {
         let list = c.compiles(env, 100).await.unwrap();
         let hit = list.as_array().and_then(|l| {
             l.iter().find(|r| {
                 r["commit"] == commit && (r["status"] == "success" || r["status"] == "failed")
             })
         });
-        if let Some(hit) = hit {
-            return c
+        match hit {
+            Some(hit) => Ok(c
                 .compile_report(env, hit["id"].as_str().unwrap())
                 .await
-                .unwrap();
+                .unwrap()),
+            // the commit not even queued: the source's last fetch error may say why
+            None if !list.to_string().contains(commit) => {
+                let source = c.source(env).await.ok();
+                Err(format!("the compiles: {list:#}; the source: {source:#?}"))
+            }
+            None => Err(format!("the compiles: {list:#}")),
         }
-        if std::time::Instant::now() > deadline {
-            let source = c.source(env).await.ok();
-            panic!(
-                "timed out after {secs}s waiting for a finished compile of {commit}; \
-                 the compiles: {list:#}; the source: {source:#?}"
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 pub fn read(p: &Path) -> Option<String> {

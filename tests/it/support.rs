@@ -370,6 +370,26 @@ where
     }
 }
 
+/// [`eventually`], for a check that says what it saw each time it is not done yet: a
+/// timeout then tells the last of it (where a pipeline stood), not only that it waited.
+pub async fn eventually_or<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let seen = match check().await {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
+        if std::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for: {what}; last seen: {seen}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A real `steward server` child process on `port` (it deploys: schedulers and executors).
 #[allow(dead_code)]
 pub fn spawn_server(

@@ -9,7 +9,7 @@ use crate::attacker::committer::plugin_module;
 use crate::attacker::{is_root, skipped};
 use crate::gitops_support::{Repo, compiled, follow, git_ok};
 use crate::previews::{Host, pull_request_event};
-use crate::support::{Operated, eventually, new_database};
+use crate::support::{Operated, eventually, eventually_or, new_database};
 
 const ADMIN: &str = "stw_admin_secret_of_the_preview_attacks_0123456789ab";
 
@@ -119,18 +119,15 @@ def probe() -> "string":
     )
     .await;
     // a timeout says where the preview stood (queued, which stage), not only that it waited
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let p = loop {
+    let p = eventually_or(120, "the preview", || async {
         let p = c.preview(&env, "2").await.unwrap_or_default();
         if p["run"]["status"] == "success" || p["run"]["status"] == "failed" {
-            break p;
+            Ok(p)
+        } else {
+            Err(format!("{p:#}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the preview did not finish in 120 s; last seen: {p:#}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert_eq!(p["run"]["status"], "success", "{p:#}");
     let probe_change = p["changes"]
         .as_array()
