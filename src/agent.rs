@@ -428,7 +428,9 @@ impl Agent {
                 self.finished(*result);
             }
             // an agent process places nothing over SSH
-            PoolEvent::Reply(_, Reply::Ready { .. }) | PoolEvent::SshConnected(..) => {}
+            // its executors are given one action at a time: nothing waits there to withdraw
+            PoolEvent::Reply(_, Reply::Ready { .. } | Reply::Withdrawn { .. })
+            | PoolEvent::SshConnected(..) => {}
             PoolEvent::Reply(proc, Reply::Call(call)) => self.on_call(proc, *call),
             PoolEvent::Answer(proc, a) => self.pool.queue_answer(proc, a),
             PoolEvent::Exited(proc, why) => {

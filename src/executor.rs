@@ -235,42 +235,87 @@ pub fn execute(
     }
 }
 
-/// The executor's side of its link to the scheduler: requests in, replies out. While a
-/// handler waits for the answer to a call, requests that come first (work sent ahead, a
-/// version done) wait here in order.
-struct Upstream<R, W> {
-    input: R,
+/// The executor's side of its link to the scheduler: requests in, replies out.
+///
+/// A thread reads the input as it comes ([`read_requests`]), so that what arrives while a
+/// handler runs is already here when it ends: a withdrawal of the action sent next is seen
+/// before that action starts. While a handler waits for the answer to a call, requests that
+/// come first (work sent ahead, a version done) wait here in order.
+struct Upstream<W> {
+    input: std::sync::mpsc::Receiver<Request>,
     out: W,
     pending: std::collections::VecDeque<Request>,
 }
 
-impl<R: std::io::BufRead, W: Write> Upstream<R, W> {
-    /// The next request; `None` once the input closed.
-    fn next(&mut self) -> std::io::Result<Option<Request>> {
-        if let Some(r) = self.pending.pop_front() {
-            return Ok(Some(r));
-        }
-        self.read()
-    }
+/// How many requests the reading thread holds before it waits: the scheduler sends a few
+/// actions ahead and small messages, so this is never reached in practice, and a flood
+/// waits in the pipe rather than in memory.
+const READ_AHEAD: usize = 64;
 
-    fn read(&mut self) -> std::io::Result<Option<Request>> {
-        loop {
-            let line = match limits::read_line_bounded(&mut self.input, limits::MAX_WORK_LINE)? {
-                limits::Line::End => return Ok(None),
-                limits::Line::Text(line) => line,
-                limits::Line::TooLong(n) => {
-                    eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
-                    continue;
-                }
-            };
-            if line.trim().is_empty() {
+/// Read requests from `input` until it ends (or fails, which is reported and ends it too).
+fn read_requests<R: std::io::BufRead>(mut input: R, to: std::sync::mpsc::SyncSender<Request>) {
+    loop {
+        let line = match limits::read_line_bounded(&mut input, limits::MAX_WORK_LINE) {
+            Ok(limits::Line::End) => return,
+            Ok(limits::Line::Text(line)) => line,
+            Ok(limits::Line::TooLong(n)) => {
+                eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
                 continue;
             }
-            match serde_json::from_str(&line) {
-                Ok(r) => return Ok(Some(r)),
-                Err(e) => eprintln!("executor: bad request line: {e}"),
+            Err(e) => {
+                eprintln!("executor: reading requests failed: {e}");
+                return;
             }
+        };
+        if line.trim().is_empty() {
+            continue;
         }
+        match serde_json::from_str(&line) {
+            Ok(r) => {
+                if to.send(r).is_err() {
+                    return;
+                }
+            }
+            Err(e) => eprintln!("executor: bad request line: {e}"),
+        }
+    }
+}
+
+impl<W: Write> Upstream<W> {
+    /// `input` opens the input in the reading thread (stdin's lock stays on that thread).
+    fn new<R: std::io::BufRead>(input: impl FnOnce() -> R + Send + 'static, out: W) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+        std::thread::Builder::new()
+            .name("requests".into())
+            .spawn(move || read_requests(input(), tx))
+            .expect("spawn the request reader");
+        Upstream {
+            input: rx,
+            out,
+            pending: Default::default(),
+        }
+    }
+
+    /// The next request; `None` once the input closed.
+    fn next(&mut self) -> Option<Request> {
+        self.pending.pop_front().or_else(|| self.read())
+    }
+
+    fn read(&mut self) -> Option<Request> {
+        self.input.recv().ok()
+    }
+
+    /// Was `action_id` withdrawn? Looks at what came in so far, without waiting; a
+    /// withdrawal found is used up.
+    fn withdrawn(&mut self, action_id: uuid::Uuid) -> bool {
+        while let Ok(r) = self.input.try_recv() {
+            self.pending.push_back(r);
+        }
+        let found = self
+            .pending
+            .iter()
+            .position(|r| matches!(r, Request::Withdraw { action_id: a } if *a == action_id));
+        found.map(|i| self.pending.remove(i)).is_some()
     }
 
     fn send(&mut self, reply: &Reply) -> std::io::Result<()> {
@@ -286,22 +331,15 @@ impl<R: std::io::BufRead, W: Write> Upstream<R, W> {
         }
         loop {
             match self.read() {
-                Ok(Some(Request::Answer(a))) if a.call_id == call_id => return a,
+                Some(Request::Answer(a)) if a.call_id == call_id => return a,
                 // an answer to a call given up on
-                Ok(Some(Request::Answer(_))) => {}
-                Ok(Some(other)) => self.pending.push_back(other),
-                Ok(None) => {
+                Some(Request::Answer(_)) => {}
+                Some(other) => self.pending.push_back(other),
+                None => {
                     return calls::refusal(
                         call_id,
                         503,
                         "the executor's link to the server closed",
-                    );
-                }
-                Err(e) => {
-                    return calls::refusal(
-                        call_id,
-                        503,
-                        format!("the executor's link failed: {e}"),
                     );
                 }
             }
@@ -313,19 +351,17 @@ impl<R: std::io::BufRead, W: Write> Upstream<R, W> {
 pub fn main_loop() -> std::io::Result<()> {
     // a panic message would otherwise go to stderr in the middle of our protocol logs
     std::panic::set_hook(Box::new(|_| {}));
-    let stdin = std::io::stdin();
     let stdout = std::io::stdout();
-    let mut link = Upstream {
-        input: stdin.lock(),
-        out: std::io::BufWriter::new(stdout.lock()),
-        pending: Default::default(),
-    };
+    let mut link = Upstream::new(
+        || std::io::stdin().lock(),
+        std::io::BufWriter::new(stdout.lock()),
+    );
     let mut cache = Cache::default();
     let mut external = external::ExternalPool::default();
     link.send(&Reply::Ready {
         pid: std::process::id(),
     })?;
-    while let Some(req) = link.next()? {
+    while let Some(req) = link.next() {
         match req {
             Request::Shutdown => break,
             Request::VersionDone { version } => {
@@ -333,6 +369,14 @@ pub fn main_loop() -> std::io::Result<()> {
             }
             // a late answer, to a call whose action ended
             Request::Answer(_) => {}
+            // of an action that ran before its withdrawal came (or was never sent here)
+            Request::Withdraw { .. } => {}
+            // sent ahead, and withdrawn while the action before it ran: it never starts
+            Request::Work(item) if link.withdrawn(item.action_id) => {
+                link.send(&Reply::Withdrawn {
+                    action_id: item.action_id,
+                })?;
+            }
             Request::Work(item) => {
                 let mut result = execute(&mut cache, &mut external, &item, &mut |c| link.ask(c));
                 // what goes back is bounded here already: the server bounds it again

@@ -174,6 +174,14 @@ pub enum Request {
     },
     /// The answer to a handler's [`Reply::Call`].
     Answer(super::calls::CallAnswer),
+    /// Do not start this action if it has not started (its agent was paused, or the
+    /// environment halted, while it waited in the executor's input behind another): the
+    /// executor answers [`Reply::Withdrawn`]. One already running or done is not affected
+    /// (its result comes as usual), and neither is an executor too old to know this request
+    /// (it logs a bad line and goes on).
+    Withdraw {
+        action_id: Uuid,
+    },
     Shutdown,
 }
 
@@ -188,6 +196,10 @@ pub enum Reply {
     /// A handler calls the server in the middle of its action (Inmanta's `get_client()`):
     /// the executor waits for the [`Request::Answer`] (see [`super::calls`]).
     Call(Box<super::calls::ServerCall>),
+    /// The action was withdrawn ([`Request::Withdraw`]) before it started: nothing of it ran.
+    Withdrawn {
+        action_id: Uuid,
+    },
 }
 
 /// Text PostgreSQL cannot store (a NUL byte, in `text` or `jsonb`), replaced by U+FFFD.

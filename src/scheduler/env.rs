@@ -108,6 +108,10 @@ struct RunInfo {
     /// executor's input, and starts when the one before it ends. Until then it is not
     /// deploying, and if the executor dies first it never ran (it is queued again).
     waiting: bool,
+    /// Asked back from its executor while it waited (its agent was paused, or the
+    /// environment halted): whether it starts anyway (it had already) or comes back
+    /// unstarted ([`crate::executor::protocol::Reply::Withdrawn`]) is the executor's to say.
+    withdrawing: bool,
     /// A deploy's "started" record, written when it starts (a waiting one's, later).
     start_record: Option<Box<ActionRecord>>,
 }

@@ -69,3 +69,4 @@ mod stuck_writers;
 mod support;
 mod tls;
 mod version_spans;
+mod withdraw;

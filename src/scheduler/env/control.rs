@@ -43,6 +43,7 @@ impl EnvScheduler {
             Control::DryrunPreview { id } => self.start_preview_dryrun(id).await,
             Control::Pause { agent, paused, ack } => {
                 if paused {
+                    self.withdraw_waiting(Some(&agent)).await;
                     self.paused.insert(agent);
                 } else {
                     self.paused.remove(&agent);
@@ -50,6 +51,9 @@ impl EnvScheduler {
                 let _ = ack.send(());
             }
             Control::Halt { halted, ack } => {
+                if halted {
+                    self.withdraw_waiting(None).await;
+                }
                 self.halted = halted;
                 let _ = ack.send(());
             }

@@ -312,6 +312,7 @@ impl EnvScheduler {
                 kind,
                 label,
                 waiting,
+                withdrawing: false,
                 start_record: if waiting { start_record.take() } else { None },
             },
         );
@@ -356,6 +357,7 @@ impl EnvScheduler {
                 kind,
                 label,
                 waiting: false,
+                withdrawing: false,
                 start_record: None,
             },
         );
@@ -379,6 +381,9 @@ impl EnvScheduler {
                 // the executor goes on with the next action it was given: that one starts
                 // now, and so does its timeout
                 self.start_next_on(proc);
+            }
+            PoolEvent::Reply(proc, Reply::Withdrawn { action_id }) => {
+                self.on_withdrawn(proc, action_id)
             }
             PoolEvent::Reply(_, Reply::Ready { .. }) => {}
             PoolEvent::Reply(proc, Reply::Call(call)) => self.on_call(proc, *call),
@@ -426,6 +431,11 @@ impl EnvScheduler {
         else {
             return;
         };
+        // asked back: it starts now only if the executor took it before the withdrawal came,
+        // which its result will say (its "started" record is then written with the end)
+        if next.withdrawing {
+            return;
+        }
         next.deadline = tokio::time::Instant::now() + timeout;
         if !next.waiting {
             return;
@@ -443,6 +453,56 @@ impl EnvScheduler {
             if let Some(r) = self.model.get(key.resource()) {
                 self.mark_state(r);
             }
+        }
+    }
+
+    /// Ask back what waits in executors' inputs for `agent` (every agent: `None`), after a
+    /// pause or a halt: what was sent ahead does not start. The action each executor works on
+    /// ends as usual.
+    pub(super) async fn withdraw_waiting(&mut self, agent: Option<&str>) {
+        let asked: Vec<(TaskKey, crate::scheduler::executors::ProcId, Uuid)> = self
+            .running
+            .iter()
+            .filter(|(k, r)| {
+                r.waiting
+                    && !r.withdrawing
+                    && agent.is_none_or(|a| self.queue.running.get(k).is_some_and(|q| q.agent == a))
+            })
+            .map(|(k, r)| (k.clone(), r.proc, r.action_id))
+            .collect();
+        for (key, proc, action_id) in asked {
+            if self.executors.withdraw(proc, action_id).await
+                && let Some(r) = self.running.get_mut(&key)
+            {
+                r.withdrawing = true;
+            }
+        }
+    }
+
+    /// The executor `proc` gave `action_id` back unstarted: it goes back to the queue as it
+    /// was asked for, and starts when its agent may run again.
+    fn on_withdrawn(&mut self, proc: crate::scheduler::executors::ProcId, action_id: Uuid) {
+        self.executors.release(proc);
+        let Some(key) = self
+            .running
+            .iter()
+            .find(|(_, r)| r.action_id == action_id && r.proc == proc)
+            .map(|(k, _)| k.clone())
+        else {
+            return;
+        };
+        if self.requeue_unstarted(&key) {
+            return;
+        }
+        // a delete, a dry-run or a facts refresh: queued again as it was; a deploy of a
+        // resource that left the model meanwhile: dropped, as its queued deploys were
+        self.running.remove(&key);
+        let gone = matches!(&key, TaskKey::Deploy(rid) if !self.tombstones.contains_key(rid));
+        if gone {
+            self.queue.finish(&key);
+        } else if let Some(run) = self.queue.unrun(&key) {
+            self.queue
+                .schedule(key, &run.agent, run.priority, &run.reason, &[], &[], false);
         }
     }
 
