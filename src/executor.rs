@@ -237,79 +237,79 @@ pub fn execute(
 
 /// The executor's side of its link to the scheduler: requests in, replies out.
 ///
-/// A thread reads the input as it comes ([`read_requests`]), so that what arrives while a
-/// handler runs is already here when it ends: a withdrawal of the action sent next is seen
-/// before that action starts. While a handler waits for the answer to a call, requests that
+/// The scheduler sends the next actions while one runs; before one of those starts, what
+/// came in meanwhile is read without waiting, so that a withdrawal of it is seen
+/// ([`Upstream::withdrawn`]). While a handler waits for the answer to a call, requests that
 /// come first (work sent ahead, a version done) wait here in order.
 struct Upstream<W> {
-    input: std::sync::mpsc::Receiver<Request>,
+    input: std::io::BufReader<std::fs::File>,
     out: W,
     pending: std::collections::VecDeque<Request>,
 }
 
-/// How many requests the reading thread holds before it waits: the scheduler sends a few
-/// actions ahead and small messages, so this is never reached in practice, and a flood
-/// waits in the pipe rather than in memory.
-const READ_AHEAD: usize = 64;
-
-/// Read requests from `input` until it ends (or fails, which is reported and ends it too).
-fn read_requests<R: std::io::BufRead>(mut input: R, to: std::sync::mpsc::SyncSender<Request>) {
-    loop {
-        let line = match limits::read_line_bounded(&mut input, limits::MAX_WORK_LINE) {
-            Ok(limits::Line::End) => return,
-            Ok(limits::Line::Text(line)) => line,
-            Ok(limits::Line::TooLong(n)) => {
-                eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
-                continue;
-            }
-            Err(e) => {
-                eprintln!("executor: reading requests failed: {e}");
-                return;
-            }
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str(&line) {
-            Ok(r) => {
-                if to.send(r).is_err() {
-                    return;
-                }
-            }
-            Err(e) => eprintln!("executor: bad request line: {e}"),
-        }
-    }
-}
-
 impl<W: Write> Upstream<W> {
-    /// `input` opens the input in the reading thread (stdin's lock stays on that thread).
-    fn new<R: std::io::BufRead>(input: impl FnOnce() -> R + Send + 'static, out: W) -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
-        std::thread::Builder::new()
-            .name("requests".into())
-            .spawn(move || read_requests(input(), tx))
-            .expect("spawn the request reader");
+    fn new(input: std::fs::File, out: W) -> Self {
         Upstream {
-            input: rx,
+            input: std::io::BufReader::with_capacity(64 << 10, input),
             out,
             pending: Default::default(),
         }
     }
 
     /// The next request; `None` once the input closed.
-    fn next(&mut self) -> Option<Request> {
-        self.pending.pop_front().or_else(|| self.read())
+    fn next(&mut self) -> std::io::Result<Option<Request>> {
+        if let Some(r) = self.pending.pop_front() {
+            return Ok(Some(r));
+        }
+        self.read()
     }
 
-    fn read(&mut self) -> Option<Request> {
-        self.input.recv().ok()
+    fn read(&mut self) -> std::io::Result<Option<Request>> {
+        loop {
+            let line = match limits::read_line_bounded(&mut self.input, limits::MAX_WORK_LINE)? {
+                limits::Line::End => return Ok(None),
+                limits::Line::Text(line) => line,
+                limits::Line::TooLong(n) => {
+                    eprintln!("executor: a request line of {n} bytes is over the limit; ignored");
+                    continue;
+                }
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str(&line) {
+                Ok(r) => return Ok(Some(r)),
+                Err(e) => eprintln!("executor: bad request line: {e}"),
+            }
+        }
     }
 
-    /// Was `action_id` withdrawn? Looks at what came in so far, without waiting; a
-    /// withdrawal found is used up.
+    /// Is there input to read without waiting for the scheduler: bytes read already, or
+    /// bytes in the pipe? (The rest of a line that has begun may take a moment more.)
+    fn input_ready(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        if !self.input.buffer().is_empty() {
+            return true;
+        }
+        let mut fd = libc::pollfd {
+            fd: self.input.get_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of a descriptor this link owns, no timeout
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        n > 0 && fd.revents & (libc::POLLIN | libc::POLLHUP) != 0
+    }
+
+    /// Was `action_id` withdrawn? Reads what came in so far (not waiting for more); a
+    /// withdrawal found is used up. A link that failed or closed meanwhile is seen by the
+    /// next [`Upstream::next`].
     fn withdrawn(&mut self, action_id: uuid::Uuid) -> bool {
-        while let Ok(r) = self.input.try_recv() {
-            self.pending.push_back(r);
+        while self.input_ready() {
+            match self.read() {
+                Ok(Some(r)) => self.pending.push_back(r),
+                Ok(None) | Err(_) => break,
+            }
         }
         let found = self
             .pending
@@ -331,15 +331,22 @@ impl<W: Write> Upstream<W> {
         }
         loop {
             match self.read() {
-                Some(Request::Answer(a)) if a.call_id == call_id => return a,
+                Ok(Some(Request::Answer(a))) if a.call_id == call_id => return a,
                 // an answer to a call given up on
-                Some(Request::Answer(_)) => {}
-                Some(other) => self.pending.push_back(other),
-                None => {
+                Ok(Some(Request::Answer(_))) => {}
+                Ok(Some(other)) => self.pending.push_back(other),
+                Ok(None) => {
                     return calls::refusal(
                         call_id,
                         503,
                         "the executor's link to the server closed",
+                    );
+                }
+                Err(e) => {
+                    return calls::refusal(
+                        call_id,
+                        503,
+                        format!("the executor's link failed: {e}"),
                     );
                 }
             }
@@ -352,16 +359,17 @@ pub fn main_loop() -> std::io::Result<()> {
     // a panic message would otherwise go to stderr in the middle of our protocol logs
     std::panic::set_hook(Box::new(|_| {}));
     let stdout = std::io::stdout();
-    let mut link = Upstream::new(
-        || std::io::stdin().lock(),
-        std::io::BufWriter::new(stdout.lock()),
-    );
+    // stdin's own descriptor, read here only: the link looks at what is buffered and what
+    // is in the pipe ([`Upstream::withdrawn`]), which `Stdin`'s buffer would hide
+    let input =
+        std::fs::File::from(std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned()?);
+    let mut link = Upstream::new(input, std::io::BufWriter::new(stdout.lock()));
     let mut cache = Cache::default();
     let mut external = external::ExternalPool::default();
     link.send(&Reply::Ready {
         pid: std::process::id(),
     })?;
-    while let Some(req) = link.next() {
+    while let Some(req) = link.next()? {
         match req {
             Request::Shutdown => break,
             Request::VersionDone { version } => {
