@@ -31,7 +31,7 @@ mod calls;
 use crate::client::{Client, ClientError};
 use crate::executor::protocol::{Outcome, Reply, WorkResult};
 use crate::model::{CodeFile, HandlerCode};
-use crate::scheduler::agents::{Assignment, Hello, Poll, PollReply, Report};
+use crate::scheduler::agents::{Assignment, Hello, Poll, PollReply, Report, Withdrawal};
 use crate::scheduler::executors::{Pool, PoolEvent, ProcId};
 
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +124,10 @@ struct Agent {
     results_since: Option<Instant>,
     /// finished actions on their way to the server
     sending: Vec<Report>,
+    /// actions handed out ahead that the server withdrew before they started, to give back
+    withdrawn: Vec<Withdrawal>,
+    /// ... and those on their way
+    withdrawn_sending: Vec<Withdrawal>,
     primary: BTreeMap<String, i64>,
     lease_until: Instant,
     /// when the request whose answer last set `primary` and `lease_until` was sent (answers
@@ -165,6 +169,8 @@ pub async fn run(
         waiting: VecDeque::new(),
         results: Vec::new(),
         sending: Vec::new(),
+        withdrawn: Vec::new(),
+        withdrawn_sending: Vec::new(),
         results_since: None,
         primary: BTreeMap::new(),
         lease_until: Instant::now(),
@@ -310,16 +316,18 @@ impl Agent {
             Request::Report => {
                 self.sending = take_within(&mut self.results, MAX_REPORT_BYTES);
                 self.results_since = (!self.results.is_empty()).then(Instant::now);
+                self.withdrawn_sending = std::mem::take(&mut self.withdrawn);
                 let poll = Poll {
                     results: self.sending.clone(),
+                    withdrawn: self.withdrawn_sending.clone(),
                     wait_ms: 0,
                 };
                 Box::pin(async move { (sent, client.agent_poll(&env, instance, &poll).await) })
             }
             Request::Wait => {
                 let poll = Poll {
-                    results: Vec::new(),
                     wait_ms: MAX_WAIT.as_millis() as u64,
+                    ..Poll::default()
                 };
                 Box::pin(async move { (sent, client.agent_poll(&env, instance, &poll).await) })
             }
@@ -338,6 +346,9 @@ impl Agent {
             again.append(&mut self.results);
             self.results = again;
             self.results_since = Some(Instant::now());
+            let mut again = std::mem::take(&mut self.withdrawn_sending);
+            again.append(&mut self.withdrawn);
+            self.withdrawn = again;
         }
         match answer {
             Ok(reply) => {
@@ -350,7 +361,10 @@ impl Agent {
                         }
                     }
                     // taken (each once, by action id)
-                    Request::Report => self.sending.clear(),
+                    Request::Report => {
+                        self.sending.clear();
+                        self.withdrawn_sending.clear();
+                    }
                     Request::Wait => {}
                 }
                 self.on_reply(sent, reply);
@@ -402,12 +416,14 @@ impl Agent {
     /// for them); else they gather for up to [`REPORT_DELAY`], so that one request carries
     /// many.
     fn report_due(&self) -> bool {
-        !self.results.is_empty()
-            && (self.running.is_empty()
-                || self.waiting.len() <= REPORT_WHEN_WAITING
-                || self
-                    .results_since
-                    .is_none_or(|t| t.elapsed() >= REPORT_DELAY))
+        // given back at once: the server queues them again
+        !self.withdrawn.is_empty()
+            || !self.results.is_empty()
+                && (self.running.is_empty()
+                    || self.waiting.len() <= REPORT_WHEN_WAITING
+                    || self
+                        .results_since
+                        .is_none_or(|t| t.elapsed() >= REPORT_DELAY))
     }
 
     fn hello(&self) -> Hello {
@@ -508,6 +524,9 @@ impl Agent {
             if self.results.len() < before {
                 tracing::warn!(instance = %self.instance, dropped = before - self.results.len(), "results of actions of a term no longer held dropped");
             }
+            // so are actions given back (the new primary holds them now)
+            self.withdrawn
+                .retain(|w| primary.get(&w.agent) == Some(&w.term));
         }
         for action in reply.cancel {
             self.waiting.retain(|a| a.item.action_id != action);
@@ -526,6 +545,19 @@ impl Agent {
                 || self.sending.iter().any(|r| r.result.action_id == id);
             if !known {
                 self.waiting.push_back(a);
+            }
+        }
+        // withdrawn by the server (the agent was paused, the environment halted): what has
+        // not started goes back; what runs or ran reports as usual
+        for action in reply.withdraw {
+            if let Some(i) = self.waiting.iter().position(|a| a.item.action_id == action) {
+                let a = self.waiting.remove(i).expect("index in range");
+                tracing::info!(instance = %self.instance, action = %action, agent = %a.agent, "action withdrawn by the server before it started");
+                self.withdrawn.push(Withdrawal {
+                    agent: a.agent,
+                    term: a.term,
+                    action_id: action,
+                });
             }
         }
     }

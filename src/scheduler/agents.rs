@@ -128,11 +128,24 @@ pub struct Report {
     pub result: WorkResult,
 }
 
+/// An action handed out ahead that the process gives back unstarted: the server withdrew it
+/// ([`PollReply::withdraw`]: its agent was paused, or the environment halted), under the
+/// term it was handed out with.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Withdrawal {
+    pub agent: String,
+    pub term: i64,
+    pub action_id: Uuid,
+}
+
 /// A poll: results in, work out.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Poll {
     #[serde(default)]
     pub results: Vec<Report>,
+    /// Actions withdrawn before they started (each is queued again on the server).
+    #[serde(default)]
+    pub withdrawn: Vec<Withdrawal>,
     /// Milliseconds to wait for work when there is none (at most 1000).
     #[serde(default)]
     pub wait_ms: u64,
@@ -143,6 +156,10 @@ pub struct PollReply {
     pub work: Vec<Assignment>,
     /// Actions to abandon (their handler overran its timeout): kill their executor.
     pub cancel: Vec<Uuid>,
+    /// Actions handed out that must not start if they have not yet: give them back
+    /// ([`Poll::withdrawn`]). One already running or done is not affected.
+    #[serde(default)]
+    pub withdraw: Vec<Uuid>,
     /// The agents this process is primary of, with their terms.
     pub primary: BTreeMap<String, i64>,
     /// How long its leases last at least, in milliseconds from when this poll was sent:
@@ -188,6 +205,7 @@ struct Session {
     renewed: Option<Instant>,
     outbox: Vec<Assignment>,
     cancels: Vec<Uuid>,
+    withdraws: Vec<Uuid>,
     wake: Arc<Notify>,
 }
 
@@ -199,6 +217,8 @@ struct InFlight {
     run_at_most: usize,
     /// the session and term it was handed to; None while the agent has no primary
     holder: Option<(Uuid, i64)>,
+    /// withdrawn by the server: whoever holds it gives it back unless it started it
+    withdrawing: bool,
 }
 
 #[derive(Default)]
@@ -326,6 +346,7 @@ impl AgentHub {
                         .map(|p| p.outbox.clone())
                         .unwrap_or_default(),
                     cancels: Vec::new(),
+                    withdraws: Vec::new(),
                     wake: previous
                         .map(|p| p.wake)
                         .unwrap_or_else(|| Arc::new(Notify::new())),
@@ -406,20 +427,22 @@ impl AgentHub {
         if let Some((c, _)) = cached {
             primary = c;
         }
-        // fencing: every result must come under a term this process holds now
-        for r in &poll.results {
-            if !agents.contains(&r.agent) {
+        // fencing: every result (and every action given back) must come under a term this
+        // process holds now
+        let reported = poll.results.iter().map(|r| (&r.agent, r.term));
+        let given_back = poll.withdrawn.iter().map(|w| (&w.agent, w.term));
+        for (agent, term) in reported.chain(given_back) {
+            if !agents.contains(agent) {
                 return Err(HubError::Forbidden(format!(
-                    "this process does not host agent '{}'",
-                    r.agent
+                    "this process does not host agent '{agent}'"
                 )));
             }
-            if primary.get(&r.agent) != Some(&r.term) {
-                tracing::warn!(environment = %env, instance = %instance, agent = %r.agent, term = r.term,
+            if primary.get(agent) != Some(&term) {
+                tracing::warn!(environment = %env, instance = %instance, agent = %agent, term,
                     "results of a deposed agent process refused");
                 return Err(HubError::Fenced {
-                    agent: r.agent.clone(),
-                    term: r.term,
+                    agent: agent.clone(),
+                    term,
                 });
             }
         }
@@ -441,6 +464,9 @@ impl AgentHub {
             for r in poll.results {
                 self.accept(&mut st, env, r);
             }
+            for w in poll.withdrawn {
+                Self::given_back(&mut st, env, &w.agent, w.action_id);
+            }
             for (agent, term) in &newly {
                 tracing::info!(environment = %env, instance = %instance, agent = %agent, term, "agent process is primary");
             }
@@ -448,6 +474,7 @@ impl AgentHub {
             // predecessor that died, was stopped or cut off) or with no holder yet
             let live: std::collections::HashSet<Uuid> = st.sessions.keys().copied().collect();
             for (agent, term) in primary.clone() {
+                let mut withdrawn = Vec::new();
                 let moved: Vec<Assignment> = st
                     .inflight
                     .values_mut()
@@ -458,6 +485,10 @@ impl AgentHub {
                     })
                     .map(|f| {
                         f.holder = Some((instance, term));
+                        // withdrawn meanwhile (or the withdrawal was lost with a connection)
+                        if f.withdrawing {
+                            withdrawn.push(f.item.action_id);
+                        }
                         Assignment {
                             agent: agent.clone(),
                             term,
@@ -472,6 +503,7 @@ impl AgentHub {
                     tracing::info!(environment = %env, instance = %instance, agent = %agent, term, actions = moved.len(),
                         "actions in flight handed to the primary");
                     s.outbox.extend(moved);
+                    s.withdraws.extend(withdrawn);
                 }
             }
             wake
@@ -488,10 +520,15 @@ impl AgentHub {
                 // leftovers stay in flight and go to the new primary)
                 let primary = s.primary.clone();
                 s.outbox.retain(|a| primary.get(&a.agent) == Some(&a.term));
-                if !s.outbox.is_empty() || !s.cancels.is_empty() || Instant::now() >= deadline {
+                if !s.outbox.is_empty()
+                    || !s.cancels.is_empty()
+                    || !s.withdraws.is_empty()
+                    || Instant::now() >= deadline
+                {
                     return Ok(PollReply {
                         work: std::mem::take(&mut s.outbox),
                         cancel: std::mem::take(&mut s.cancels),
+                        withdraw: std::mem::take(&mut s.withdraws),
                         primary: s.primary.clone(),
                         lease_ms,
                         environment: None,
@@ -515,6 +552,53 @@ impl AgentHub {
         if let Some(tx) = st.envs.get(&env) {
             let _ = tx.send(PoolEvent::Reply(f.proc, Reply::Result(Box::new(r.result))));
         }
+    }
+
+    /// An action given back unstarted, once: its scheduler queues it again.
+    fn given_back(st: &mut State, env: Uuid, agent: &str, action_id: Uuid) {
+        if !st
+            .inflight
+            .get(&action_id)
+            .is_some_and(|f| f.env == env && f.agent == agent)
+        {
+            // reported already, abandoned, or from before a restart
+            return;
+        }
+        let f = st.inflight.remove(&action_id).expect("present");
+        if let Some(tx) = st.envs.get(&env) {
+            let _ = tx.send(PoolEvent::Reply(f.proc, Reply::Withdrawn { action_id }));
+        }
+    }
+
+    /// Withdraw an action handed out (its agent was paused, or the environment halted): one
+    /// not delivered yet comes back at once; a process that holds it gives it back unless it
+    /// started it (then its result comes as usual). False if it is not in flight.
+    pub fn withdraw(&self, action_id: Uuid) -> bool {
+        let mut st = self.lock();
+        let Some(f) = st.inflight.get_mut(&action_id) else {
+            return false;
+        };
+        f.withdrawing = true;
+        let (env, agent, holder) = (f.env, f.agent.clone(), f.holder);
+        let undelivered = match holder.and_then(|(i, _)| st.sessions.get_mut(&i)) {
+            Some(s) => {
+                let before = s.outbox.len();
+                s.outbox.retain(|a| a.item.action_id != action_id);
+                if s.outbox.len() == before {
+                    s.withdraws.push(action_id);
+                    s.wake.notify_waiters();
+                    false
+                } else {
+                    true
+                }
+            }
+            // no process holds it
+            None => true,
+        };
+        if undelivered {
+            Self::given_back(&mut st, env, &agent, action_id);
+        }
+        true
     }
 
     /// Close a session (a process that stops): its leases go at once to a standby.
@@ -674,6 +758,7 @@ impl AgentHub {
                 item,
                 run_at_most,
                 holder,
+                withdrawing: false,
             },
         );
     }

@@ -591,10 +591,17 @@ impl Pool {
     }
 
     /// Ask the executor `id` not to start `action_id` if it has not started it yet: it
-    /// answers [`Reply::Withdrawn`] if so, and otherwise runs it (or ran it) as usual. False
-    /// when the request could not be made: an action handed to an external agent process
-    /// (which holds what it was handed itself), or an executor that is gone.
+    /// answers [`Reply::Withdrawn`] if so, and otherwise runs it (or ran it) as usual. For an
+    /// external agent, the process that holds the action does the same
+    /// ([`AgentHub::withdraw`]). False when the request could not be made (an executor that
+    /// is gone: its exit is reported on its own).
     pub async fn withdraw(&mut self, id: ProcId, action_id: Uuid) -> bool {
+        if self.remote.contains_key(&id) {
+            return self
+                .hub
+                .as_ref()
+                .is_some_and(|(hub, _)| hub.withdraw(action_id));
+        }
         let Some(p) = self.procs.get_mut(&id) else {
             return false;
         };

@@ -124,6 +124,7 @@ async fn a_process_that_opens_its_session_again_gets_its_work_again_and_reports_
     let wait = Poll {
         results: vec![],
         wait_ms: 1000,
+        ..Poll::default()
     };
     let work = eventually(20, "the action", || async {
         let r = agent.agent_poll(&env, hello.instance, &wait).await.unwrap();
@@ -141,6 +142,7 @@ async fn a_process_that_opens_its_session_again_gets_its_work_again_and_reports_
     let quiet = Poll {
         results: vec![],
         wait_ms: 0,
+        ..Poll::default()
     };
     let r = agent
         .agent_poll(&env, hello.instance, &quiet)
@@ -172,6 +174,7 @@ async fn a_process_that_opens_its_session_again_gets_its_work_again_and_reports_
     let twice = Poll {
         results: vec![report.clone(), report],
         wait_ms: 0,
+        ..Poll::default()
     };
     agent
         .agent_poll(&env, hello.instance, &twice)

@@ -3,7 +3,8 @@
 //! in its input: `LOCAL_DEPTH`, `SSH_DEPTH`); a pause that came while they waited used to let
 //! them run all the same. Each test keeps an executor busy with a slow command while files
 //! wait behind it, pauses (or halts), and checks that no file is written until the agent may
-//! run again, on this machine and over SSH.
+//! run again: on this machine, over SSH, and in an external agent process (which holds what
+//! the server handed out ahead).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use serde_json::json;
 
 use crate::deploy::{deploy_actions, deploying_env, upload};
 use crate::ssh_support::Sshd;
-use crate::support::{eventually, exec_run, fs_file, wait_deployed};
+use crate::support::{eventually, exec_run, fs_file, steward_bin, wait_deployed};
 
 const FILES: usize = 5;
 const AGENT: &str = "localhost";
@@ -37,7 +38,7 @@ async fn sent_ahead_work_waits_for_the_agent(
     agent: &str,
     d: &str,
     stop: Stop,
-) {
+) -> usize {
     let mut model = vec![exec_run(
         agent,
         &format!("sh -c 'touch {d}/started; sleep 2; touch {d}/ended'"),
@@ -83,28 +84,39 @@ async fn sent_ahead_work_waits_for_the_agent(
     let p = wait_deployed(c, env, v, 60).await;
     assert_eq!(p["by_status"]["deployed"], (FILES + 1) as i64, "{p}");
     assert_eq!(written(d).len(), FILES);
-    // a withdrawn action left no record: each file was deployed once, and no action of
-    // it stays "deploying"
+    // each file was deployed once, and no action of it stays "deploying": a withdrawn
+    // action left no record, or (handed to an external agent, where it was recorded as
+    // started) one that says it was withdrawn
+    let mut cancelled = 0;
     for i in 0..FILES {
         let rid = format!("fs::File[{agent},path={d}/f{i}]");
         let actions = deploy_actions(c, env, &rid).await;
-        assert_eq!(actions.len(), 1, "{rid}: {actions:?}");
-        assert_eq!(actions[0].status, "deployed", "{rid}: {actions:?}");
+        let count = |s: &str| actions.iter().filter(|a| a.status == s).count();
+        assert_eq!(count("deployed"), 1, "{rid}: {actions:?}");
+        assert_eq!(
+            count("deployed") + count("cancelled"),
+            actions.len(),
+            "{rid}: {actions:?}"
+        );
+        cancelled += count("cancelled");
     }
+    cancelled
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_agent_starts_nothing_that_waited_in_its_executor() {
     let (_srv, c, env, dir) = deploying_env("withdraw-pause", json!({})).await;
     let d = dir.path().display().to_string();
-    sent_ahead_work_waits_for_the_agent(&c, &env, AGENT, &d, Stop::Pause).await;
+    let cancelled = sent_ahead_work_waits_for_the_agent(&c, &env, AGENT, &d, Stop::Pause).await;
+    assert_eq!(cancelled, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_halted_environment_starts_nothing_that_waited_in_an_executor() {
     let (_srv, c, env, dir) = deploying_env("withdraw-halt", json!({})).await;
     let d = dir.path().display().to_string();
-    sent_ahead_work_waits_for_the_agent(&c, &env, AGENT, &d, Stop::Halt).await;
+    let cancelled = sent_ahead_work_waits_for_the_agent(&c, &env, AGENT, &d, Stop::Halt).await;
+    assert_eq!(cancelled, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -119,5 +131,61 @@ async fn a_paused_ssh_agent_starts_nothing_that_waited_on_its_target() {
     });
     let (_srv, c, env, dir) = deploying_env("withdraw-ssh", settings).await;
     let d = dir.path().display().to_string();
-    sent_ahead_work_waits_for_the_agent(&c, &env, agent, &d, Stop::Pause).await;
+    let cancelled = sent_ahead_work_waits_for_the_agent(&c, &env, agent, &d, Stop::Pause).await;
+    assert_eq!(cancelled, 0);
+}
+
+/// An external agent process holds up to `AHEAD` actions beyond what it runs: those are
+/// given back too.
+async fn external_agent_holds_nothing_back(stop: Stop) {
+    let agent = "web";
+    let (srv, c, env, dir) = deploying_env(
+        "withdraw-external",
+        json!({"agent_map": {agent: "external"}}),
+    )
+    .await;
+    let d = dir.path().join("files");
+    std::fs::create_dir(&d).unwrap();
+    let d = d.display().to_string();
+    let t = c
+        .create_agent_token("agent", &env, &[agent.to_string()])
+        .await
+        .unwrap();
+    let _process = crate::support::AgentProc(
+        std::process::Command::new(steward_bin())
+            .args(["agent", "run", "--name", agent])
+            .env("STEWARD_SERVER", &srv.url)
+            .env("STEWARD_TOKEN", t["secret"].as_str().unwrap())
+            .env("STEWARD_ENV", &env)
+            .env("STEWARD_AGENT_DIR", dir.path().join("work"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    eventually(30, "the agent process to be primary", || async {
+        let a = c.agents(&env).await.ok()?;
+        a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == agent)?["primary"]
+            .as_str()
+            .map(|_| ())
+    })
+    .await;
+    let cancelled = sent_ahead_work_waits_for_the_agent(&c, &env, agent, &d, stop).await;
+    assert!(
+        cancelled > 0,
+        "no action handed out ahead was given back: the files were not held by the process"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_external_agent_gives_back_what_it_held() {
+    external_agent_holds_nothing_back(Stop::Pause).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_halted_environment_takes_back_what_an_external_agent_held() {
+    external_agent_holds_nothing_back(Stop::Halt).await;
 }

@@ -463,12 +463,18 @@ impl EnvScheduler {
         let asked: Vec<(TaskKey, crate::scheduler::executors::ProcId, Uuid)> = self
             .running
             .iter()
-            .filter(|(k, r)| {
-                r.waiting
-                    && !r.withdrawing
-                    && agent.is_none_or(|a| self.queue.running.get(k).is_some_and(|q| q.agent == a))
+            .filter(|(_, r)| !r.withdrawing)
+            .filter_map(|(k, r)| {
+                let of = &self.queue.running.get(k)?.agent;
+                if agent.is_some_and(|a| a != of) {
+                    return None;
+                }
+                // what waits in an executor's input; an external agent's process holds what
+                // it was handed out ahead, and says itself whether it started it
+                let held = r.waiting
+                    || self.executors.placement(of) == crate::model::placement::Placement::External;
+                held.then(|| (k.clone(), r.proc, r.action_id))
             })
-            .map(|(k, r)| (k.clone(), r.proc, r.action_id))
             .collect();
         for (key, proc, action_id) in asked {
             if self.executors.withdraw(proc, action_id).await
@@ -483,15 +489,41 @@ impl EnvScheduler {
     /// was asked for, and starts when its agent may run again.
     fn on_withdrawn(&mut self, proc: crate::scheduler::executors::ProcId, action_id: Uuid) {
         self.executors.release(proc);
-        let Some(key) = self
+        let Some((key, info)) = self
             .running
             .iter()
             .find(|(_, r)| r.action_id == action_id && r.proc == proc)
-            .map(|(k, _)| k.clone())
         else {
             return;
         };
+        let key = key.clone();
+        // an action handed to an external agent was recorded as started when it was handed
+        // out: its record says it was withdrawn instead
+        if !info.waiting && info.kind == ActionKind::Deploy {
+            let now = Utc::now();
+            let message = format!(
+                "{} withdrawn before it started (its agent was paused, or the environment halted): it is queued again",
+                info.label
+            );
+            self.batch.actions.push(ActionRecord {
+                id: action_id,
+                environment_id: self.env,
+                version: info.version,
+                resource_id: key.resource().to_string(),
+                action: info.label.into(),
+                started_at: info.started,
+                finished_at: Some(now),
+                status: "cancelled".into(),
+                change: "nochange".into(),
+                changes: serde_json::json!({}),
+                messages: serde_json::json!([{"level": "info", "message": message, "fields": {}, "at": now}]),
+            });
+        }
         if self.requeue_unstarted(&key) {
+            // no longer deploying
+            if let Some(r) = self.model.get(key.resource()) {
+                self.mark_state(r);
+            }
             return;
         }
         // a delete, a dry-run or a facts refresh: queued again as it was; a deploy of a
