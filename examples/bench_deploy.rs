@@ -91,6 +91,28 @@ async fn wait_done(
     }
 }
 
+/// With BENCH_PG_STATS set: what PostgreSQL did to the deploy tables so far (rows written,
+/// how many updates were HOT, i.e. touched no index, and the tables' sizes), to see where
+/// its share of a deploy goes.
+async fn print_table_stats(pool: &sqlx::PgPool, after: &str) {
+    if std::env::var_os("BENCH_PG_STATS").is_none() {
+        return;
+    }
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, pg_total_relation_size(relid) \
+         FROM pg_stat_user_tables WHERE relname IN ('resource_state', 'resource_actions') ORDER BY relname",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    for (table, ins, upd, hot, size) in rows {
+        println!(
+            "  PostgreSQL after {after}: {table}: {ins} inserted, {upd} updated ({hot} HOT), {} MiB",
+            size >> 20
+        );
+    }
+}
+
 async fn run(n: usize) {
     // handlers run as this user, as under `steward deploy` (a root server would give the
     // executors a uid of their own, which can not write into this process's temp dir)
@@ -146,6 +168,7 @@ async fn run(n: usize) {
         "first deploy of {n} files: {first:.3} s (upload and store {uploaded:.3} s), {:.0} resources/s",
         n as f64 / first
     );
+    print_table_stats(&pool, "the first deploy").await;
 
     // 2. repair with nothing to change
     let mut repairs = Vec::new();
@@ -167,6 +190,9 @@ async fn run(n: usize) {
         "no-change repair of {n} files: {:.3} s (best of 3: {repairs:.3?})",
         repair
     );
+    // (the stats lag the writes by up to a second: the repair's last rows may be missing)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    print_table_stats(&pool, "three repairs").await;
 
     // 3. change one: the file rewritten and its state stored, sent as its changes (as
     // `steward export` and `steward deploy` send it) and, for comparison, whole

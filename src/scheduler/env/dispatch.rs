@@ -163,7 +163,9 @@ impl EnvScheduler {
                 }
             },
         };
-        let action_id = Uuid::new_v4();
+        // time-ordered: the action log's primary key grows at its end, where a random id
+        // wrote into a page anywhere in an index of millions of rows
+        let action_id = Uuid::now_v7();
         if let (ActionKind::Deploy, Some(r)) = (kind, r) {
             if self.model.states[r].blocked == Blocked::Blocked {
                 self.queue.finish(&key);
