@@ -439,3 +439,72 @@ mod target_cache_tests {
         drop(held);
     }
 }
+
+#[cfg(test)]
+mod upstream_tests {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+
+    use super::Upstream;
+    use super::protocol::{Request, WorkItem};
+
+    fn pipe() -> (std::fs::File, std::fs::File) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) fills two descriptors, each owned by one File from here on
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        }
+    }
+
+    fn work(action_id: uuid::Uuid) -> String {
+        let item: WorkItem = serde_json::from_value(serde_json::json!({
+            "action_id": action_id, "version": 1, "kind": "deploy", "reload": false,
+            "resource": {"id": "fs::File[a,path=/x]", "type": "fs::File", "agent": "a",
+                          "attributes": {}, "requires": []},
+        }))
+        .expect("a work item");
+        serde_json::to_string(&Request::Work(Box::new(item))).unwrap() + "\n"
+    }
+
+    fn withdraw(action_id: uuid::Uuid) -> String {
+        serde_json::to_string(&Request::Withdraw { action_id }).unwrap() + "\n"
+    }
+
+    /// What the executor's main loop does: take the next request, and before it starts a work
+    /// item, look (without waiting) for a withdrawal of it among what came in meanwhile.
+    #[test]
+    fn a_withdrawal_that_came_in_meanwhile_is_seen_without_waiting_for_more() {
+        let (r, mut w) = pipe();
+        let mut link = Upstream::new(r, Vec::new());
+        let (a, b, c) = (
+            uuid::Uuid::now_v7(),
+            uuid::Uuid::now_v7(),
+            uuid::Uuid::now_v7(),
+        );
+        // a runs while b and c wait; then b is withdrawn (and an action never sent)
+        let sent = work(a) + &work(b) + &work(c) + &withdraw(b) + &withdraw(uuid::Uuid::nil());
+        w.write_all(sent.as_bytes()).unwrap();
+        let first = link.next().unwrap().unwrap();
+        assert!(matches!(first, Request::Work(i) if i.action_id == a));
+        // nothing withdrew a; the pipe stays open, so a look that waited would hang here
+        assert!(!link.withdrawn(a));
+        let second = link.next().unwrap().unwrap();
+        assert!(matches!(second, Request::Work(i) if i.action_id == b));
+        assert!(link.withdrawn(b), "b's withdrawal came in while a ran");
+        // used up: the next request is c, then the withdrawal of what was never here
+        let third = link.next().unwrap().unwrap();
+        assert!(matches!(third, Request::Work(i) if i.action_id == c));
+        assert!(!link.withdrawn(c));
+        assert!(matches!(
+            link.next().unwrap().unwrap(),
+            Request::Withdraw { action_id } if action_id.is_nil()
+        ));
+        // the scheduler closed the link
+        drop(w);
+        assert!(link.next().unwrap().is_none());
+    }
+}

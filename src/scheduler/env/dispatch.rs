@@ -526,17 +526,22 @@ impl EnvScheduler {
             if let Some(r) = self.model.get(key.resource()) {
                 self.mark_state(r);
             }
-            return;
+        } else {
+            // a delete, a dry-run or a facts refresh: queued again as it was; a deploy of a
+            // resource that left the model meanwhile: dropped, as its queued deploys were
+            self.running.remove(&key);
+            let gone = matches!(&key, TaskKey::Deploy(rid) if !self.tombstones.contains_key(rid));
+            if gone {
+                self.queue.finish(&key);
+            } else if let Some(run) = self.queue.unrun(&key) {
+                self.queue
+                    .schedule(key, &run.agent, run.priority, &run.reason, &[], &[], false);
+            }
         }
-        // a delete, a dry-run or a facts refresh: queued again as it was; a deploy of a
-        // resource that left the model meanwhile: dropped, as its queued deploys were
-        self.running.remove(&key);
-        let gone = matches!(&key, TaskKey::Deploy(rid) if !self.tombstones.contains_key(rid));
-        if gone {
-            self.queue.finish(&key);
-        } else if let Some(run) = self.queue.unrun(&key) {
-            self.queue
-                .schedule(key, &run.agent, run.priority, &run.reason, &[], &[], false);
+        // the executor reads its next action once it gave this one back: with none running
+        // before it, that one starts now (its result came before this answer otherwise)
+        if !self.running.values().any(|r| r.proc == proc && !r.waiting) {
+            self.start_next_on(proc);
         }
     }
 
