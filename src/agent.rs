@@ -12,8 +12,9 @@
 //! The server hands out more actions than the agent's parallelism: they wait here for a
 //! slot, so the round trips overlap the work. Results wait in memory until a poll takes
 //! them: a dropped connection is retried with backoff, the session is opened again (the
-//! server then hands out again what is in flight for us: what we run, hold or have a result
-//! for is skipped) and the results are sent. A process that learns it was deposed (409:
+//! server then hands out again what is in flight for us: what we run or have a result for
+//! is skipped, what we held unstarted is dropped and taken again from that answer) and the
+//! results are sent. A process that learns it was deposed (409:
 //! another process is primary now) opens its session again and drops the results of the
 //! agents it lost: the new primary runs those actions again. It starts no action once its
 //! lease may have run out without a renewal, counted from when it sent the request whose
@@ -356,6 +357,13 @@ impl Agent {
                     Request::Open => {
                         tracing::info!(instance = %self.instance, agents = ?self.opts.names, "connected to the server");
                         self.open = true;
+                        // what we held and had not started is handed out again in this answer
+                        // if it is still ours; what the server took back meanwhile (withdrawn
+                        // while our session was gone) is not, and must not start
+                        if !self.waiting.is_empty() {
+                            tracing::info!(instance = %self.instance, held = self.waiting.len(), "session opened again: held actions dropped, the server hands out again what is still ours");
+                            self.waiting.clear();
+                        }
                         if reply.environment.is_some() {
                             self.environment = reply.environment.clone();
                         }

@@ -23,8 +23,9 @@
 //! deposed process drops them (it starts nothing under a term it no longer holds, nor after
 //! its lease may have run out). A process that opens its session again (after a lost
 //! connection, or a refusal) gets everything in flight for it again, under its current term
-//! (an answer may have been lost on the way); it skips what it runs, holds or has results
-//! for.
+//! (an answer may have been lost on the way); it skips what it runs or has results for, and
+//! drops what it held unstarted before (what the server took back while the session was
+//! gone, a withdrawal for instance, is not handed out again).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

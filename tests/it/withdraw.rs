@@ -135,6 +135,43 @@ async fn a_paused_ssh_agent_starts_nothing_that_waited_on_its_target() {
     assert_eq!(cancelled, 0);
 }
 
+/// `steward agent run` hosting `agent`, once it is the agent's primary.
+async fn agent_process(
+    url: &str,
+    c: &steward::client::Client,
+    env: &str,
+    agent: &str,
+    work: &std::path::Path,
+) -> crate::support::AgentProc {
+    let t = c
+        .create_agent_token("agent", env, &[agent.to_string()])
+        .await
+        .unwrap();
+    let process = crate::support::AgentProc(
+        std::process::Command::new(steward_bin())
+            .args(["agent", "run", "--name", agent])
+            .env("STEWARD_SERVER", url)
+            .env("STEWARD_TOKEN", t["secret"].as_str().unwrap())
+            .env("STEWARD_ENV", env)
+            .env("STEWARD_AGENT_DIR", work)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    eventually(30, "the agent process to be primary", || async {
+        let a = c.agents(env).await.ok()?;
+        a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == agent)?["primary"]
+            .as_str()
+            .map(|_| ())
+    })
+    .await;
+    process
+}
+
 /// An external agent process holds up to `AHEAD` actions beyond what it runs: those are
 /// given back too.
 async fn external_agent_holds_nothing_back(stop: Stop) {
@@ -147,32 +184,7 @@ async fn external_agent_holds_nothing_back(stop: Stop) {
     let d = dir.path().join("files");
     std::fs::create_dir(&d).unwrap();
     let d = d.display().to_string();
-    let t = c
-        .create_agent_token("agent", &env, &[agent.to_string()])
-        .await
-        .unwrap();
-    let _process = crate::support::AgentProc(
-        std::process::Command::new(steward_bin())
-            .args(["agent", "run", "--name", agent])
-            .env("STEWARD_SERVER", &srv.url)
-            .env("STEWARD_TOKEN", t["secret"].as_str().unwrap())
-            .env("STEWARD_ENV", &env)
-            .env("STEWARD_AGENT_DIR", dir.path().join("work"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    eventually(30, "the agent process to be primary", || async {
-        let a = c.agents(&env).await.ok()?;
-        a["agents"]
-            .as_array()?
-            .iter()
-            .find(|x| x["name"] == agent)?["primary"]
-            .as_str()
-            .map(|_| ())
-    })
-    .await;
+    let _process = agent_process(&srv.url, &c, &env, agent, &dir.path().join("work")).await;
     let cancelled = sent_ahead_work_waits_for_the_agent(&c, &env, agent, &d, stop).await;
     assert!(
         cancelled > 0,
@@ -188,4 +200,79 @@ async fn a_paused_external_agent_gives_back_what_it_held() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_halted_environment_takes_back_what_an_external_agent_held() {
     external_agent_holds_nothing_back(Stop::Halt).await;
+}
+
+/// A process that went silent (stopped, cut off) past its session while it held actions, which
+/// the server withdrew meanwhile, starts none of them when it comes back: it drops what it
+/// held when it opens its session again, and the server hands out what is still its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_agent_back_from_silence_starts_nothing_withdrawn_meanwhile() {
+    let agent = "web";
+    let (srv, c, env, dir) =
+        deploying_env("withdraw-silent", json!({"agent_map": {agent: "external"}})).await;
+    let d = dir.path().join("files");
+    std::fs::create_dir(&d).unwrap();
+    let d = d.display().to_string();
+    let process = agent_process(&srv.url, &c, &env, agent, &dir.path().join("work")).await;
+    let pid = process.id() as libc::pid_t;
+    let mut model = vec![exec_run(
+        agent,
+        &format!("sh -c 'touch {d}/started; sleep 2; touch {d}/ended'"),
+        json!({}),
+        &[],
+    )];
+    model.extend((0..FILES).map(|i| fs_file(agent, &format!("{d}/f{i}"), "content\n", &[])));
+    let v = upload(&c, &env, model).await;
+    eventually(60, "the slow command to start", || async {
+        std::path::Path::new(&format!("{d}/started"))
+            .exists()
+            .then_some(())
+    })
+    .await;
+    // the process holds the files; it stops answering until the server forgets its session
+    // SAFETY: signals to the agent process this test started
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    eventually(30, "the server to drop the silent session", || async {
+        let a = c.agents(&env).await.ok()?;
+        let web = a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == agent)?;
+        web["processes"].as_array()?.is_empty().then_some(())
+    })
+    .await;
+    c.set_paused(&env, agent, true).await.unwrap();
+    let before = written(&d);
+    assert!(
+        before.len() < FILES,
+        "every file was written before the stop"
+    );
+    // SAFETY: as above
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    // back: it opens its session again (its result of the command goes in)
+    eventually(30, "the process to be back", || async {
+        let a = c.agents(&env).await.ok()?;
+        let web = a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == agent)?;
+        (!web["processes"].as_array()?.is_empty()).then_some(())
+    })
+    .await;
+    eventually(30, "the slow command to end", || async {
+        std::path::Path::new(&format!("{d}/ended"))
+            .exists()
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(
+        written(&d),
+        before,
+        "a process back from silence ran actions withdrawn while it was away"
+    );
+    c.set_paused(&env, agent, false).await.unwrap();
+    let p = wait_deployed(&c, &env, v, 60).await;
+    assert_eq!(p["by_status"]["deployed"], (FILES + 1) as i64, "{p}");
+    assert_eq!(written(&d).len(), FILES);
 }
