@@ -53,6 +53,18 @@ pub enum PoolEvent {
     Answer(ProcId, crate::executor::calls::CallAnswer),
 }
 
+/// A request as one line of an executor's input.
+fn request_line(r: &Request) -> String {
+    let mut line = serde_json::to_string(r).expect("json");
+    line.push('\n');
+    line
+}
+
+/// Write `line` to an executor's input; false if it is closed (the executor exited).
+async fn write_line(stdin: &mut ChildStdin, line: &str) -> bool {
+    stdin.write_all(line.as_bytes()).await.is_ok() && stdin.flush().await.is_ok()
+}
+
 /// An SSH target as the pool knows it. Connecting runs in a task of its own, so a host
 /// that takes its time holds up only its own agents' actions.
 enum SshState {
@@ -581,9 +593,7 @@ impl Pool {
             return Ok(());
         }
         let p = self.procs.get_mut(&id).ok_or(PoolError::Gone(id))?;
-        let mut line = serde_json::to_string(&Request::Work(Box::new(item))).expect("json");
-        line.push('\n');
-        if p.stdin.write_all(line.as_bytes()).await.is_err() || p.stdin.flush().await.is_err() {
+        if !write_line(&mut p.stdin, &request_line(&Request::Work(Box::new(item)))).await {
             self.kill(id);
             return Err(PoolError::Gone(id));
         }
@@ -605,23 +615,22 @@ impl Pool {
         let Some(p) = self.procs.get_mut(&id) else {
             return false;
         };
-        let mut line = serde_json::to_string(&Request::Withdraw { action_id }).expect("json");
-        line.push('\n');
         // a closed input means it exited, which its output reports
-        p.stdin.write_all(line.as_bytes()).await.is_ok() && p.stdin.flush().await.is_ok()
+        write_line(
+            &mut p.stdin,
+            &request_line(&Request::Withdraw { action_id }),
+        )
+        .await
     }
 
     /// The deploy of `version` is done: every executor of this machine or an SSH target
     /// hears of it (handlers drop what they cached for it). External agent processes do not:
     /// their executors drop it when an action of a newer version starts.
     pub async fn version_done(&mut self, version: i32) {
-        let mut line = serde_json::to_string(&Request::VersionDone { version }).expect("json");
-        line.push('\n');
+        let line = request_line(&Request::VersionDone { version });
         for p in self.procs.values_mut() {
             // a closed input means it exited, which its output reports
-            if p.stdin.write_all(line.as_bytes()).await.is_ok() {
-                let _ = p.stdin.flush().await;
-            }
+            write_line(&mut p.stdin, &line).await;
         }
     }
 
@@ -643,11 +652,7 @@ impl Pool {
             let Some(p) = self.procs.get_mut(&id) else {
                 continue;
             };
-            let mut line = serde_json::to_string(&Request::Answer(a)).expect("json");
-            line.push('\n');
-            if p.stdin.write_all(line.as_bytes()).await.is_ok() {
-                let _ = p.stdin.flush().await;
-            }
+            write_line(&mut p.stdin, &request_line(&Request::Answer(a))).await;
         }
     }
 

@@ -30,6 +30,27 @@ fn written(d: &str) -> BTreeSet<usize> {
         .collect()
 }
 
+/// The slow command (it touches `started`, then `ended` 2 s later) first, then the files.
+fn slow_command_then_files(agent: &str, d: &str) -> Vec<steward::model::Resource> {
+    let mut model = vec![exec_run(
+        agent,
+        &format!("sh -c 'touch {d}/started; sleep 2; touch {d}/ended'"),
+        json!({}),
+        &[],
+    )];
+    model.extend((0..FILES).map(|i| fs_file(agent, &format!("{d}/f{i}"), "content\n", &[])));
+    model
+}
+
+/// Wait (at most `secs`) for the slow command's marker file `name`.
+async fn marker(d: &str, name: &str, secs: u64, what: &str) {
+    let path = format!("{d}/{name}");
+    eventually(secs, what, || async {
+        std::path::Path::new(&path).exists().then_some(())
+    })
+    .await;
+}
+
 /// The slow command first, then the files (the order they are queued in): with one action
 /// at a time, the files are sent to the executor while the command runs.
 async fn sent_ahead_work_waits_for_the_agent(
@@ -39,20 +60,9 @@ async fn sent_ahead_work_waits_for_the_agent(
     d: &str,
     stop: Stop,
 ) -> usize {
-    let mut model = vec![exec_run(
-        agent,
-        &format!("sh -c 'touch {d}/started; sleep 2; touch {d}/ended'"),
-        json!({}),
-        &[],
-    )];
-    model.extend((0..FILES).map(|i| fs_file(agent, &format!("{d}/f{i}"), "content\n", &[])));
+    let model = slow_command_then_files(agent, d);
     let v = upload(c, env, model).await;
-    eventually(60, "the slow command to start", || async {
-        std::path::Path::new(&format!("{d}/started"))
-            .exists()
-            .then_some(())
-    })
-    .await;
+    marker(d, "started", 60, "the slow command to start").await;
     match stop {
         Stop::Pause => c.set_paused(env, agent, true).await.unwrap(),
         Stop::Halt => c.set_halted(env, true).await.unwrap(),
@@ -62,12 +72,7 @@ async fn sent_ahead_work_waits_for_the_agent(
         before.len() < FILES,
         "every file was written before the slow command started: nothing waited behind it, so this run shows nothing"
     );
-    eventually(30, "the slow command to end", || async {
-        std::path::Path::new(&format!("{d}/ended"))
-            .exists()
-            .then_some(())
-    })
-    .await;
+    marker(d, "ended", 30, "the slow command to end").await;
     // what waited behind it would start within milliseconds if it were not withdrawn
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
@@ -215,20 +220,9 @@ async fn an_external_agent_back_from_silence_starts_nothing_withdrawn_meanwhile(
     let d = d.display().to_string();
     let process = agent_process(&srv.url, &c, &env, agent, &dir.path().join("work")).await;
     let pid = process.id() as libc::pid_t;
-    let mut model = vec![exec_run(
-        agent,
-        &format!("sh -c 'touch {d}/started; sleep 2; touch {d}/ended'"),
-        json!({}),
-        &[],
-    )];
-    model.extend((0..FILES).map(|i| fs_file(agent, &format!("{d}/f{i}"), "content\n", &[])));
+    let model = slow_command_then_files(agent, &d);
     let v = upload(&c, &env, model).await;
-    eventually(60, "the slow command to start", || async {
-        std::path::Path::new(&format!("{d}/started"))
-            .exists()
-            .then_some(())
-    })
-    .await;
+    marker(&d, "started", 60, "the slow command to start").await;
     // the process holds the files; it stops answering until the server forgets its session
     // SAFETY: signals to the agent process this test started
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
@@ -259,12 +253,7 @@ async fn an_external_agent_back_from_silence_starts_nothing_withdrawn_meanwhile(
         (!web["processes"].as_array()?.is_empty()).then_some(())
     })
     .await;
-    eventually(30, "the slow command to end", || async {
-        std::path::Path::new(&format!("{d}/ended"))
-            .exists()
-            .then_some(())
-    })
-    .await;
+    marker(&d, "ended", 30, "the slow command to end").await;
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(
         written(&d),
