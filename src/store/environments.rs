@@ -135,6 +135,8 @@ pub async fn delete_project(c: &mut PgConnection, id: Uuid) -> Result<()> {
             p.name
         )));
     }
+    let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+    let hashes = locked_attribute_hashes(&mut *c, &ids).await?;
     let r = sqlx::query("DELETE FROM projects WHERE id = $1")
         .bind(id)
         .execute(&mut *c)
@@ -142,7 +144,23 @@ pub async fn delete_project(c: &mut PgConnection, id: Uuid) -> Result<()> {
     if r.rows_affected() == 0 {
         return Err(StoreError::NotFound(format!("project {id}")));
     }
-    Ok(())
+    super::versions::collect_blobs(c, &hashes).await
+}
+
+/// Lock environments that are about to be deleted (waiting for a version being stored in
+/// them) and return the attribute hashes their versions refer to: the blobs to collect once
+/// they are gone (their spans go with their rows: migration 0021).
+async fn locked_attribute_hashes(c: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<String>> {
+    sqlx::query("SELECT 1 FROM environments WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(ids)
+        .execute(&mut *c)
+        .await?;
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT hash FROM resource_spans WHERE environment_id = ANY($1) ORDER BY hash",
+    )
+    .bind(ids)
+    .fetch_all(&mut *c)
+    .await?)
 }
 
 pub async fn create_environment(
@@ -280,11 +298,13 @@ pub async fn delete_environment(c: &mut PgConnection, id: Uuid) -> Result<()> {
             env.name
         )));
     }
+    // its versions' attributes that no other environment shares go with it
+    let hashes = locked_attribute_hashes(&mut *c, &[id]).await?;
     sqlx::query("DELETE FROM environments WHERE id = $1")
         .bind(id)
         .execute(&mut *c)
         .await?;
-    Ok(())
+    super::versions::collect_blobs(c, &hashes).await
 }
 
 /// Take the environment's row lock for the rest of the transaction (serializes version

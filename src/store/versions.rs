@@ -136,6 +136,7 @@ mod spans;
 mod write;
 
 pub use spans::{Entry, OPEN};
+pub(in crate::store) use write::collect_blobs;
 pub use write::{Manifest, store, store_delta, validate_export};
 
 /// A version's resources by id: what the diff needs of each (attribute hash, undefined).

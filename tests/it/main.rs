@@ -5,6 +5,7 @@ mod api;
 mod api_auth;
 mod api_durability;
 mod attacker;
+mod blob_collection;
 mod browser;
 mod builtin_modules;
 mod chaos;

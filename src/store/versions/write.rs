@@ -395,33 +395,24 @@ async fn write(
     }
     let t_classified = t0.elapsed();
     // attributes, content-addressed: only those of new and changed resources can be missing
-    let given: HashMap<&str, &serde_json::Map<String, serde_json::Value>> = nv
+    let given: HashMap<&str, &AttributeMap> = nv
         .export
         .resources
         .iter()
         .map(|r| (r.id.0.as_str(), &r.attributes))
         .collect();
     let mut sent = HashSet::new();
-    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<serde_json::Value>) = opened
+    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) = opened
         .iter()
         .filter(|(id, e)| against.base(id).is_none_or(|b| b.hash != e.hash))
         .filter(|(_, e)| sent.insert(e.hash.as_str()))
         .filter_map(|(id, e)| {
             given
                 .get(id)
-                .map(|a| (e.hash.as_str(), serde_json::Value::Object((*a).clone())))
+                .map(|a| (e.hash.as_str(), sqlx::types::Json(*a)))
         })
         .unzip();
-    if !blob_hashes.is_empty() {
-        sqlx::query(
-            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
-             ON CONFLICT (hash) DO NOTHING",
-        )
-        .bind(&blob_hashes)
-        .bind(&blob_attrs)
-        .execute(&mut *c)
-        .await?;
-    }
+    hold_blobs(&mut *c, &blob_hashes, &blob_attrs).await?;
     let t_blobs = t0.elapsed();
     let summary = summary(&changes, manifest.len());
     let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
@@ -497,6 +488,90 @@ fn content_hash(manifest: &Manifest, export: &ExportFile) -> String {
         }),
         &export.handlers,
     )
+}
+
+type AttributeMap = serde_json::Map<String, serde_json::Value>;
+
+/// Make sure the blobs `hashes` (with their `attributes`) exist until this transaction ends:
+/// insert those that are missing, and take a key-share lock on those that were already
+/// there. The blob collector ([`collect_blobs`]) leaves a blob alone that it can not lock,
+/// and one it deleted before this lock was taken is inserted again here.
+/// (The spans' foreign key did this per row, at half the cost of inserting them:
+/// migration 0021.)
+async fn hold_blobs(
+    c: &mut PgConnection,
+    hashes: &[&str],
+    attributes: &[sqlx::types::Json<&AttributeMap>],
+) -> Result<()> {
+    let mut todo: Vec<usize> = (0..hashes.len()).collect();
+    // a blob can only go missing again while a collector deletes it between our insert and
+    // our lock: one more round normally settles it
+    for _ in 0..5 {
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let h: Vec<&str> = todo.iter().map(|&i| hashes[i]).collect();
+        let a: Vec<&sqlx::types::Json<&AttributeMap>> =
+            todo.iter().map(|&i| &attributes[i]).collect();
+        let inserted: HashSet<String> = sqlx::query_scalar(
+            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
+             ON CONFLICT (hash) DO NOTHING RETURNING hash",
+        )
+        .bind(&h)
+        .bind(&a)
+        .fetch_all(&mut *c)
+        .await?
+        .into_iter()
+        .collect();
+        let existing: Vec<&str> = h.into_iter().filter(|x| !inserted.contains(*x)).collect();
+        if existing.is_empty() {
+            return Ok(());
+        }
+        let held: HashSet<String> = sqlx::query_scalar(
+            "SELECT hash FROM resource_blobs WHERE hash = ANY($1) ORDER BY hash FOR KEY SHARE",
+        )
+        .bind(&existing)
+        .fetch_all(&mut *c)
+        .await?
+        .into_iter()
+        .collect();
+        todo.retain(|&i| !inserted.contains(hashes[i]) && !held.contains(hashes[i]));
+    }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Conflict(format!(
+        "the attributes {} were deleted again and again while this version was stored: send it again",
+        hashes[todo[0]]
+    )))
+}
+
+/// Delete the blobs among `hashes` that no span refers to any more. Each is locked first;
+/// one that a store in progress holds ([`hold_blobs`]) is skipped, as it is in use, rather
+/// than waited for (waiting here, while this transaction may hold blobs another collector
+/// waits for, is how two environments' stores would deadlock). The delete's own snapshot,
+/// taken after the locks, sees the spans of every store that held one of them before.
+pub(in crate::store) async fn collect_blobs(c: &mut PgConnection, hashes: &[String]) -> Result<()> {
+    if hashes.is_empty() {
+        return Ok(());
+    }
+    let locked: Vec<String> = sqlx::query_scalar(
+        "SELECT hash FROM resource_blobs WHERE hash = ANY($1) FOR UPDATE SKIP LOCKED",
+    )
+    .bind(hashes)
+    .fetch_all(&mut *c)
+    .await?;
+    if locked.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "DELETE FROM resource_blobs b WHERE b.hash = ANY($1) \
+         AND NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash)",
+    )
+    .bind(&locked)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
 }
 
 /// The diff entries of `changes` (sorted by id): attribute changes of the updated ones.
@@ -653,16 +728,7 @@ pub(super) async fn delete_unchecked(
         .execute(&mut *c)
         .await?;
     let hashes = spans::forget(&mut *c, env, numbers).await?;
-    if !hashes.is_empty() {
-        sqlx::query(
-            "DELETE FROM resource_blobs b WHERE b.hash = ANY($1) \
-             AND NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash)",
-        )
-        .bind(&hashes)
-        .execute(&mut *c)
-        .await?;
-    }
-    Ok(())
+    collect_blobs(c, &hashes).await
 }
 
 /// Keep the newest `keep` versions and the active one.

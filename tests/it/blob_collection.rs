@@ -1,0 +1,300 @@
+//! Attributes (blobs) are shared by content between versions and environments, and the
+//! spans that refer to them have no foreign key (migration 0021: it cost half of a first
+//! version's span inserts). These tests race a store that refers to an existing blob against
+//! the collector that deletes blobs nobody refers to, in both orders, on real PostgreSQL
+//! with two connections, and check that a deleted environment or project takes its spans
+//! and its own blobs along and leaves the shared ones.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::PgPool;
+use steward::model::settings::EnvSettings;
+use steward::model::*;
+use steward::store::{environments, versions};
+use uuid::Uuid;
+
+use crate::support::*;
+
+async fn database() -> PgPool {
+    let pool = steward::store::connect(&new_database(), 4).await.unwrap();
+    steward::store::migrate(&pool).await.unwrap();
+    pool
+}
+
+async fn environment(pool: &PgPool, project: &str, name: &str) -> Uuid {
+    let p = match environments::create_project(pool, project).await {
+        Ok(p) => p.id,
+        Err(_) => sqlx::query_scalar("SELECT id FROM projects WHERE name = $1")
+            .bind(project)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+    };
+    let settings = EnvSettings {
+        auto_release: false,
+        ..Default::default()
+    };
+    environments::create_environment(pool, p, name, &settings)
+        .await
+        .unwrap()
+}
+
+/// One file resource with `content`.
+fn export(content: &str) -> ExportFile {
+    let id = ResourceId::new("fs::File", "a", "path", "/f");
+    ExportFile {
+        format: EXPORT_FORMAT,
+        resources: vec![Resource {
+            id,
+            type_name: "fs::File".into(),
+            agent: "a".into(),
+            attributes: json!({"path": "/f", "content": content})
+                .as_object()
+                .unwrap()
+                .clone(),
+            requires: vec![],
+        }],
+        ..Default::default()
+    }
+}
+
+async fn store(c: &mut sqlx::PgConnection, env: Uuid, content: &str) -> i32 {
+    versions::store(
+        c,
+        env,
+        versions::NewVersion {
+            export: &export(content),
+            uploader: "test",
+            origin: "push",
+            provenance: json!({}),
+        },
+    )
+    .await
+    .unwrap()
+    .info
+    .number
+}
+
+fn hash_of(content: &str) -> String {
+    export(content).resources[0].hash()
+}
+
+async fn blob_exists(pool: &PgPool, hash: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM resource_blobs WHERE hash = $1)")
+        .bind(hash)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Every span refers to a blob that exists, and the version reads back with its attributes.
+async fn assert_readable(pool: &PgPool, env: Uuid, number: i32, content: &str) {
+    let dangling: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM resource_spans s WHERE NOT EXISTS \
+         (SELECT 1 FROM resource_blobs b WHERE b.hash = s.hash)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(dangling, 0, "spans refer to attributes that were deleted");
+    let read = versions::resources(pool, env, number).await.unwrap();
+    assert_eq!(read.len(), 1, "version {number} lost its resource");
+    assert_eq!(read[0].attributes["content"], content);
+}
+
+/// A store refers to a blob another environment is about to collect: the collector leaves
+/// the blob alone (without waiting for the store) and the stored version keeps its
+/// attributes.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_collector_keeps_a_blob_that_a_store_in_progress_refers_to() {
+    let pool = database().await;
+    let a = environment(&pool, "p", "a").await;
+    let b = environment(&pool, "p", "b").await;
+    let mut c = pool.acquire().await.unwrap();
+    // a's version 1 is the only one that refers to "shared"
+    store(&mut c, a, "shared").await;
+    store(&mut c, a, "a two").await;
+    store(&mut c, b, "b one").await;
+    drop(c);
+
+    // b stores "shared" again and has not committed yet
+    let mut tx_b = pool.begin().await.unwrap();
+    let number = store(&mut tx_b, b, "shared").await;
+    // a deletes its version 1: as far as committed spans go, nothing refers to "shared"
+    let mut tx_a = pool.begin().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), versions::delete(&mut tx_a, a, 1))
+        .await
+        .expect("the collector does not wait for the store")
+        .unwrap();
+    tx_a.commit().await.unwrap();
+    tx_b.commit().await.unwrap();
+    assert!(
+        blob_exists(&pool, &hash_of("shared")).await,
+        "the collector deleted attributes a store in progress refers to"
+    );
+    assert_readable(&pool, b, number, "shared").await;
+}
+
+/// The collector deleted a blob and has not committed when a store refers to it: the store
+/// waits and writes the blob again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_after_the_collector_writes_the_blob_again() {
+    let pool = database().await;
+    let a = environment(&pool, "p", "a").await;
+    let b = environment(&pool, "p", "b").await;
+    let mut c = pool.acquire().await.unwrap();
+    store(&mut c, a, "shared").await;
+    store(&mut c, a, "a two").await;
+    store(&mut c, b, "b one").await;
+    drop(c);
+
+    let mut tx_a = pool.begin().await.unwrap();
+    versions::delete(&mut tx_a, a, 1).await.unwrap();
+    let pool_b = pool.clone();
+    let storer = tokio::spawn(async move {
+        let mut tx_b = pool_b.begin().await.unwrap();
+        let n = store(&mut tx_b, b, "shared").await;
+        tx_b.commit().await.unwrap();
+        n
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tx_a.commit().await.unwrap();
+    let number = tokio::time::timeout(Duration::from_secs(10), storer)
+        .await
+        .expect("the store goes on once the collector committed")
+        .unwrap();
+    assert!(blob_exists(&pool, &hash_of("shared")).await);
+    assert_readable(&pool, b, number, "shared").await;
+}
+
+/// Two environments each store what the other is collecting, crosswise: neither collector
+/// waits for the other's store, so they can not deadlock (with the spans' foreign key, or
+/// a collector that waited, one of the two failed with a deadlock after a second).
+#[tokio::test(flavor = "multi_thread")]
+async fn crosswise_stores_and_collections_do_not_deadlock() {
+    let pool = database().await;
+    let a = environment(&pool, "p", "a").await;
+    let b = environment(&pool, "p", "b").await;
+    let mut c = pool.acquire().await.unwrap();
+    store(&mut c, a, "y").await;
+    store(&mut c, a, "a two").await;
+    store(&mut c, b, "x").await;
+    store(&mut c, b, "b two").await;
+    drop(c);
+
+    let mut tx_a = pool.begin().await.unwrap();
+    let mut tx_b = pool.begin().await.unwrap();
+    let in_a = store(&mut tx_a, a, "x").await;
+    let in_b = store(&mut tx_b, b, "y").await;
+    let (da, db) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(
+            versions::delete(&mut tx_a, a, 1),
+            versions::delete(&mut tx_b, b, 1)
+        )
+    })
+    .await
+    .expect("the collectors do not wait for each other's stores");
+    da.expect("a's collection");
+    db.expect("b's collection");
+    tx_a.commit().await.unwrap();
+    tx_b.commit().await.unwrap();
+    assert_readable(&pool, a, in_a, "x").await;
+    assert_readable(&pool, b, in_b, "y").await;
+}
+
+/// Many stores and deletions of versions that share attributes, in two environments at
+/// once: no span is ever left without its blob, and nothing fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_stores_and_collections_leave_no_span_without_its_blob() {
+    let pool = database().await;
+    let envs = [
+        environment(&pool, "p", "a").await,
+        environment(&pool, "p", "b").await,
+    ];
+    let mut tasks = Vec::new();
+    for (i, env) in envs.into_iter().enumerate() {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..60 {
+                // both environments cycle through the same three contents, out of step
+                let content = format!("content {}", (round + i) % 3);
+                let mut tx = pool.begin().await.unwrap();
+                let n = store(&mut tx, env, &content).await;
+                if n > 1 {
+                    versions::delete(&mut tx, env, n - 1).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for env in envs {
+        let newest: i32 =
+            sqlx::query_scalar("SELECT max(number) FROM versions WHERE environment_id = $1")
+                .bind(env)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let content = format!("content {}", (59 + usize::from(env != envs[0])) % 3);
+        assert_readable(&pool, env, newest, &content).await;
+    }
+    // what no version refers to was collected
+    let blobs: i64 = sqlx::query_scalar("SELECT count(*) FROM resource_blobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        blobs <= 2,
+        "{blobs} blobs kept for 2 versions of one resource"
+    );
+}
+
+/// A deleted environment takes its spans and the blobs only it used; the blobs another
+/// environment shares stay. The same through a deleted project.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_environment_or_project_takes_its_spans_and_own_blobs() {
+    let pool = database().await;
+    let a = environment(&pool, "p", "a").await;
+    let b = environment(&pool, "p", "b").await;
+    let other = environment(&pool, "q", "c").await;
+    let mut c = pool.acquire().await.unwrap();
+    store(&mut c, a, "only a").await;
+    store(&mut c, a, "shared").await;
+    store(&mut c, b, "only b").await;
+    store(&mut c, other, "shared").await;
+
+    let spans_of = |env: Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM resource_spans WHERE environment_id = $1",
+            )
+            .bind(env)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(spans_of(a).await, 2);
+    environments::delete_environment(&mut c, a).await.unwrap();
+    assert_eq!(spans_of(a).await, 0, "the environment's spans stayed");
+    assert!(!blob_exists(&pool, &hash_of("only a")).await);
+    assert!(blob_exists(&pool, &hash_of("shared")).await);
+
+    let project: Uuid = sqlx::query_scalar("SELECT id FROM projects WHERE name = 'p'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    environments::delete_project(&mut c, project).await.unwrap();
+    assert_eq!(
+        spans_of(b).await,
+        0,
+        "the project's environment's spans stayed"
+    );
+    assert!(!blob_exists(&pool, &hash_of("only b")).await);
+    assert!(blob_exists(&pool, &hash_of("shared")).await);
+    assert_readable(&pool, other, 1, "shared").await;
+}
