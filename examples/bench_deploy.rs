@@ -8,7 +8,8 @@
 //!   3. a version changing one file -> that file rewritten and the version done.
 //!
 //! Files go to a temp dir, or under $BENCH_DIR (e.g. /dev/shm, to separate the disk's cost
-//! of creating files from the orchestrator's).
+//! of creating files from the orchestrator's). BENCH_FIRST_ONLY=1 stops after step 1 (to
+//! profile it alone); BENCH_PG_STATS=1 prints what PostgreSQL wrote to the deploy tables.
 //!
 //! The executors are this program itself (`bench_deploy executor`), which runs the same
 //! library code as `steward executor`, so the benchmark needs no other binary built.
@@ -113,6 +114,16 @@ async fn print_table_stats(pool: &sqlx::PgPool, after: &str) {
     }
 }
 
+fn monotonic_secs() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
 async fn run(n: usize) {
     // handlers run as this user, as under `steward deploy` (a root server would give the
     // executors a uid of their own, which can not write into this process's temp dir)
@@ -147,6 +158,7 @@ async fn run(n: usize) {
 
     // 1. first deploy
     let e = export(&files, n, None);
+    let mono_start = monotonic_secs();
     let start = Instant::now();
     let v = c.upload(&env, &e, json!({})).await.expect("upload");
     let uploaded = start.elapsed().as_secs_f64();
@@ -169,6 +181,18 @@ async fn run(n: usize) {
         n as f64 / first
     );
     print_table_stats(&pool, "the first deploy").await;
+    // BENCH_FIRST_ONLY: stop here (to profile the first deploy alone: `perf record -k mono`,
+    // then `perf report --time` with the window printed here)
+    if std::env::var_os("BENCH_FIRST_ONLY").is_some() {
+        println!(
+            "first deploy on CLOCK_MONOTONIC: {mono_start:.6},{:.6}",
+            monotonic_secs()
+        );
+        schedulers.stop_all();
+        drop(pool);
+        let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
+        return;
+    }
 
     // 2. repair with nothing to change
     let mut repairs = Vec::new();

@@ -69,7 +69,7 @@ pub async fn upload(
         ));
     }
     let received = std::time::Instant::now();
-    let ApiJson(body) = ApiJson::<Upload>::from_request(request, &state).await?;
+    let ApiJson(mut body) = ApiJson::<Upload>::from_request(request, &state).await?;
     tracing::debug!(
         read_ms = received.elapsed().as_secs_f64() * 1e3,
         resources = body.export.resources.len(),
@@ -92,7 +92,7 @@ pub async fn upload(
         origin: "push",
         provenance,
     };
-    let stored = match &body.base {
+    let mut stored = match &body.base {
         None => versions::store(&mut tx, env.id, nv).await?,
         Some(base) => {
             versions::store_delta(
@@ -123,6 +123,10 @@ pub async fn upload(
         "upload stored"
     );
     if stored.auto_released {
+        // the scheduler reads these attributes next: from memory, not the database
+        if state.schedulers.is_some() {
+            versions::hand_over(&mut stored, &mut body.export);
+        }
         state.notifier.send(Event::Released {
             environment: env.id,
             version: stored.info.number,

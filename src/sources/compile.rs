@@ -515,7 +515,7 @@ async fn store_version(
     fence: Option<&crate::store::leases::Fence>,
     started: chrono::DateTime<Utc>,
     mut report: Report,
-    export: ExportFile,
+    mut export: ExportFile,
 ) -> CompileResult {
     // store as a version
     let at = begin();
@@ -572,7 +572,12 @@ async fn store_version(
     }
     .await;
     match stored {
-        Ok((s, meanwhile)) => {
+        Ok((mut s, meanwhile)) => {
+            // a scheduler of this process reads these attributes next (if none does, they
+            // are dropped after a few seconds)
+            if s.auto_released {
+                versions::hand_over(&mut s, &mut export);
+            }
             report.result.resolved_meanwhile = meanwhile;
             report.passed("store", at, &format!("version {}", s.info.number));
             report.result.success = true;

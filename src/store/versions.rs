@@ -97,6 +97,18 @@ pub struct Stored {
     pub auto_released: bool,
     /// Span rows the version opened (about the resources it changed or added).
     pub rows_opened: usize,
+    /// The attributes it stored: (index in the export's resources, content hash), for
+    /// [`hand_over`] once it is committed.
+    pub fresh_attributes: Vec<(usize, String)>,
+}
+
+/// After the commit of `stored`: hand the attributes it stored over to the scheduler that
+/// reads them next (moved out of `export`). See [`fresh`].
+pub fn hand_over(stored: &mut Stored, export: &mut ExportFile) {
+    fresh::hand_over(
+        &mut export.resources,
+        std::mem::take(&mut stored.fresh_attributes),
+    );
 }
 
 /// Rows opened by one version from which the planner's statistics of `resource_spans` are
@@ -132,6 +144,7 @@ pub fn refresh_statistics_after(pool: &sqlx::PgPool, stored: &Stored) {
     });
 }
 
+mod fresh;
 mod spans;
 mod write;
 
@@ -417,6 +430,26 @@ pub async fn attributes_by_hash(
             .fetch_all(e)
             .await?;
     Ok(rows.into_iter().collect())
+}
+
+/// The attributes of `hashes` as maps: those just handed over by a store in this process
+/// ([`hand_over`]) taken out of memory, the others read. For one reader that builds
+/// intents from them (the scheduler); what it takes is gone for others, who read it.
+pub async fn take_attributes(
+    e: impl PgExecutor<'_>,
+    mut hashes: Vec<String>,
+) -> Result<HashMap<String, fresh::AttributeMap>> {
+    let mut found = fresh::take(&mut hashes);
+    if hashes.is_empty() {
+        return Ok(found);
+    }
+    let rows: Vec<(String, sqlx::types::Json<fresh::AttributeMap>)> =
+        sqlx::query_as("SELECT hash, attributes FROM resource_blobs WHERE hash = ANY($1)")
+            .bind(&hashes)
+            .fetch_all(e)
+            .await?;
+    found.extend(rows.into_iter().map(|(h, a)| (h, a.0)));
+    Ok(found)
 }
 
 /// The whole version as an export file (what was uploaded, modulo key order).

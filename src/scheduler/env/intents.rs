@@ -18,7 +18,9 @@ impl EnvScheduler {
         version: i32,
         take: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
+        let t0 = std::time::Instant::now();
         let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
+        let t_digests = t0.elapsed();
         fn held(m: &Model, r: &store::versions::ResourceDigestRow) -> Option<usize> {
             m.get(&r.resource_id)
                 .filter(|&i| m.intents[i].hash == r.hash)
@@ -30,16 +32,14 @@ impl EnvScheduler {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
+        let mut blobs = store::versions::take_attributes(&self.pool, missing).await?;
         let mut intents = Vec::with_capacity(rows.len());
         for r in rows {
             let attributes = match held(&self.model, &r) {
                 Some(i) if take => std::mem::take(&mut self.model.intents[i].attributes),
                 Some(i) => self.model.intents[i].attributes.clone(),
-                None => blobs
-                    .get(&r.hash)
-                    .and_then(|v| v.as_object().cloned())
-                    .unwrap_or_default(),
+                // a hash covers the resource's id: no two rows share one
+                None => blobs.remove(&r.hash).unwrap_or_default(),
             };
             intents.push(Intent {
                 id: r.resource_id,
@@ -51,6 +51,11 @@ impl EnvScheduler {
                 undefined: r.undefined,
             });
         }
+        tracing::debug!(
+            environment = %self.env, version, resources = intents.len(),
+            digests_ms = t_digests.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "intents loaded"
+        );
         Ok(intents)
     }
 
@@ -71,16 +76,13 @@ impl EnvScheduler {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        let blobs = store::versions::attributes_by_hash(&self.pool, &missing).await?;
+        let mut blobs = store::versions::take_attributes(&self.pool, missing).await?;
         Ok(opened
             .into_iter()
             .map(|r| {
                 let attributes = match held(&self.model, &r) {
                     Some(i) => self.model.intents[i].attributes.clone(),
-                    None => blobs
-                        .get(&r.hash)
-                        .and_then(|v| v.as_object().cloned())
-                        .unwrap_or_default(),
+                    None => blobs.remove(&r.hash).unwrap_or_default(),
                 };
                 Intent {
                     id: r.resource_id,
@@ -141,6 +143,7 @@ impl EnvScheduler {
         if self.model.version.is_some_and(|v| v >= version) {
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
         // newer than the model's version: read only what changed between them
         let changes = match self.model.version {
             Some(old) => {
@@ -173,6 +176,7 @@ impl EnvScheduler {
                 self.model.merge(version, intents)
             }
         };
+        let t_merged = t0.elapsed();
         self.load_wanted_facts().await;
         let agents: Vec<String> = self.model.agents.iter().cloned().collect();
         let _ = store::deploy::ensure_agents(
@@ -250,7 +254,8 @@ impl EnvScheduler {
         self.batch.progress = Some(version);
         tracing::info!(
             environment = %self.env, version, new = merged.new.len(), updated = merged.updated.len(),
-            deleted = merged.deleted.len(), "version merged"
+            deleted = merged.deleted.len(), read_and_merged_ms = t_merged.as_secs_f64() * 1e3,
+            total_ms = t0.elapsed().as_secs_f64() * 1e3, "version merged"
         );
         Ok(())
     }

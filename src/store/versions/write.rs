@@ -395,21 +395,24 @@ async fn write(
     }
     let t_classified = t0.elapsed();
     // attributes, content-addressed: only those of new and changed resources can be missing
-    let given: HashMap<&str, &AttributeMap> = nv
+    let given: HashMap<&str, Given> = nv
         .export
         .resources
         .iter()
-        .map(|r| (r.id.0.as_str(), &r.attributes))
+        .enumerate()
+        .map(|(i, r)| (r.id.0.as_str(), (i, &r.attributes)))
         .collect();
     let mut sent = HashSet::new();
+    let mut fresh = Vec::new();
     let (blob_hashes, blob_attrs): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) = opened
         .iter()
         .filter(|(id, e)| against.base(id).is_none_or(|b| b.hash != e.hash))
         .filter(|(_, e)| sent.insert(e.hash.as_str()))
         .filter_map(|(id, e)| {
-            given
-                .get(id)
-                .map(|a| (e.hash.as_str(), sqlx::types::Json(*a)))
+            given.get(id).map(|&(i, a)| {
+                fresh.push((i, e.hash.clone()));
+                (e.hash.as_str(), sqlx::types::Json(a))
+            })
         })
         .unzip();
     hold_blobs(&mut *c, &blob_hashes, &blob_attrs).await?;
@@ -473,6 +476,7 @@ async fn write(
         info,
         auto_released,
         rows_opened,
+        fresh_attributes: fresh,
     })
 }
 
@@ -490,7 +494,10 @@ fn content_hash(manifest: &Manifest, export: &ExportFile) -> String {
     )
 }
 
-type AttributeMap = serde_json::Map<String, serde_json::Value>;
+use super::fresh::AttributeMap;
+
+/// A resource as sent: its place in the export and its attributes.
+type Given<'a> = (usize, &'a AttributeMap);
 
 /// Make sure the blobs `hashes` (with their `attributes`) exist until this transaction ends:
 /// insert those that are missing, and take a key-share lock on those that were already
@@ -580,7 +587,7 @@ async fn diff_entries(
     against: &Against<'_>,
     manifest: &Manifest,
     changes: &[(&str, ChangeKind)],
-    given: &HashMap<&str, &serde_json::Map<String, serde_json::Value>>,
+    given: &HashMap<&str, Given<'_>>,
 ) -> Result<Vec<DiffEntry>> {
     // the attributes before, and after where they were not given (an undefined flag flipped)
     let mut wanted: Vec<String> = Vec::new();
@@ -606,7 +613,7 @@ async fn diff_entries(
                 ChangeKind::Updated => {
                     let before = attrs_of(&base_hash(against, id));
                     let after = match given.get(id) {
-                        Some(a) => (*a).clone(),
+                        Some((_, a)) => (*a).clone(),
                         None => attrs_of(&manifest[*id].hash),
                     };
                     serde_json::to_value(diff::attribute_changes(&before, &after))
