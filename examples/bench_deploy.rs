@@ -188,6 +188,11 @@ async fn run(n: usize) {
             "first deploy on CLOCK_MONOTONIC: {mono_start:.6},{:.6}",
             monotonic_secs()
         );
+        let (pg_max, pg_sum) = common::pg_peak_rss_mib(&cluster);
+        println!(
+            "peak RSS after the first deploy: this process {:.0} MiB; PostgreSQL largest process {pg_max:.0} MiB, all {pg_sum:.0} MiB",
+            common::own_peak_rss_mib()
+        );
         schedulers.stop_all();
         drop(pool);
         let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;

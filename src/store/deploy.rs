@@ -146,99 +146,12 @@ pub async fn write_batch(
 ) -> Result<super::facts::SetOutcome> {
     // followers (console pages) re-read once this commits
     super::changes::notify(&mut *c, env).await?;
-    if !b.states.is_empty() {
-        let col = |f: &dyn Fn(&StateRow) -> Option<String>| -> Vec<Option<String>> {
-            b.states.iter().map(f).collect()
-        };
-        let ids: Vec<&str> = b.states.iter().map(|s| s.resource_id.as_str()).collect();
-        let agents: Vec<&str> = b.states.iter().map(|s| s.agent.as_str()).collect();
-        let iv: Vec<Option<i32>> = b.states.iter().map(|s| s.intent_version).collect();
-        let ih = col(&|s| s.intent_hash.clone());
-        let undef: Vec<bool> = b.states.iter().map(|s| s.undefined).collect();
-        let compliance: Vec<&str> = b.states.iter().map(|s| s.compliance.as_str()).collect();
-        let last_run: Vec<&str> = b.states.iter().map(|s| s.last_run.as_str()).collect();
-        let last_result = col(&|s| s.last_result.clone());
-        let last_message = col(&|s| s.last_message.clone());
-        let blocked: Vec<&str> = b.states.iter().map(|s| s.blocked.as_str()).collect();
-        let blocked_reason = col(&|s| s.blocked_reason.clone());
-        let last_run_hash = col(&|s| s.last_run_hash.clone());
-        let ts = |f: &dyn Fn(&StateRow) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
-            b.states.iter().map(f).collect()
-        };
-        let failures: Vec<i32> = b.states.iter().map(|s| s.failure_count).collect();
-        let orphaned: Vec<Option<i32>> = b.states.iter().map(|s| s.orphaned_after).collect();
-        sqlx::query(
-            "INSERT INTO resource_state (environment_id, resource_id, agent, intent_version, intent_hash, undefined, compliance, \
-             last_run, last_result, last_message, blocked, blocked_reason, last_run_hash, last_attempt, last_deployed, last_success, \
-             last_produced_events, failure_count, next_retry, deploying_since, orphaned_after, updated_at) \
-             SELECT $1, * , now() FROM unnest($2::text[], $3::text[], $4::int[], $5::text[], $6::bool[], $7::text[], $8::text[], \
-             $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::timestamptz[], \
-             $16::timestamptz[], $17::timestamptz[], $18::int[], $19::timestamptz[], $20::timestamptz[], $21::int[]) \
-             ON CONFLICT (environment_id, resource_id) DO UPDATE SET agent = EXCLUDED.agent, intent_version = EXCLUDED.intent_version, \
-             intent_hash = EXCLUDED.intent_hash, undefined = EXCLUDED.undefined, compliance = EXCLUDED.compliance, \
-             last_run = EXCLUDED.last_run, last_result = EXCLUDED.last_result, last_message = EXCLUDED.last_message, \
-             blocked = EXCLUDED.blocked, blocked_reason = EXCLUDED.blocked_reason, last_run_hash = EXCLUDED.last_run_hash, \
-             last_attempt = EXCLUDED.last_attempt, last_deployed = EXCLUDED.last_deployed, last_success = EXCLUDED.last_success, \
-             last_produced_events = EXCLUDED.last_produced_events, failure_count = EXCLUDED.failure_count, \
-             next_retry = EXCLUDED.next_retry, deploying_since = EXCLUDED.deploying_since, \
-             orphaned_after = EXCLUDED.orphaned_after, updated_at = now()",
-        )
-        .bind(env)
-        .bind(&ids)
-        .bind(&agents)
-        .bind(&iv)
-        .bind(&ih)
-        .bind(&undef)
-        .bind(&compliance)
-        .bind(&last_run)
-        .bind(&last_result)
-        .bind(&last_message)
-        .bind(&blocked)
-        .bind(&blocked_reason)
-        .bind(&last_run_hash)
-        .bind(ts(&|s| s.last_attempt))
-        .bind(ts(&|s| s.last_deployed))
-        .bind(ts(&|s| s.last_success))
-        .bind(ts(&|s| s.last_produced_events))
-        .bind(&failures)
-        .bind(ts(&|s| s.next_retry))
-        .bind(ts(&|s| s.deploying_since))
-        .bind(&orphaned)
-        .execute(&mut *c)
-        .await?;
+    let rows = super::ROWS_PER_STATEMENT;
+    for states in b.states.chunks(rows) {
+        write_states(&mut *c, env, states).await?;
     }
-    if !b.actions.is_empty() {
-        let a = &b.actions;
-        let ids: Vec<Uuid> = a.iter().map(|x| x.id).collect();
-        let versions: Vec<i32> = a.iter().map(|x| x.version).collect();
-        let rids: Vec<&str> = a.iter().map(|x| x.resource_id.as_str()).collect();
-        let kinds: Vec<&str> = a.iter().map(|x| x.action.as_str()).collect();
-        let started: Vec<DateTime<Utc>> = a.iter().map(|x| x.started_at).collect();
-        let finished: Vec<Option<DateTime<Utc>>> = a.iter().map(|x| x.finished_at).collect();
-        let status: Vec<&str> = a.iter().map(|x| x.status.as_str()).collect();
-        let change: Vec<&str> = a.iter().map(|x| x.change.as_str()).collect();
-        let changes: Vec<&serde_json::Value> = a.iter().map(|x| &x.changes).collect();
-        let messages: Vec<&serde_json::Value> = a.iter().map(|x| &x.messages).collect();
-        sqlx::query(
-            "INSERT INTO resource_actions (environment_id, id, version, resource_id, action, started_at, finished_at, status, \
-             change, changes, messages) SELECT $1, * FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], \
-             $6::timestamptz[], $7::timestamptz[], $8::text[], $9::text[], $10::jsonb[], $11::jsonb[]) \
-             ON CONFLICT (id) DO UPDATE SET finished_at = EXCLUDED.finished_at, status = EXCLUDED.status, \
-             change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages",
-        )
-        .bind(env)
-        .bind(&ids)
-        .bind(&versions)
-        .bind(&rids)
-        .bind(&kinds)
-        .bind(&started)
-        .bind(&finished)
-        .bind(&status)
-        .bind(&change)
-        .bind(&changes)
-        .bind(&messages)
-        .execute(&mut *c)
-        .await?;
+    for actions in b.actions.chunks(rows) {
+        write_actions(&mut *c, env, actions).await?;
     }
     if !b.orphaned.is_empty() {
         let ids: Vec<&str> = b.orphaned.iter().map(|o| o.0.as_str()).collect();
@@ -295,6 +208,106 @@ pub async fn write_batch(
         return Ok(super::facts::SetOutcome::default());
     }
     super::facts::set_many(&mut *c, env, &b.facts).await
+}
+
+/// Insert or update resource states.
+async fn write_states(c: &mut PgConnection, env: Uuid, states: &[StateRow]) -> Result<()> {
+    let col = |f: &dyn Fn(&StateRow) -> Option<String>| -> Vec<Option<String>> {
+        states.iter().map(f).collect()
+    };
+    let ids: Vec<&str> = states.iter().map(|s| s.resource_id.as_str()).collect();
+    let agents: Vec<&str> = states.iter().map(|s| s.agent.as_str()).collect();
+    let iv: Vec<Option<i32>> = states.iter().map(|s| s.intent_version).collect();
+    let ih = col(&|s| s.intent_hash.clone());
+    let undef: Vec<bool> = states.iter().map(|s| s.undefined).collect();
+    let compliance: Vec<&str> = states.iter().map(|s| s.compliance.as_str()).collect();
+    let last_run: Vec<&str> = states.iter().map(|s| s.last_run.as_str()).collect();
+    let last_result = col(&|s| s.last_result.clone());
+    let last_message = col(&|s| s.last_message.clone());
+    let blocked: Vec<&str> = states.iter().map(|s| s.blocked.as_str()).collect();
+    let blocked_reason = col(&|s| s.blocked_reason.clone());
+    let last_run_hash = col(&|s| s.last_run_hash.clone());
+    let ts = |f: &dyn Fn(&StateRow) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
+        states.iter().map(f).collect()
+    };
+    let failures: Vec<i32> = states.iter().map(|s| s.failure_count).collect();
+    let orphaned: Vec<Option<i32>> = states.iter().map(|s| s.orphaned_after).collect();
+    sqlx::query(
+        "INSERT INTO resource_state (environment_id, resource_id, agent, intent_version, intent_hash, undefined, compliance, \
+         last_run, last_result, last_message, blocked, blocked_reason, last_run_hash, last_attempt, last_deployed, last_success, \
+         last_produced_events, failure_count, next_retry, deploying_since, orphaned_after, updated_at) \
+         SELECT $1, * , now() FROM unnest($2::text[], $3::text[], $4::int[], $5::text[], $6::bool[], $7::text[], $8::text[], \
+         $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::timestamptz[], \
+         $16::timestamptz[], $17::timestamptz[], $18::int[], $19::timestamptz[], $20::timestamptz[], $21::int[]) \
+         ON CONFLICT (environment_id, resource_id) DO UPDATE SET agent = EXCLUDED.agent, intent_version = EXCLUDED.intent_version, \
+         intent_hash = EXCLUDED.intent_hash, undefined = EXCLUDED.undefined, compliance = EXCLUDED.compliance, \
+         last_run = EXCLUDED.last_run, last_result = EXCLUDED.last_result, last_message = EXCLUDED.last_message, \
+         blocked = EXCLUDED.blocked, blocked_reason = EXCLUDED.blocked_reason, last_run_hash = EXCLUDED.last_run_hash, \
+         last_attempt = EXCLUDED.last_attempt, last_deployed = EXCLUDED.last_deployed, last_success = EXCLUDED.last_success, \
+         last_produced_events = EXCLUDED.last_produced_events, failure_count = EXCLUDED.failure_count, \
+         next_retry = EXCLUDED.next_retry, deploying_since = EXCLUDED.deploying_since, \
+         orphaned_after = EXCLUDED.orphaned_after, updated_at = now()",
+    )
+    .bind(env)
+    .bind(&ids)
+    .bind(&agents)
+    .bind(&iv)
+    .bind(&ih)
+    .bind(&undef)
+    .bind(&compliance)
+    .bind(&last_run)
+    .bind(&last_result)
+    .bind(&last_message)
+    .bind(&blocked)
+    .bind(&blocked_reason)
+    .bind(&last_run_hash)
+    .bind(ts(&|s| s.last_attempt))
+    .bind(ts(&|s| s.last_deployed))
+    .bind(ts(&|s| s.last_success))
+    .bind(ts(&|s| s.last_produced_events))
+    .bind(&failures)
+    .bind(ts(&|s| s.next_retry))
+    .bind(ts(&|s| s.deploying_since))
+    .bind(&orphaned)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
+/// Insert action records, or complete those already written.
+async fn write_actions(c: &mut PgConnection, env: Uuid, actions: &[ActionRecord]) -> Result<()> {
+    let a = actions;
+    let ids: Vec<Uuid> = a.iter().map(|x| x.id).collect();
+    let versions: Vec<i32> = a.iter().map(|x| x.version).collect();
+    let rids: Vec<&str> = a.iter().map(|x| x.resource_id.as_str()).collect();
+    let kinds: Vec<&str> = a.iter().map(|x| x.action.as_str()).collect();
+    let started: Vec<DateTime<Utc>> = a.iter().map(|x| x.started_at).collect();
+    let finished: Vec<Option<DateTime<Utc>>> = a.iter().map(|x| x.finished_at).collect();
+    let status: Vec<&str> = a.iter().map(|x| x.status.as_str()).collect();
+    let change: Vec<&str> = a.iter().map(|x| x.change.as_str()).collect();
+    let changes: Vec<&serde_json::Value> = a.iter().map(|x| &x.changes).collect();
+    let messages: Vec<&serde_json::Value> = a.iter().map(|x| &x.messages).collect();
+    sqlx::query(
+        "INSERT INTO resource_actions (environment_id, id, version, resource_id, action, started_at, finished_at, status, \
+         change, changes, messages) SELECT $1, * FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], \
+         $6::timestamptz[], $7::timestamptz[], $8::text[], $9::text[], $10::jsonb[], $11::jsonb[]) \
+         ON CONFLICT (id) DO UPDATE SET finished_at = EXCLUDED.finished_at, status = EXCLUDED.status, \
+         change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages",
+    )
+    .bind(env)
+    .bind(&ids)
+    .bind(&versions)
+    .bind(&rids)
+    .bind(&kinds)
+    .bind(&started)
+    .bind(&finished)
+    .bind(&status)
+    .bind(&change)
+    .bind(&changes)
+    .bind(&messages)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
 }
 
 // ------------------------------------------------------------------------ agents

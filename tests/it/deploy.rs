@@ -594,3 +594,61 @@ async fn new_intent_preempts_a_running_repair() {
     })
     .await;
 }
+
+/// A version of more resources than one statement writes (`store::ROWS_PER_STATEMENT`): its
+/// attributes, spans, states and action records are written in several statements, and
+/// it is stored, read back and deployed whole, with one state and one action per resource.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_larger_than_one_statement_is_stored_and_deployed_whole() {
+    let (srv, c, env, dir) = deploying_env("large", json!({})).await;
+    let n = 2 * steward::store::ROWS_PER_STATEMENT + 1;
+    let files: Vec<Resource> = (0..n)
+        .map(|i| {
+            let path = format!("{}/f{i:05}", dir.path().display());
+            fs_file(AGENT, &path, &format!("content {i}\n"), &[])
+        })
+        .collect();
+    let v = upload(&c, &env, files.clone()).await;
+    let stored = c.version_resources(&env, v).await.unwrap();
+    assert_eq!(stored.len(), n);
+    for (sent, got) in files.iter().zip(&stored) {
+        assert_eq!(sent.id.0, got.resource_id);
+        assert_eq!(
+            serde_json::Value::Object(sent.attributes.clone()),
+            got.attributes
+        );
+    }
+    let p = wait_deployed(&c, &env, v, 120).await;
+    assert_eq!(p["by_status"]["deployed"], n, "{p}");
+    for i in [0, n / 2, n - 1] {
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(format!("f{i:05}"))).unwrap(),
+            format!("content {i}\n")
+        );
+    }
+    let env_id = uuid::Uuid::parse_str(&env).unwrap();
+    let count = |sql: &'static str| {
+        let pool = srv.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(env_id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM resource_state WHERE environment_id = $1 AND last_result = 'deployed'").await,
+        n as i64
+    );
+    // the records are written in batches after the states: wait for the last ones
+    eventually(30, "an action record per resource", || async {
+        (count(
+            "SELECT count(*) FROM resource_actions WHERE environment_id = $1 AND status = 'deployed'",
+        )
+        .await
+            == n as i64)
+            .then_some(())
+    })
+    .await;
+}

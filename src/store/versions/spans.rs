@@ -77,9 +77,19 @@ pub async fn advance(
         .execute(&mut *c)
         .await?;
     }
-    if opened.is_empty() {
-        return Ok(());
+    for chunk in opened.chunks(crate::store::ROWS_PER_STATEMENT) {
+        open_rows(&mut *c, env, number, chunk).await?;
     }
+    Ok(())
+}
+
+/// Insert the open rows of `opened` resources, first in version `number`.
+async fn open_rows(
+    c: &mut PgConnection,
+    env: Uuid,
+    number: i32,
+    opened: &[(&str, &Entry)],
+) -> Result<()> {
     let ids: Vec<&str> = opened.iter().map(|(id, _)| *id).collect();
     let types: Vec<&str> = opened
         .iter()

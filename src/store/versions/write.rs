@@ -510,6 +510,18 @@ async fn hold_blobs(
     hashes: &[&str],
     attributes: &[sqlx::types::Json<&AttributeMap>],
 ) -> Result<()> {
+    let rows = crate::store::ROWS_PER_STATEMENT;
+    for (h, a) in hashes.chunks(rows).zip(attributes.chunks(rows)) {
+        hold_blob_chunk(&mut *c, h, a).await?;
+    }
+    Ok(())
+}
+
+async fn hold_blob_chunk(
+    c: &mut PgConnection,
+    hashes: &[&str],
+    attributes: &[sqlx::types::Json<&AttributeMap>],
+) -> Result<()> {
     let mut todo: Vec<usize> = (0..hashes.len()).collect();
     // a blob can only go missing again while a collector deletes it between our insert and
     // our lock: one more round normally settles it
