@@ -152,6 +152,15 @@ impl Schedulers {
         }
     }
 
+    /// Whether `env`'s scheduler runs here (on a single server: always; among replicas:
+    /// when this one holds the environment).
+    pub fn owns(&self, env: Uuid) -> bool {
+        match &self.0.tenures {
+            Some(t) => t.lock().expect("tenures").contains_key(&env),
+            None => true,
+        }
+    }
+
     /// The control channel of `env`'s scheduler, starting it when needed; None when
     /// another replica owns the environment.
     fn sender(&self, env: Uuid) -> Option<mpsc::UnboundedSender<Control>> {

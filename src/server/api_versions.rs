@@ -124,7 +124,7 @@ pub async fn upload(
     );
     if stored.auto_released {
         // the scheduler reads these attributes next: from memory, not the database
-        if state.schedulers.is_some() {
+        if state.schedulers.as_ref().is_some_and(|s| s.owns(env.id)) {
             versions::hand_over(&mut stored, &mut body.export);
         }
         state.notifier.send(Event::Released {
