@@ -144,7 +144,8 @@ pub async fn delete_project(c: &mut PgConnection, id: Uuid) -> Result<()> {
     if r.rows_affected() == 0 {
         return Err(StoreError::NotFound(format!("project {id}")));
     }
-    super::versions::collect_blobs(c, &hashes).await
+    super::versions::collect_blobs(c, &hashes).await?;
+    Ok(())
 }
 
 /// Lock environments that are about to be deleted (waiting for a version being stored in
@@ -304,7 +305,8 @@ pub async fn delete_environment(c: &mut PgConnection, id: Uuid) -> Result<()> {
         .bind(id)
         .execute(&mut *c)
         .await?;
-    super::versions::collect_blobs(c, &hashes).await
+    super::versions::collect_blobs(c, &hashes).await?;
+    Ok(())
 }
 
 /// Take the environment's row lock for the rest of the transaction (serializes version

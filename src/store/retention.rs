@@ -25,6 +25,9 @@ pub struct Pruned {
     pub outbox: u64,
     pub audit: u64,
     pub code_blobs: u64,
+    /// Resource attributes no version refers to (left by a store that rolled back after
+    /// the collector skipped them, or by environments deleted before blobs were collected).
+    pub resource_blobs: u64,
     pub console_sessions: u64,
     /// Leases and list entries of agents no version uses.
     pub agent_leases: u64,
@@ -44,6 +47,7 @@ impl Pruned {
             + self.outbox
             + self.audit
             + self.code_blobs
+            + self.resource_blobs
             + self.console_sessions
             + self.agent_leases
             + self.facts
@@ -211,6 +215,7 @@ pub async fn prune_global(pool: &PgPool, audit_days: u32) -> Result<Pruned> {
         |q| q,
     )
     .await?;
+    p.resource_blobs += prune_resource_blobs(pool).await?;
     p.console_sessions += drain(
         pool,
         "DELETE FROM console_sessions WHERE secret_hash IN (SELECT secret_hash FROM console_sessions \
@@ -239,6 +244,33 @@ pub async fn prune_global(pool: &PgPool, audit_days: u32) -> Result<Pruned> {
     )
     .await?;
     Ok(p)
+}
+
+/// Resource attributes no span refers to: found without locks, then collected as a
+/// version deletion collects them (each locked first, skipping one a store in progress
+/// holds, and deleted only if no span refers to it in a snapshot taken after the lock).
+async fn prune_resource_blobs(pool: &PgPool) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        let unused: Vec<String> = sqlx::query_scalar(
+            "SELECT b.hash FROM resource_blobs b \
+             WHERE NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash) LIMIT 5000",
+        )
+        .fetch_all(pool)
+        .await?;
+        if unused.is_empty() {
+            return Ok(total);
+        }
+        let mut tx = pool.begin().await?;
+        let n = super::versions::collect_blobs(&mut tx, &unused).await?;
+        tx.commit().await?;
+        total += n;
+        // what is left was held by stores: their spans refer to it now, or the next pass
+        // finds it again
+        if (unused.len() as i64) < BATCH || n == 0 {
+            return Ok(total);
+        }
+    }
 }
 
 /// Prune every environment and the global tables, every `every`, for ever. A failed pass

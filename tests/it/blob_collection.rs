@@ -298,3 +298,50 @@ async fn a_deleted_environment_or_project_takes_its_spans_and_own_blobs() {
     assert!(blob_exists(&pool, &hash_of("shared")).await);
     assert_readable(&pool, other, 1, "shared").await;
 }
+
+/// The retention pass collects attributes no span refers to (those a collector skipped for
+/// a store that then rolled back, and those of environments deleted before environments
+/// took their blobs along), and keeps one that a store in progress holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_retention_pass_collects_attributes_nothing_refers_to() {
+    let pool = database().await;
+    let a = environment(&pool, "p", "a").await;
+    let b = environment(&pool, "p", "b").await;
+    let mut c = pool.acquire().await.unwrap();
+    store(&mut c, a, "kept").await;
+    drop(c);
+    let orphan = |content: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("INSERT INTO resource_blobs (hash, attributes) VALUES ($1, $2)")
+                .bind(hash_of(content))
+                .bind(json!({"path": "/f", "content": content}))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    orphan("left behind").await;
+    orphan("held").await;
+    // a store in progress refers to "held", which exists but no span refers to yet
+    let mut tx_b = pool.begin().await.unwrap();
+    let number = store(&mut tx_b, b, "held").await;
+    let pruned = tokio::time::timeout(
+        Duration::from_secs(10),
+        steward::store::retention::prune_global(&pool, 90),
+    )
+    .await
+    .expect("the pass does not wait for the store")
+    .unwrap();
+    assert_eq!(pruned.resource_blobs, 1, "{pruned:?}");
+    assert!(!blob_exists(&pool, &hash_of("left behind")).await);
+    assert!(blob_exists(&pool, &hash_of("held")).await);
+    assert!(blob_exists(&pool, &hash_of("kept")).await);
+    tx_b.commit().await.unwrap();
+    assert_readable(&pool, b, number, "held").await;
+    let again = steward::store::retention::prune_global(&pool, 90)
+        .await
+        .unwrap();
+    assert_eq!(again.resource_blobs, 0, "{again:?}");
+    assert_readable(&pool, a, 1, "kept").await;
+}

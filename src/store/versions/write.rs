@@ -565,14 +565,18 @@ async fn hold_blob_chunk(
     )))
 }
 
-/// Delete the blobs among `hashes` that no span refers to any more. Each is locked first;
-/// one that a store in progress holds ([`hold_blobs`]) is skipped, as it is in use, rather
-/// than waited for (waiting here, while this transaction may hold blobs another collector
-/// waits for, is how two environments' stores would deadlock). The delete's own snapshot,
-/// taken after the locks, sees the spans of every store that held one of them before.
-pub(in crate::store) async fn collect_blobs(c: &mut PgConnection, hashes: &[String]) -> Result<()> {
+/// Delete the blobs among `hashes` that no span refers to any more; how many went. Each is
+/// locked first; one that a store in progress holds ([`hold_blobs`]) is skipped, as it is
+/// in use, rather than waited for (waiting here, while this transaction may hold blobs
+/// another collector waits for, is how two environments' stores would deadlock). The
+/// delete's own snapshot, taken after the locks, sees the spans of every store that held
+/// one of them before.
+pub(in crate::store) async fn collect_blobs(
+    c: &mut PgConnection,
+    hashes: &[String],
+) -> Result<u64> {
     if hashes.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let locked: Vec<String> = sqlx::query_scalar(
         "SELECT hash FROM resource_blobs WHERE hash = ANY($1) FOR UPDATE SKIP LOCKED",
@@ -581,16 +585,16 @@ pub(in crate::store) async fn collect_blobs(c: &mut PgConnection, hashes: &[Stri
     .fetch_all(&mut *c)
     .await?;
     if locked.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
-    sqlx::query(
+    let deleted = sqlx::query(
         "DELETE FROM resource_blobs b WHERE b.hash = ANY($1) \
          AND NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash)",
     )
     .bind(&locked)
     .execute(&mut *c)
     .await?;
-    Ok(())
+    Ok(deleted.rows_affected())
 }
 
 /// The diff entries of `changes` (sorted by id): attribute changes of the updated ones.
@@ -747,7 +751,8 @@ pub(super) async fn delete_unchecked(
         .execute(&mut *c)
         .await?;
     let hashes = spans::forget(&mut *c, env, numbers).await?;
-    collect_blobs(c, &hashes).await
+    collect_blobs(c, &hashes).await?;
+    Ok(())
 }
 
 /// Keep the newest `keep` versions and the active one.
