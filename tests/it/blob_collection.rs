@@ -345,3 +345,89 @@ async fn the_retention_pass_collects_attributes_nothing_refers_to() {
     assert_eq!(again.resource_blobs, 0, "{again:?}");
     assert_readable(&pool, a, 1, "kept").await;
 }
+
+/// The retention pass (every 200 ms) and two environments that store a version every few
+/// ms and keep only their newest two, sharing their contents, for 20 s: every kept version
+/// reads back whole, no span is left without its blob, and the blobs kept stay within what
+/// the kept versions refer to, all along.
+#[tokio::test(flavor = "multi_thread")]
+async fn stores_retention_and_the_pass_over_twenty_seconds_keep_exactly_what_versions_use() {
+    let pool = database().await;
+    let settings = EnvSettings {
+        auto_release: false,
+        version_retention: 2,
+        ..Default::default()
+    };
+    let p = environments::create_project(&pool, "p").await.unwrap().id;
+    let mut envs = Vec::new();
+    for name in ["a", "b"] {
+        envs.push(
+            environments::create_environment(&pool, p, name, &settings)
+                .await
+                .unwrap(),
+        );
+    }
+    let pruner = tokio::spawn(steward::store::retention::run(
+        pool.clone(),
+        Duration::from_millis(200),
+    ));
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let mut writers = Vec::new();
+    for (i, env) in envs.iter().copied().enumerate() {
+        let pool = pool.clone();
+        writers.push(tokio::spawn(async move {
+            let mut round = 0usize;
+            let mut c = pool.acquire().await.unwrap();
+            while std::time::Instant::now() < until {
+                // a new content each round, the same sequence in both environments, one
+                // apart: without collection the blobs grow by one per round
+                store(&mut c, env, &format!("content {}", round + i)).await;
+                round += 1;
+            }
+            round
+        }));
+    }
+    let mut most_blobs = 0;
+    while std::time::Instant::now() < until {
+        let blobs: i64 = sqlx::query_scalar("SELECT count(*) FROM resource_blobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        most_blobs = most_blobs.max(blobs);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut rounds = 0;
+    for w in writers {
+        rounds += w.await.unwrap();
+    }
+    pruner.abort();
+    assert!(rounds > 100, "only {rounds} versions stored in 20 s");
+    // two environments keep two versions of one resource each: at most 4 contents in use,
+    // and what a store in progress adds or a collector skipped for a moment
+    assert!(
+        most_blobs <= 10,
+        "{most_blobs} blobs at once ({rounds} versions stored)"
+    );
+    for env in envs {
+        let kept: Vec<i32> =
+            sqlx::query_scalar("SELECT number FROM versions WHERE environment_id = $1")
+                .bind(env)
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        for n in kept {
+            let read = versions::resources(&pool, env, n).await.unwrap();
+            assert_eq!(read.len(), 1, "version {n} lost its resource");
+            assert!(read[0].attributes["content"].is_string());
+        }
+    }
+    let dangling: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM resource_spans s WHERE NOT EXISTS \
+         (SELECT 1 FROM resource_blobs b WHERE b.hash = s.hash)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dangling, 0);
+}
