@@ -1,9 +1,11 @@
 //! Compile benchmark: `cargo run --release --example bench_compile -- N [RUNS]`
 //!
 //! Generates the compile-kind model of ../shared/bench/gen_model.py for N hosts (the same
-//! text, ported here so the benchmark needs nothing outside the project), compiles it in
-//! process, checks the std::print lines against the generator's expectation, and prints the
-//! time and the peak memory (VmHWM) of the process.
+//! text, ported here so the benchmark needs nothing outside the project), compiles it RUNS
+//! times, each in a fresh process of its own that ends after it (as `steward compile` does:
+//! the compiler's memory is left to the exit, not freed), checks the std::print lines
+//! against the generator's expectation, and prints the median time and the peak memory
+//! (VmHWM) of a run.
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -277,12 +279,55 @@ fn peak_rss_mb() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// One timed compile in this process, which then ends, as `steward compile` runs: the
+/// compiler's memory is not freed (`process_ends_after`), and the peak memory is this
+/// compile's alone. Prints `time_s peak_rss_mb instances` for the parent.
+fn run_one(dir: &std::path::Path, n: usize) -> ! {
+    let (_, expected, _) = generate(n);
+    let mut lines = Vec::new();
+    let start = Instant::now();
+    let outcome = compiler::compile(
+        &CompileOptions {
+            project_dir: dir.to_path_buf(),
+            main_file: None,
+            export: false,
+            process_ends_after: true,
+            ..Default::default()
+        },
+        &mut |l| lines.push(l.to_string()),
+    );
+    let elapsed = start.elapsed();
+    if let Err(errors) = &outcome.result {
+        for e in errors {
+            eprintln!("{}", e.resolve(&outcome.sources));
+        }
+        std::process::exit(2);
+    }
+    lines.sort();
+    if lines != expected {
+        eprintln!("MISMATCH: output differs from the generator's expectation");
+        std::process::exit(1);
+    }
+    println!(
+        "{} {} {}",
+        elapsed.as_secs_f64(),
+        peak_rss_mb(),
+        outcome.stats.instances
+    );
+    std::process::exit(0)
+}
+
+const CHILD: &str = "BENCH_COMPILE_PROJECT";
+
 fn main() {
     // as `steward compile` runs
     steward::alloc::no_huge_pages_for_this_process();
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    if let Some(dir) = std::env::var_os(CHILD) {
+        run_one(std::path::Path::new(&dir), n);
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let (model, expected, instances) = generate(n);
     std::fs::write(
@@ -291,44 +336,42 @@ fn main() {
     )
     .unwrap();
     std::fs::write(dir.path().join("main.cf"), model).unwrap();
+    // each run in a process of its own, so that each is a first compile in a fresh
+    // process and its memory is its own, as with `steward compile`
+    let exe = std::env::current_exe().expect("own executable");
     let mut times = Vec::new();
+    let mut peak: f64 = 0.0;
     for run in 0..runs {
-        let mut lines = Vec::new();
-        let start = Instant::now();
-        let outcome = compiler::compile(
-            &CompileOptions {
-                project_dir: dir.path().to_path_buf(),
-                main_file: None,
-                export: false,
-                ..Default::default()
-            },
-            &mut |l| lines.push(l.to_string()),
-        );
-        let elapsed = start.elapsed();
-        if let Err(errors) = &outcome.result {
-            for e in errors {
-                eprintln!("{}", e.resolve(&outcome.sources));
-            }
-            std::process::exit(2);
+        let out = std::process::Command::new(&exe)
+            .arg(n.to_string())
+            .env(CHILD, dir.path())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run the compile");
+        if !out.status.success() {
+            std::process::exit(out.status.code().unwrap_or(2));
         }
-        lines.sort();
-        if lines != expected {
-            eprintln!("MISMATCH: output differs from the generator's expectation");
-            std::process::exit(1);
-        }
-        times.push(elapsed.as_secs_f64());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        let (time, rss, compiled): (f64, f64, usize) = match fields.as_slice() {
+            [t, r, c] => (
+                t.parse().unwrap_or(f64::NAN),
+                r.parse().unwrap_or(f64::NAN),
+                c.parse().unwrap_or(0),
+            ),
+            _ => panic!("unexpected output of a run: {text}"),
+        };
+        times.push(time);
+        peak = peak.max(rss);
         println!(
-            "run {}: N={n} instances={instances} (compiled {}) time {:.3} s",
-            run + 1,
-            outcome.stats.instances,
-            elapsed.as_secs_f64()
+            "run {}: N={n} instances={instances} (compiled {compiled}) time {time:.3} s",
+            run + 1
         );
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!(
-        "N={n} instances={instances} median {:.3} s, peak RSS {:.0} MB, output OK ({} lines)",
+        "N={n} instances={instances} median {:.3} s, peak RSS {peak:.0} MB, output OK ({} lines)",
         times[times.len() / 2],
-        peak_rss_mb(),
         expected.len()
     );
 }
