@@ -5,7 +5,8 @@
 //!
 //! Invariants: one run per data dir at a time (an exclusive lock, released by the kernel
 //! however the run ends); the cluster is stopped when the run stops, and by a watchdog when
-//! the run is killed (unless a newer run holds the lock by then and uses the cluster).
+//! the run is killed (unless a newer run holds the lock by then and uses the cluster). A run
+//! that stops its cluster itself ends its watchdog too: nothing of it outlives the command.
 
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -77,6 +78,7 @@ pub struct Runtime {
     schedulers: Schedulers,
     token: Uuid,
     server: tokio::task::JoinHandle<()>,
+    watchdog: Option<Watchdog>,
     _lock: DirLock,
 }
 
@@ -95,7 +97,7 @@ impl Runtime {
             tokio::task::spawn_blocking(move || crate::server::start::start_private_cluster(&root))
                 .await
                 .expect("cluster start task")?;
-        stop_cluster_when_gone(&cluster, std::process::id(), &lock_path);
+        let watchdog = stop_cluster_when_gone(&cluster, std::process::id(), &lock_path);
         let supervisor = cluster.supervise(true);
         let pool = store::connect(&cluster.url("steward"), 8).await?;
         store::migrate(&pool).await?;
@@ -142,6 +144,7 @@ impl Runtime {
             schedulers,
             token: token.id,
             server,
+            watchdog,
             _lock: lock,
         })
     }
@@ -157,15 +160,40 @@ impl Runtime {
         self.pool.close().await;
         let cluster = self.cluster;
         let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
-        if let Ok(Err(e)) = stopped {
-            tracing::warn!(error = %e, "stopping the private PostgreSQL cluster failed");
+        match stopped {
+            // stopped: the watchdog has nothing left to do. Left alone it would wake within
+            // a second, take the data dir's lock (creating the lock file again in a data
+            // dir the user may be deleting by then) and stop a stopped cluster.
+            Ok(Ok(())) => {
+                if let Some(w) = self.watchdog {
+                    w.end();
+                }
+            }
+            // not stopped: the watchdog stops it once this process is gone
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "stopping the private PostgreSQL cluster failed")
+            }
+            Err(e) => tracing::warn!(error = %e, "stopping the private PostgreSQL cluster failed"),
         }
+    }
+}
+
+/// The watchdog's shell, leader of a process group of its own (with the `sleep` it waits in).
+struct Watchdog(std::process::Child);
+
+impl Watchdog {
+    fn end(mut self) {
+        let pgid = self.0.id() as libc::pid_t;
+        // SAFETY: kill(2) on the process group the watchdog leads (`process_group(0)`); it is
+        // our child and not yet reaped, so the id is still its own
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = self.0.wait();
     }
 }
 
 /// A watchdog: once `pid` is gone, stop the cluster, but only while no newer run holds the
 /// data dir's lock (flock waits for it; the newer run stops the cluster itself).
-fn stop_cluster_when_gone(cluster: &PgCluster, pid: u32, lock: &Path) {
+fn stop_cluster_when_gone(cluster: &PgCluster, pid: u32, lock: &Path) -> Option<Watchdog> {
     // a fixed script: the pid, the lock file and the stop command are positional parameters,
     // so no path is ever parsed by the shell
     const SCRIPT: &str = r#"pid=$1; lock=$2; shift 2
@@ -183,7 +211,11 @@ exec flock -- "$lock" "$@" >/dev/null 2>&1"#;
         .stderr(Stdio::null())
         .process_group(0)
         .spawn();
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no watchdog for the private PostgreSQL cluster");
+    match spawned {
+        Ok(child) => Some(Watchdog(child)),
+        Err(e) => {
+            tracing::warn!(error = %e, "no watchdog for the private PostgreSQL cluster");
+            None
+        }
     }
 }

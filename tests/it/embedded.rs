@@ -134,6 +134,47 @@ fn quickstart_deploys_then_changes_only_what_changed() {
     );
 }
 
+/// Processes with an argument under `dir` (pid and command line), other than this one.
+fn processes_naming(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        // a process may end while it is read: nothing to report then
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| Path::new(a).starts_with(dir)) {
+            found.push(format!("{pid}: {}", args.join(" ")));
+        }
+    }
+    found
+}
+
+/// A run that ends normally stops its cluster and ends the watchdog it started for a killed
+/// run: nothing of it is left running. (Left alone, the watchdog woke within a second, took
+/// the data dir's lock, creating the lock file again in a data dir that may be being deleted
+/// by then, and stopped a stopped cluster; test runs left such directories behind in /tmp.)
+#[test]
+fn nothing_of_a_finished_run_outlives_it() {
+    let (_tmp, dir) = quickstart();
+    let first = deploy(&dir, &[]);
+    assert!(first.status.success(), "{}", text(&first));
+    let left = processes_naming(&dir);
+    assert!(
+        left.is_empty(),
+        "still running after `steward deploy` ended: {left:#?}"
+    );
+}
+
 #[test]
 fn failures_give_a_nonzero_exit_with_their_messages() {
     let tmp = tempfile::tempdir().unwrap();

@@ -26,6 +26,27 @@ pub fn cluster() -> &'static PgCluster {
     })
 }
 
+/// A directory of this test process's own (mode 0711: processes the tests run as other users
+/// can pass through it), removed once the process has exited. Data dirs of servers go here:
+/// work a server started (a git fetch in a blocking thread, an executor writing its code
+/// dir's lock) may still write into one while the test's `TempDir` removes it, which then
+/// fails half done; what is left goes with this directory.
+#[allow(dead_code)]
+pub fn scratch() -> &'static Path {
+    static SCRATCH: OnceLock<PathBuf> = OnceLock::new();
+    SCRATCH.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("steward-it-{}-", std::process::id()))
+            .tempdir()
+            .unwrap()
+            .keep();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        remove_when_tests_exit(&dir);
+        dir
+    })
+}
+
 /// Removes `dir` once this test process has exited, however it exits (a `static` holding a
 /// temporary directory is never dropped, and a killed run drops nothing).
 #[allow(dead_code)]
@@ -129,7 +150,7 @@ impl TestServer {
             .expect("admin token");
             Some(secret)
         };
-        let data = tempfile::tempdir().expect("server data dir");
+        let data = tempfile::tempdir_in(scratch()).expect("server data dir");
         let mut state = if deploying {
             let mut s = server::start::app_state_with_schedulers(
                 pool.clone(),
@@ -458,7 +479,7 @@ pub struct Spawned {
 impl Spawned {
     pub async fn start(admin: &str) -> Spawned {
         let db = new_database();
-        let data = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir_in(scratch()).unwrap();
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let child = spawn_server(&db, port, admin, data.path());
