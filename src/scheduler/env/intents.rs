@@ -21,6 +21,23 @@ impl EnvScheduler {
         let t0 = std::time::Instant::now();
         let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
         let t_digests = t0.elapsed();
+        let intents = self.intents_of(rows, take).await?;
+        tracing::debug!(
+            environment = %self.env, version, resources = intents.len(),
+            digests_ms = t_digests.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "intents loaded"
+        );
+        Ok(intents)
+    }
+
+    /// The intents of `rows` (a version's resources, or the changed ones of a newer
+    /// version): attributes the model holds under the same hash are taken from it (moved
+    /// out when `take`, copied otherwise), the others read by hash, once per hash.
+    async fn intents_of(
+        &mut self,
+        rows: Vec<store::versions::ResourceDigestRow>,
+        take: bool,
+    ) -> Result<Vec<Intent>, store::StoreError> {
         fn held(m: &Model, r: &store::versions::ResourceDigestRow) -> Option<usize> {
             m.get(&r.resource_id)
                 .filter(|&i| m.intents[i].hash == r.hash)
@@ -51,55 +68,12 @@ impl EnvScheduler {
                 undefined: r.undefined,
             });
         }
-        tracing::debug!(
-            environment = %self.env, version, resources = intents.len(),
-            digests_ms = t_digests.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3,
-            "intents loaded"
-        );
         Ok(intents)
-    }
-
-    /// The intents of changed resources (`opened` rows of a newer version): attributes the
-    /// model holds under the same hash are taken from it, the others read by hash.
-    async fn changed_intents(
-        &mut self,
-        opened: Vec<store::versions::ResourceDigestRow>,
-    ) -> Result<Vec<Intent>, store::StoreError> {
-        let held = |m: &Model, r: &store::versions::ResourceDigestRow| {
-            m.get(&r.resource_id)
-                .filter(|&i| m.intents[i].hash == r.hash)
-        };
-        let mut missing: Vec<String> = opened
-            .iter()
-            .filter(|r| held(&self.model, r).is_none())
-            .map(|r| r.hash.clone())
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        let mut blobs = store::versions::take_attributes(&self.pool, missing).await?;
-        Ok(opened
-            .into_iter()
-            .map(|r| {
-                let attributes = match held(&self.model, &r) {
-                    Some(i) => self.model.intents[i].attributes.clone(),
-                    None => blobs.remove(&r.hash).unwrap_or_default(),
-                };
-                Intent {
-                    id: r.resource_id,
-                    type_name: r.resource_type,
-                    agent: r.agent,
-                    hash: r.hash,
-                    attributes,
-                    requires: r.requires,
-                    undefined: r.undefined,
-                }
-            })
-            .collect())
     }
 
     /// The whole next version from the model and what changed: unchanged intents are moved
     /// out of the model (it is about to be replaced), changed ones built by
-    /// [`Self::changed_intents`]; in id order, as a whole read gives them.
+    /// [`Self::intents_of`]; in id order, as a whole read gives them.
     async fn intents_from_changes(
         &mut self,
         opened: Vec<store::versions::ResourceDigestRow>,
@@ -107,7 +81,8 @@ impl EnvScheduler {
     ) -> Result<Vec<Intent>, store::StoreError> {
         let mut changed: HashSet<String> = closed.into_iter().collect();
         changed.extend(opened.iter().map(|r| r.resource_id.clone()));
-        let mut intents = self.changed_intents(opened).await?;
+        // the model's copy of a changed resource stays: only unchanged ones are moved below
+        let mut intents = self.intents_of(opened, false).await?;
         for i in &mut self.model.intents {
             if !changed.contains(&i.id) {
                 intents.push(Intent {
@@ -158,7 +133,9 @@ impl EnvScheduler {
         // that adds or removes some is merged whole, built from the model and the changes
         let merged = match changes {
             Some((opened, closed)) if self.only_updates(&opened, &closed) => {
-                let updates = self.changed_intents(opened).await?;
+                // copied: if the update can not be made in place, the whole version is
+                // loaded from the model as it was
+                let updates = self.intents_of(opened, false).await?;
                 match self.model.update_in_place(version, updates) {
                     Some(merged) => merged,
                     None => {
