@@ -144,12 +144,13 @@ pub fn refresh_statistics_after(pool: &sqlx::PgPool, stored: &Stored) {
     });
 }
 
+mod blobs;
 mod fresh;
 mod spans;
 mod write;
 
+pub(in crate::store) use blobs::collect_blobs;
 pub use spans::{Entry, OPEN};
-pub(in crate::store) use write::collect_blobs;
 pub use write::{Manifest, store, store_delta, validate_export};
 
 /// A version's resources by id: what the diff needs of each (attribute hash, undefined).
