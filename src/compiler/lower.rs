@@ -56,13 +56,16 @@ impl Hint {
 }
 
 /// Names assigned directly in a block: its local variables, in order of first assignment.
-fn declared_vars(stmts: &[ast::Stmt]) -> Vec<String> {
+/// The variables a block assigns, in order of their first assignment.
+fn declared_vars<'a>(stmts: impl IntoIterator<Item = &'a ast::Stmt>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
+    // a set beside the list: a namespace may assign thousands of variables
+    let mut seen: HashSet<&str> = HashSet::new();
     for s in stmts {
         if let ast::Stmt::Assign { target, .. } = s
             && let ast::ExprKind::Var(q) = &target.kind
             && q.parts.len() == 1
-            && !out.contains(&q.parts[0].text)
+            && seen.insert(q.parts[0].text.as_str())
         {
             out.push(q.parts[0].text.clone());
         }
@@ -143,8 +146,7 @@ impl<'a> Lowerer<'a> {
         // every namespace's top-level variables first: implementations may read them
         for nsi in 0..self.files.len() {
             let file = self.files[nsi].as_ref().expect("file present");
-            let stmts: Vec<ast::Stmt> = top_stmts(file).cloned().collect();
-            let vars = declared_vars(&stmts);
+            let vars = declared_vars(top_stmts(file));
             self.p.namespaces[nsi].top_vars = vars
                 .into_iter()
                 .enumerate()
@@ -204,8 +206,18 @@ impl<'a> Lowerer<'a> {
         // top-level statements
         for nsi in 0..self.files.len() {
             let ns = NsId(nsi as u32);
-            let file = self.files[nsi].take().expect("file present");
-            let stmts: Vec<ast::Stmt> = top_stmts(&file).cloned().collect();
+            let mut file = self.files[nsi].take().expect("file present");
+            // moved out, not copied: this is the last use of a file's top-level statements
+            // (the variables they declare were taken above)
+            let mut stmts: Vec<ast::Stmt> = Vec::new();
+            let mut rest = Vec::with_capacity(file.items.len());
+            for item in std::mem::take(&mut file.items) {
+                match item {
+                    ast::TopItem::Stmt(s) => stmts.push(s),
+                    other => rest.push(other),
+                }
+            }
+            file.items = rest;
             let mut cx = Cx {
                 ns,
                 frames: Vec::new(),
@@ -252,8 +264,9 @@ impl<'a> Lowerer<'a> {
         if let Some(v) = loop_var {
             names.push(v.to_string());
         }
+        // declared_vars has each once: only the loop variable can come again
         for v in declared_vars(stmts) {
-            if !names.contains(&v) {
+            if Some(v.as_str()) != loop_var {
                 names.push(v);
             }
         }
