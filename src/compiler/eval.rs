@@ -443,8 +443,12 @@ impl<'p> Runtime<'p> {
         d.listeners = None;
         match kind {
             RvKind::List => {
-                let items: Vec<Value> = d.items.iter().map(|i| Value::Instance(*i)).collect();
-                self.rvs[rv.0 as usize].state = RvState::Set(Value::list(items));
+                let value = if d.items.is_empty() {
+                    Value::empty_list()
+                } else {
+                    Value::list(d.items.iter().map(|i| Value::Instance(*i)).collect())
+                };
+                self.rvs[rv.0 as usize].state = RvState::Set(value);
             }
             _ => {
                 if matches!(self.rvs[rv.0 as usize].state, RvState::Unset) {
