@@ -56,7 +56,6 @@ impl Hint {
 }
 
 /// Names assigned directly in a block: its local variables, in order of first assignment.
-/// The variables a block assigns, in order of their first assignment.
 fn declared_vars<'a>(stmts: impl IntoIterator<Item = &'a ast::Stmt>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     // a set beside the list: a namespace may assign thousands of variables
