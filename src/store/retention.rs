@@ -254,8 +254,9 @@ async fn prune_resource_blobs(pool: &PgPool) -> Result<u64> {
     loop {
         let unused: Vec<String> = sqlx::query_scalar(
             "SELECT b.hash FROM resource_blobs b \
-             WHERE NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash) LIMIT 5000",
+             WHERE NOT EXISTS (SELECT 1 FROM resource_spans s WHERE s.hash = b.hash) LIMIT $1",
         )
+        .bind(BATCH)
         .fetch_all(pool)
         .await?;
         if unused.is_empty() {
