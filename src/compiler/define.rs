@@ -263,8 +263,6 @@ impl Definer {
                 }
             }
         }
-        // a placeholder constraint, replaced when the typedef is resolved
-        let no_constraint = fancy_regex::Regex::new("").expect("empty regex");
         for nsi in 0..self.files.len() {
             let ns = NsId(nsi as u32);
             let file = self.files[nsi].take().unwrap_or_default();
@@ -288,10 +286,8 @@ impl Definer {
                             ns,
                             span: t.name.span,
                             base: BaseType::Prim(Prim::String),
-                            constraint: Constraint::Regex {
-                                source: String::new(),
-                                regex: no_constraint.clone(),
-                            },
+                            // a placeholder, replaced when the typedef is resolved
+                            constraint: Constraint::regex(String::new()),
                         });
                         if Prim::from_name(&t.name.text).is_some() {
                             // redefining a primitive name only warns in the reference
@@ -369,19 +365,8 @@ impl Definer {
                     Err(e) => self.errors.push(e),
                 }
                 match &t.constraint {
-                    ast::TypedefConstraint::Regex(src, span) => {
-                        match fancy_regex::Regex::new(&format!("^(?:{src})")) {
-                            Ok(regex) => {
-                                self.p.typedefs[id.0 as usize].constraint = Constraint::Regex {
-                                    source: src.clone(),
-                                    regex,
-                                }
-                            }
-                            Err(e) => self.errors.push(
-                                Diagnostic::error("syntax", format!("Regex error in /{src}/: {e}"))
-                                    .at(*span),
-                            ),
-                        }
+                    ast::TypedefConstraint::Regex(src, _) => {
+                        self.p.typedefs[id.0 as usize].constraint = Constraint::regex(src.clone())
                     }
                     ast::TypedefConstraint::Expr(e) => {
                         if !mentions_self_or(e, &t.name.text) {

@@ -27,7 +27,7 @@ pub use pyenv::{PythonEnv, module_of_requirement};
 use pyenv::{dist_metadata, pinned_modules, requirement_lines};
 
 /// A built-in module file: (module, path inside the module, content).
-static BUILTIN: &[(&str, &str, &str)] = &[
+pub(super) static BUILTIN: &[(&str, &str, &str)] = &[
     ("std", "module.yml", include_str!("builtin/std/module.yml")),
     (
         "std",
@@ -467,7 +467,8 @@ impl<'a> Loader<'a> {
     }
 
     /// The file defining namespace `ns` (`m`, `m::a`, …).
-    fn namespace_file(&mut self, ns: &str) -> Result<Option<(String, String)>, String> {
+    /// The text of a namespace's file, its display name, and whether it is built in.
+    fn namespace_file(&mut self, ns: &str) -> Result<Option<(String, String, bool)>, String> {
         let mut parts = ns.split("::");
         let module = parts.next().unwrap_or("");
         let rest: Vec<&str> = parts.collect();
@@ -491,11 +492,10 @@ impl<'a> Loader<'a> {
                 ));
             }
             if let Some((text, display, _)) = m.read(&c) {
-                let display = match &m.root {
-                    ModuleRoot::Dir(_) => relative_display(&self.project.dir, &display),
-                    ModuleRoot::Builtin => display,
-                };
-                return Ok(Some((text, display)));
+                return Ok(Some(match &m.root {
+                    ModuleRoot::Dir(_) => (text, relative_display(&self.project.dir, &display), false),
+                    ModuleRoot::Builtin => (text, display, true),
+                }));
             }
         }
         Ok(None)
@@ -508,7 +508,8 @@ impl<'a> Loader<'a> {
         let mut files: Vec<LoadedFile> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
         // (namespace, text, display) to parse, in load order
-        let mut queue: VecDeque<(String, String, String, Option<Span>)> = VecDeque::new();
+        // (namespace, text, display name, built in)
+        let mut queue: VecDeque<(String, String, String, bool)> = VecDeque::new();
         let main_path = self.project.dir.join(&self.project.main_file);
         let main_text = match read_confined(&self.project.root, &main_path) {
             Ok(t) => t,
@@ -521,7 +522,9 @@ impl<'a> Loader<'a> {
         };
         // std first: its top-level statements (std::linux, …) exist before anyone uses them
         match self.namespace_file("std") {
-            Ok(Some((text, display))) => queue.push_back(("std".into(), text, display, None)),
+            Ok(Some((text, display, builtin))) => {
+                queue.push_back(("std".into(), text, display, builtin))
+            }
             Ok(None) => unreachable!("std is built in"),
             // std pinned in requirements.txt, in a Python environment that can not be read
             Err(msg) => {
@@ -536,21 +539,25 @@ impl<'a> Loader<'a> {
             "__config__".into(),
             main_text,
             self.project.main_file.clone(),
-            None,
+            false,
         ));
         seen.insert("__config__".into());
-        while let Some((ns, mut text, display, _)) = queue.pop_front() {
+        while let Some((ns, mut text, display, builtin)) = queue.pop_front() {
             // like the reference, parse with a newline appended: "end of file" errors then
             // point at the line after the last one
             text.push('\n');
             let file = self.sources.add(display, text);
-            let src = self.sources.file(file).text.clone();
             let module = if ns == "__config__" {
                 "__config__".to_string()
             } else {
                 ns.split("::").next().unwrap_or("").to_string()
             };
-            let tokens = match lexer::tokenize(file, &src, &mut warnings) {
+            let tokenize = if builtin {
+                lexer::tokenize_builtin
+            } else {
+                lexer::tokenize
+            };
+            let tokens = match tokenize(file, &self.sources.file(file).text, &mut warnings) {
                 Ok(t) => t,
                 Err(d) => {
                     errors.push(d);
@@ -597,9 +604,9 @@ impl<'a> Loader<'a> {
                         continue;
                     }
                     match self.namespace_file(&prefix) {
-                        Ok(Some((text, display))) => {
+                        Ok(Some((text, display, builtin))) => {
                             seen.insert(prefix.clone());
-                            queue.push_back((prefix, text, display, Some(imp.span)));
+                            queue.push_back((prefix, text, display, builtin));
                         }
                         Ok(None) => {
                             errors.push(

@@ -207,10 +207,37 @@ pub enum Constraint {
     /// Python `re.match` semantics: anchored at the start only.
     Regex {
         source: String,
-        regex: fancy_regex::Regex,
+        /// Compiled when a value is first checked against it: most typedefs of the
+        /// modules a project imports (std's among them) never are. The lexer compiled the
+        /// pattern once already to report a bad one with its span, or it is built in.
+        regex: std::sync::OnceLock<Result<fancy_regex::Regex, String>>,
     },
     /// An expression over `self` (environment slot 0).
     Expr { expr: ExprId, text: String },
+}
+
+impl Constraint {
+    /// A constraint on the text of the values: `source` is the pattern between the slashes.
+    pub fn regex(source: String) -> Constraint {
+        Constraint::Regex {
+            source,
+            regex: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+/// The compiled form of a typedef's `matching /source/`, anchored at the start like
+/// Python's `re.match`.
+pub fn compiled_regex<'c>(
+    source: &str,
+    cell: &'c std::sync::OnceLock<Result<fancy_regex::Regex, String>>,
+) -> Result<&'c fancy_regex::Regex, String> {
+    cell.get_or_init(|| {
+        fancy_regex::Regex::new(&format!("^(?:{source})"))
+            .map_err(|e| format!("Regex error in /{source}/: {e}"))
+    })
+    .as_ref()
+    .map_err(Clone::clone)
 }
 
 pub struct Typedef {

@@ -7,7 +7,7 @@ use super::{Eval, Runtime, Stop, err};
 use crate::compiler::diagnostics::Diagnostic;
 use crate::compiler::ids::{AttrId, EntityId, ExprId};
 use crate::compiler::source::Span;
-use crate::compiler::types::{AttrKind, BaseType, Constraint, Prim, ValueType};
+use crate::compiler::types::{AttrKind, BaseType, Constraint, Prim, ValueType, compiled_regex};
 use crate::compiler::value::pyfmt;
 use crate::compiler::value::{InstId, Value, py_eq};
 
@@ -470,10 +470,13 @@ impl Runtime<'_> {
                 self.validate_base(value, td.base)?;
                 let ok = match &td.constraint {
                     // a pattern that exceeds the backtracking limit does not match
-                    Constraint::Regex { regex, .. } => match value {
-                        Value::Str(s) => regex.is_match(&**s).unwrap_or(false),
-                        other => regex.is_match(&self.value_str(other)).unwrap_or(false),
-                    },
+                    Constraint::Regex { source, regex } => {
+                        let regex = compiled_regex(source, regex)?;
+                        match value {
+                            Value::Str(s) => regex.is_match(&**s).unwrap_or(false),
+                            other => regex.is_match(&self.value_str(other)).unwrap_or(false),
+                        }
+                    }
                     Constraint::Expr { expr, .. } => {
                         let mut cx = Cx::new(TaskId(NONE), ScopeId(0));
                         cx.env.push(value.clone());
