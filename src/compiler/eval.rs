@@ -30,6 +30,7 @@ use super::source::{SourceMap, Span};
 use super::types::Storage;
 use super::value::pyfmt;
 use super::value::{InstId, Value};
+use crate::alloc::reserved;
 use state::*;
 
 /// Why evaluation stopped early.
@@ -103,14 +104,6 @@ pub struct Runtime<'p> {
     pub blocked_tasks: usize,
 }
 
-/// An empty arena with room for [`crate::alloc::MAPPED_FROM`] bytes: address space, not
-/// memory. The process's allocator maps a block that large lazily (pages cost only once
-/// written) and grows it with `mremap`, without copying. Started small, each arena grew
-/// through a series of copies into fresh memory instead: at gen_model N=1,000 a quarter of
-/// `steward compile`'s page faults were those copies.
-fn reserved<T>() -> Vec<T> {
-    Vec::with_capacity(crate::alloc::MAPPED_FROM.div_ceil(std::mem::size_of::<T>().max(1)))
-}
 
 /// The site of a waiting lookup (for "No match in index" messages).
 pub type ExprIdSpan = Span;

@@ -184,11 +184,22 @@ pub struct Block {
     pub stmts: Vec<StmtId>,
 }
 
-#[derive(Default)]
 pub struct Ir {
     pub exprs: Vec<Expr>,
     pub stmts: Vec<Stmt>,
     pub blocks: Vec<Block>,
+}
+
+impl Default for Ir {
+    /// Expressions and statements are the two large arenas of lowering (tens of thousands
+    /// of each at gen_model N=1,000): reserved, so that they grow without copies.
+    fn default() -> Ir {
+        Ir {
+            exprs: crate::alloc::reserved(),
+            stmts: crate::alloc::reserved(),
+            blocks: Vec::new(),
+        }
+    }
 }
 
 impl Ir {

@@ -264,7 +264,9 @@ fn tokenize_checked(
         warnings,
         check_regexes,
     };
-    let mut out = Vec::with_capacity(src.len() / 4);
+    // reserved: gen_model's main.cf has more than a token per four bytes, and a vector
+    // grown by doubling copies itself into fresh pages at each step
+    let mut out = crate::alloc::reserved();
     loop {
         let t = lx.next()?;
         let eof = t.tok == Tok::Eof;
