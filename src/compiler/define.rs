@@ -1170,7 +1170,7 @@ pub(crate) fn const_value(e: &ast::Expr) -> Option<Value> {
         ast::ExprKind::Dict(pairs) => {
             let mut d = super::value::Dict::new();
             for (k, v) in pairs {
-                d.insert(std::rc::Rc::from(k.as_str()), const_value(v)?);
+                d.insert(k.as_str().into(), const_value(v)?);
             }
             Value::Dict(std::rc::Rc::new(d))
         }

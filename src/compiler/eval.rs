@@ -65,7 +65,7 @@ pub enum KeyPart {
     Int(i64),
     Big(String),
     Float(u64),
-    Str(std::rc::Rc<str>),
+    Str(super::value::Text),
     Inst(InstId),
     Other(String),
 }
@@ -103,7 +103,6 @@ pub struct Runtime<'p> {
     /// Number of tasks currently blocked (cheap check at the end).
     pub blocked_tasks: usize,
 }
-
 
 /// The site of a waiting lookup (for "No match in index" messages).
 pub type ExprIdSpan = Span;

@@ -106,7 +106,7 @@ pub enum ExprKind {
         key: ExprId,
     },
     List(Vec<ExprId>),
-    Dict(Vec<(Rc<str>, ExprId)>),
+    Dict(Vec<(crate::compiler::value::Text, ExprId)>),
     /// `[value for env[slot] in iter if guard]` (nested `for`s are nested comprehensions).
     Comprehension {
         value: ExprId,

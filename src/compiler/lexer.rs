@@ -708,7 +708,10 @@ mod tests {
             }
         }
         // std's non_empty_string and hoststring: the test must have looked at something
-        assert!(seen >= 2, "{seen} regular expressions in the built-in modules");
+        assert!(
+            seen >= 2,
+            "{seen} regular expressions in the built-in modules"
+        );
     }
 
     fn toks(src: &str) -> Vec<Tok> {

@@ -641,7 +641,7 @@ impl<'a> Lowerer<'a> {
                             .at(span),
                         );
                     }
-                    out.push((Rc::from(k.as_str()), self.lower_expr(cx, v, Hint::None)));
+                    out.push((k.as_str().into(), self.lower_expr(cx, v, Hint::None)));
                 }
                 ExprKind::Dict(out)
             }

@@ -493,7 +493,9 @@ impl<'a> Loader<'a> {
             }
             if let Some((text, display, _)) = m.read(&c) {
                 return Ok(Some(match &m.root {
-                    ModuleRoot::Dir(_) => (text, relative_display(&self.project.dir, &display), false),
+                    ModuleRoot::Dir(_) => {
+                        (text, relative_display(&self.project.dir, &display), false)
+                    }
                     ModuleRoot::Builtin => (text, display, true),
                 }));
             }

@@ -1,6 +1,7 @@
 //! Runtime values of the language (LANGUAGE.md §5.1).
 //!
-//! Values are immutable and cheap to clone (`Rc` for strings and containers). Integers are
+//! Values are immutable and cheap to clone (counted: [`Text`] for strings, `Rc` for
+//! containers). Integers are
 //! `i64` with transparent promotion to a big integer on overflow, so arithmetic has Python's
 //! arbitrary precision. Instances are referenced by id; their state lives in the runtime.
 //!
@@ -8,6 +9,8 @@
 //! (constants), the evaluator and the plugins. Their Python text forms are in [`pyfmt`].
 
 pub mod pyfmt;
+mod text;
+pub use text::Text;
 
 use std::rc::Rc;
 
@@ -19,7 +22,7 @@ use num_traits::ToPrimitive;
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InstId(pub u32);
 
-pub type Dict = IndexMap<Rc<str>, Value>;
+pub type Dict = IndexMap<Text, Value>;
 
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -28,7 +31,7 @@ pub enum Value {
     Int(i64),
     BigInt(Rc<BigInt>),
     Float(f64),
-    Str(Rc<str>),
+    Str(Text),
     List(Rc<Vec<Value>>),
     Dict(Rc<Dict>),
     Instance(InstId),
@@ -36,13 +39,16 @@ pub enum Value {
     Unknown,
 }
 
+// held by every result variable and list element: two words
+const _: () = assert!(std::mem::size_of::<Value>() == 16);
+
 impl Value {
     pub fn str(s: &str) -> Value {
-        Value::Str(Rc::from(s))
+        Value::Str(Text::from(s))
     }
 
     pub fn string(s: String) -> Value {
-        Value::Str(Rc::from(s))
+        Value::Str(Text::from(s))
     }
 
     pub fn list(v: Vec<Value>) -> Value {

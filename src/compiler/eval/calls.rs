@@ -34,7 +34,7 @@ impl Runtime<'_> {
         }
         for s in &call.splats {
             match self.eval(cx, *s)? {
-                Value::Dict(d) => kwargs.extend(d.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                Value::Dict(d) => kwargs.extend(d.iter().map(|(k, v)| (Rc::from(&**k), v.clone()))),
                 Value::Unknown => return Ok(Value::Unknown),
                 other => {
                     return Err(err(

@@ -2,7 +2,7 @@
 //!
 //! A *result variable* (RV) is any storage location (LANGUAGE.md §12.1): a block variable, an
 //! instance attribute, or an index key pseudo-variable that a waiting lookup blocks on. RVs are
-//! 40-odd bytes; the extra state of relation ends (elements, providers, listeners, freeze
+//! 40 bytes; the extra state of relation ends (elements, providers, listeners, freeze
 //! bookkeeping) lives in a side table only those RVs use, so the common single-valued
 //! attribute stays small.
 
@@ -53,6 +53,10 @@ pub struct Rv {
     /// The expression whose evaluation set the value (for "set at" in messages).
     pub set_by: u32,
 }
+
+// one per attribute of every instance and per block variable, the largest arena of a
+// compile: a value of 16 bytes ([`crate::compiler::value::Text`]) keeps it at 40
+const _: () = assert!(std::mem::size_of::<Rv>() <= 40);
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum WaitMode {

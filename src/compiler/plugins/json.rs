@@ -97,7 +97,7 @@ pub fn from_json(j: &serde_json::Value) -> Value {
         serde_json::Value::Object(o) => {
             let mut d = Dict::with_capacity(o.len());
             for (k, v) in o {
-                d.insert(Rc::from(k.as_str()), from_json(v));
+                d.insert(k.as_str().into(), from_json(v));
             }
             Value::Dict(Rc::new(d))
         }

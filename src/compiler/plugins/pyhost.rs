@@ -551,7 +551,7 @@ pub fn decode(j: &Json, instances: usize) -> Result<Value, String> {
             };
             let mut d = Dict::new();
             for (k, x) in m {
-                d.insert(Rc::from(k.as_str()), decode(x, instances)?);
+                d.insert(k.as_str().into(), decode(x, instances)?);
             }
             Value::Dict(Rc::new(d))
         }
