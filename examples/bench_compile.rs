@@ -321,7 +321,7 @@ const CHILD: &str = "BENCH_COMPILE_PROJECT";
 
 fn main() {
     // as `steward compile` runs
-    steward::alloc::no_huge_pages_for_this_process();
+    steward::alloc::tune_for_a_one_shot_compile();
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);

@@ -69,7 +69,7 @@ pub(super) fn compile_once(
     process_ends_after: bool,
 ) -> CompileOutcome {
     if process_ends_after {
-        crate::alloc::no_huge_pages_for_this_process();
+        crate::alloc::tune_for_a_one_shot_compile();
     }
     let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {

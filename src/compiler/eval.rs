@@ -30,7 +30,7 @@ use super::source::{SourceMap, Span};
 use super::types::Storage;
 use super::value::pyfmt;
 use super::value::{InstId, Value};
-use crate::alloc::reserved;
+use crate::alloc::{Ahead, reserved};
 use state::*;
 
 /// Why evaluation stopped early.
@@ -102,6 +102,18 @@ pub struct Runtime<'p> {
     pub needs_impl_dedup: Vec<bool>,
     /// Number of tasks currently blocked (cheap check at the end).
     pub blocked_tasks: usize,
+    /// The populated fronts of the arenas that grow all through a compile.
+    ahead: Fronts,
+}
+
+/// See [`crate::alloc::populate_ahead_for_this_process`].
+#[derive(Default)]
+struct Fronts {
+    rvs: Ahead,
+    delayed: Ahead,
+    instances: Ahead,
+    tasks: Ahead,
+    scopes: Ahead,
 }
 
 /// The site of a waiting lookup (for "No match in index" messages).
@@ -150,6 +162,7 @@ impl<'p> Runtime<'p> {
             applied_impls: foldhash::HashSet::default(),
             needs_impl_dedup,
             blocked_tasks: 0,
+            ahead: Fronts::default(),
         }
     }
 
@@ -168,6 +181,7 @@ impl<'p> Runtime<'p> {
                 set_by: NONE,
             });
         }
+        self.ahead.rvs.after_push(&self.rvs);
         base
     }
 
@@ -193,6 +207,7 @@ impl<'p> Runtime<'p> {
             rv_base,
             inst,
         });
+        self.ahead.scopes.after_push(&self.scopes);
         ScopeId(self.scopes.len() as u32 - 1)
     }
 
@@ -224,6 +239,7 @@ impl<'p> Runtime<'p> {
                 set_by: NONE,
             });
         }
+        self.ahead.rvs.after_push(&self.rvs);
         self.instances.push(Instance {
             entity,
             rv_base: base,
@@ -231,6 +247,8 @@ impl<'p> Runtime<'p> {
             impl_count: 0,
             extra_sites: Vec::new(),
         });
+        self.ahead.instances.after_push(&self.instances);
+        self.ahead.delayed.after_push(&self.delayed);
         // optional and list relations may already be complete: they are freeze candidates
         for slot in 0..ent.slots.len() {
             let rv = RvId(base + slot as u32);
@@ -291,6 +309,7 @@ impl<'p> Runtime<'p> {
             TaskId(i)
         } else {
             self.tasks.push(task);
+            self.ahead.tasks.after_push(&self.tasks);
             TaskId(self.tasks.len() as u32 - 1)
         };
         self.runnable.push_back(id);

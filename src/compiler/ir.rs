@@ -188,6 +188,8 @@ pub struct Ir {
     pub exprs: Vec<Expr>,
     pub stmts: Vec<Stmt>,
     pub blocks: Vec<Block>,
+    /// Populated fronts of `exprs` and `stmts` (see [`crate::alloc::Ahead`]).
+    ahead: [crate::alloc::Ahead; 2],
 }
 
 impl Default for Ir {
@@ -198,6 +200,7 @@ impl Default for Ir {
             exprs: crate::alloc::reserved(),
             stmts: crate::alloc::reserved(),
             blocks: Vec::new(),
+            ahead: Default::default(),
         }
     }
 }
@@ -205,11 +208,13 @@ impl Default for Ir {
 impl Ir {
     pub fn add_expr(&mut self, kind: ExprKind, span: Span) -> ExprId {
         self.exprs.push(Expr { kind, span });
+        self.ahead[0].after_push(&self.exprs);
         ExprId(self.exprs.len() as u32 - 1)
     }
 
     pub fn add_stmt(&mut self, stmt: Stmt) -> StmtId {
         self.stmts.push(stmt);
+        self.ahead[1].after_push(&self.stmts);
         StmtId(self.stmts.len() as u32 - 1)
     }
 

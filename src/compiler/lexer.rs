@@ -267,10 +267,12 @@ fn tokenize_checked(
     // reserved: gen_model's main.cf has more than a token per four bytes, and a vector
     // grown by doubling copies itself into fresh pages at each step
     let mut out = crate::alloc::reserved();
+    let mut ahead = crate::alloc::Ahead::default();
     loop {
         let t = lx.next()?;
         let eof = t.tok == Tok::Eof;
         out.push(t);
+        ahead.after_push(&out);
         if eof {
             return Ok(out);
         }
