@@ -88,8 +88,9 @@ pub fn populate_ahead_for_this_process() {
             .spawn(move || {
                 for (start, len) in rx {
                     // SAFETY: populating only faults pages in (as a write would, without
-                    // writing): whatever is mapped there now (the vector, moved or freed
-                    // since, or something else) keeps its contents; an unmapped range fails
+                    // writing): whatever is mapped there now (the vector, or, once it moved
+                    // or was freed, another private mapping of this process, which maps no
+                    // file shared and writable) keeps its contents; an unmapped range fails
                     unsafe { libc::madvise(start as *mut libc::c_void, len, MADV_POPULATE_WRITE) };
                 }
             });
