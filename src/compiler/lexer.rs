@@ -240,8 +240,8 @@ pub fn tokenize(
 
 /// Tokenize a file shipped inside this binary (the built-in modules). Its regular
 /// expressions are not compiled to check them: a test does that once
-/// (`builtin_regexes_compile`), where every compile would otherwise pay for it (two
-/// patterns in std, a fifth of a millisecond each).
+/// (`builtin_regexes_compile`, in `project/builtin.rs`), where every compile would
+/// otherwise pay for it (two patterns in std, a fifth of a millisecond each).
 pub fn tokenize_builtin(
     file: FileId,
     src: &str,
@@ -687,34 +687,6 @@ impl Lexer<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Built-in modules are tokenized without compiling their regular expressions
-    /// ([`tokenize_builtin`]): this is the check every compile would otherwise make, and the
-    /// one their typedefs make at their first use.
-    #[test]
-    fn builtin_regexes_compile() {
-        let mut seen = 0;
-        for (module, path, text) in crate::compiler::project::BUILTIN {
-            if !path.ends_with(".cf") {
-                continue;
-            }
-            let tokens = tokenize(FileId(0), text, &mut Vec::new())
-                .unwrap_or_else(|d| panic!("{module}/{path}: {}", d.message));
-            for t in tokens {
-                if let Tok::Regex(pattern) = t.tok {
-                    let cell = std::sync::OnceLock::new();
-                    crate::compiler::types::compiled_regex(&pattern, &cell)
-                        .unwrap_or_else(|e| panic!("{module}/{path}: {e}"));
-                    seen += 1;
-                }
-            }
-        }
-        // std's non_empty_string and hoststring: the test must have looked at something
-        assert!(
-            seen >= 2,
-            "{seen} regular expressions in the built-in modules"
-        );
-    }
 
     fn toks(src: &str) -> Vec<Tok> {
         let mut w = Vec::new();

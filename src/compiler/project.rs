@@ -22,55 +22,11 @@ use super::lexer;
 use super::parser;
 use super::source::{SourceMap, Span};
 
+mod builtin;
 mod pyenv;
+use builtin::BUILTIN;
 pub use pyenv::{PythonEnv, module_of_requirement};
 use pyenv::{dist_metadata, pinned_modules, requirement_lines};
-
-/// A built-in module file: (module, path inside the module, content).
-pub(super) static BUILTIN: &[(&str, &str, &str)] = &[
-    ("std", "module.yml", include_str!("builtin/std/module.yml")),
-    (
-        "std",
-        "model/_init.cf",
-        include_str!("builtin/std/model/_init.cf"),
-    ),
-    (
-        "std",
-        "model/testing.cf",
-        include_str!("builtin/std/model/testing.cf"),
-    ),
-    (
-        "std",
-        "templates/host_uri.j2",
-        include_str!("builtin/std/templates/host_uri.j2"),
-    ),
-    ("fs", "module.yml", include_str!("builtin/fs/module.yml")),
-    (
-        "fs",
-        "model/_init.cf",
-        include_str!("builtin/fs/model/_init.cf"),
-    ),
-    (
-        "exec",
-        "module.yml",
-        include_str!("builtin/exec/module.yml"),
-    ),
-    (
-        "exec",
-        "model/_init.cf",
-        include_str!("builtin/exec/model/_init.cf"),
-    ),
-    (
-        "mitogen",
-        "module.yml",
-        include_str!("builtin/mitogen/module.yml"),
-    ),
-    (
-        "mitogen",
-        "model/_init.cf",
-        include_str!("builtin/mitogen/model/_init.cf"),
-    ),
-];
 
 #[derive(Debug, Deserialize)]
 struct ProjectYml {
