@@ -141,12 +141,6 @@ impl From<String> for Text {
     }
 }
 
-impl From<&String> for Text {
-    fn from(s: &String) -> Text {
-        Text::new(s)
-    }
-}
-
 impl PartialEq for Text {
     fn eq(&self, other: &Text) -> bool {
         Text::ptr_eq(self, other) || self.as_str() == other.as_str()
