@@ -189,7 +189,8 @@ pub struct Ir {
     pub stmts: Vec<Stmt>,
     pub blocks: Vec<Block>,
     /// Populated fronts of `exprs` and `stmts` (see [`crate::alloc::Ahead`]).
-    ahead: [crate::alloc::Ahead; 2],
+    exprs_ahead: crate::alloc::Ahead,
+    stmts_ahead: crate::alloc::Ahead,
 }
 
 impl Default for Ir {
@@ -200,7 +201,8 @@ impl Default for Ir {
             exprs: crate::alloc::reserved(),
             stmts: crate::alloc::reserved(),
             blocks: Vec::new(),
-            ahead: Default::default(),
+            exprs_ahead: Default::default(),
+            stmts_ahead: Default::default(),
         }
     }
 }
@@ -208,13 +210,13 @@ impl Default for Ir {
 impl Ir {
     pub fn add_expr(&mut self, kind: ExprKind, span: Span) -> ExprId {
         self.exprs.push(Expr { kind, span });
-        self.ahead[0].after_push(&self.exprs);
+        self.exprs_ahead.after_push(&self.exprs);
         ExprId(self.exprs.len() as u32 - 1)
     }
 
     pub fn add_stmt(&mut self, stmt: Stmt) -> StmtId {
         self.stmts.push(stmt);
-        self.ahead[1].after_push(&self.stmts);
+        self.stmts_ahead.after_push(&self.stmts);
         StmtId(self.stmts.len() as u32 - 1)
     }
 
