@@ -422,8 +422,8 @@ impl<'a> Loader<'a> {
         }))
     }
 
-    /// The file defining namespace `ns` (`m`, `m::a`, …).
-    /// The text of a namespace's file, its display name, and whether it is built in.
+    /// The file defining namespace `ns` (`m`, `m::a`, …): its text, its display name, and
+    /// whether it is built in.
     fn namespace_file(&mut self, ns: &str) -> Result<Option<(String, String, bool)>, String> {
         let mut parts = ns.split("::");
         let module = parts.next().unwrap_or("");
@@ -465,8 +465,7 @@ impl<'a> Loader<'a> {
         let mut warnings = Vec::new();
         let mut files: Vec<LoadedFile> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
-        // (namespace, text, display) to parse, in load order
-        // (namespace, text, display name, built in)
+        // (namespace, text, display name, built in) to parse, in load order
         let mut queue: VecDeque<(String, String, String, bool)> = VecDeque::new();
         let main_path = self.project.dir.join(&self.project.main_file);
         let main_text = match read_confined(&self.project.root, &main_path) {
