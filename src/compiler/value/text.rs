@@ -117,12 +117,6 @@ impl Deref for Text {
     }
 }
 
-impl AsRef<str> for Text {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl Borrow<str> for Text {
     fn borrow(&self) -> &str {
         self.as_str()
@@ -148,12 +142,6 @@ impl PartialEq for Text {
 }
 
 impl Eq for Text {}
-
-impl PartialEq<str> for Text {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
 
 impl PartialOrd for Text {
     fn partial_cmp(&self, other: &Text) -> Option<std::cmp::Ordering> {
