@@ -45,7 +45,7 @@ fn main() {
         all = all.min(t.elapsed());
         assert_eq!(hashes, parallel);
         let t = Instant::now();
-        version = diff::version_hash(
+        version = content::version_hash(
             resources
                 .iter()
                 .zip(&hashes)

@@ -4,6 +4,7 @@
 //! id and attributes; `requires` is not part of it. Same id string ⇒ same resource across
 //! versions.
 
+pub mod content;
 pub mod cron;
 pub mod diff;
 pub mod facts;

@@ -5,6 +5,9 @@
 //! that its newest version is still that base and that the result has that content hash;
 //! otherwise it answers `409 base_moved` and the whole export is sent, so a wrong or stale
 //! memory costs one upload, never a wrong version.
+//!
+//! The memory holds the [`ContentTree`] of what was stored, so the content hash of the next
+//! version costs what changed, not the whole export (61 ms at 100,000 resources before).
 
 // ids are the client's own export's: a fast hash (100,000 lookups per upload) is safe here
 use foldhash::HashMap;
@@ -14,12 +17,13 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{Client, ClientError, Result};
+use crate::model::content::{self, ContentTree};
 use crate::model::{
     DeltaBase, ExportFile, ExportMetadata, HandlerCode, Resource, ResourceId, UnknownRecord,
 };
 
 /// What a client stored last in an environment.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct LastUpload {
     /// The server it was stored in (for people reading the file; callers keep one memory
     /// per server, and the server's checks make any other harmless).
@@ -28,11 +32,33 @@ pub struct LastUpload {
     pub environment: String,
     pub version: i32,
     pub content_hash: String,
-    /// id -> (attribute hash, requires)
-    entries: HashMap<String, (String, Vec<String>)>,
+    entries: HashMap<String, Remembered>,
+    /// the content tree of `entries`: made from them when first needed (a memory read from
+    /// its file), then changed with them
+    tree: Option<ContentTree>,
 }
 
-const MAGIC: &str = "steward-last-upload 1";
+/// What the memory holds of one resource: what its line in the content hash is made of.
+#[derive(Clone, Debug, PartialEq)]
+struct Remembered {
+    hash: String,
+    requires: Vec<String>,
+    undefined: bool,
+}
+
+impl PartialEq for LastUpload {
+    /// The same memory: the tree is made from the entries, so it is not compared.
+    fn eq(&self, other: &Self) -> bool {
+        self.server == other.server
+            && self.environment == other.environment
+            && self.version == other.version
+            && self.content_hash == other.content_hash
+            && self.entries == other.entries
+    }
+}
+
+// 2: each line has the undefined flag (`u` or `-`) after the hash
+const MAGIC: &str = "steward-last-upload 2";
 
 #[derive(Serialize, serde::Deserialize)]
 struct Header {
@@ -57,9 +83,21 @@ impl LastUpload {
             let line = line.ok()?;
             let mut fields = line.split('\t');
             let hash = fields.next()?.to_string();
+            let undefined = match fields.next()? {
+                "u" => true,
+                "-" => false,
+                _ => return None,
+            };
             let id = fields.next()?.to_string();
             let requires = fields.map(str::to_string).collect();
-            entries.insert(id, (hash, requires));
+            entries.insert(
+                id,
+                Remembered {
+                    hash,
+                    requires,
+                    undefined,
+                },
+            );
         }
         Some(LastUpload {
             server: header.server,
@@ -67,6 +105,21 @@ impl LastUpload {
             version: header.version,
             content_hash: header.content_hash,
             entries,
+            tree: None,
+        })
+    }
+
+    /// The content tree of what the server holds (made from the entries the first time).
+    fn take_tree(&mut self) -> ContentTree {
+        self.tree.take().unwrap_or_else(|| {
+            ContentTree::of(self.entries.iter().map(|(id, e)| {
+                (
+                    id.as_str(),
+                    e.hash.as_str(),
+                    e.requires.as_slice(),
+                    e.undefined,
+                )
+            }))
         })
     }
 
@@ -87,9 +140,10 @@ impl LastUpload {
             content_hash: self.content_hash.clone(),
         };
         writeln!(out, "{}", serde_json::to_string(&header)?)?;
-        for (id, (hash, requires)) in &self.entries {
-            write!(out, "{hash}\t{id}")?;
-            for r in requires {
+        for (id, e) in &self.entries {
+            let flag = if e.undefined { "u" } else { "-" };
+            write!(out, "{}\t{flag}\t{id}", e.hash)?;
+            for r in &e.requires {
                 write!(out, "\t{r}")?;
             }
             writeln!(out)?;
@@ -161,17 +215,7 @@ impl Client {
         let hashes: Vec<String> = crate::model::hash_all(&export.resources);
         let undefined: std::collections::HashSet<&str> =
             export.undefined.iter().map(|u| u.0.as_str()).collect();
-        let expected = crate::model::diff::version_hash(
-            export.resources.iter().enumerate().map(|(i, r)| {
-                (
-                    r.id.0.as_str(),
-                    hashes[i].as_str(),
-                    r.requires.as_slice(),
-                    undefined.contains(r.id.0.as_str()),
-                )
-            }),
-            &export.handlers,
-        );
+        let is_undefined = |id: &str| !undefined.is_empty() && undefined.contains(id);
         tracing::debug!(
             resources = export.resources.len(),
             hashed_ms = started.elapsed().as_secs_f64() * 1e3,
@@ -181,82 +225,119 @@ impl Client {
         // what went as changes: the indexes of the changed resources and the removed ids
         let mut sent_changes: Option<(Vec<usize>, Vec<ResourceId>)> = None;
         let mut answer = None;
-        if let Some(last) = &memory {
-            let mut found = 0;
-            let changed: Vec<usize> = (0..export.resources.len())
-                .filter(|&i| {
-                    let r = &export.resources[i];
-                    match last.entries.get(&r.id.0) {
-                        Some((h, q)) => {
-                            found += 1;
-                            *h != hashes[i] || !same_requires(q, &r.requires)
+        // the export's content tree: the memory's changed by what changed, or made whole
+        let (expected, tree) = match &mut memory {
+            Some(last) => {
+                let mut found = 0;
+                let changed: Vec<usize> = (0..export.resources.len())
+                    .filter(|&i| {
+                        let r = &export.resources[i];
+                        match last.entries.get(&r.id.0) {
+                            Some(e) => {
+                                found += 1;
+                                e.hash != hashes[i]
+                                    || !same_requires(&e.requires, &r.requires)
+                                    || e.undefined != is_undefined(&r.id.0)
+                            }
+                            None => true,
                         }
-                        None => true,
-                    }
-                })
-                .collect();
-            // every remembered id found again: nothing was removed, and the second walk over
-            // the ids is not needed (an export naming an id twice is caught all the same: the
-            // server's content hash then differs from ours, and the whole export it is sent
-            // next is refused for the duplicate)
-            let removed: Vec<ResourceId> = if found == last.entries.len() {
-                Vec::new()
-            } else {
-                let present: std::collections::HashSet<&str> =
-                    export.resources.iter().map(|r| r.id.0.as_str()).collect();
-                last.entries
-                    .keys()
-                    .filter(|id| !present.contains(id.as_str()))
-                    .map(|id| ResourceId(id.clone()))
-                    .collect()
-            };
-            tracing::debug!(
-                changed = changed.len(),
-                removed = removed.len(),
-                compared_ms = started.elapsed().as_secs_f64() * 1e3,
-                "export compared with the last upload"
-            );
-            let body = ChangesBody {
-                format: export.format,
-                resources: changed.iter().map(|&i| &export.resources[i]).collect(),
-                undefined: &export.undefined,
-                metadata: &export.metadata,
-                handlers: &export.handlers,
-                code: &export.code,
-                unknowns: &export.unknowns,
-                provenance: &provenance,
-                base: DeltaBase {
-                    version: last.version,
-                    content_hash: last.content_hash.clone(),
-                },
-                removed: removed.iter().collect(),
-                content_hash: &expected,
-            };
-            match self
-                .call::<serde_json::Value>(
-                    reqwest::Method::POST,
-                    &format!("{}/versions", Self::env(env)),
-                    Some(&body),
-                )
-                .await
-            {
-                Ok(v) => {
-                    answer = Some(v);
-                    sent_changes = Some((changed, removed));
+                    })
+                    .collect();
+                // every remembered id found again: nothing was removed, and the second walk
+                // over the ids is not needed (an export naming an id twice is caught all the
+                // same: the server's content hash then differs from ours, and the whole
+                // export it is sent next is refused for the duplicate)
+                let removed: Vec<ResourceId> = if found == last.entries.len() {
+                    Vec::new()
+                } else {
+                    let present: std::collections::HashSet<&str> =
+                        export.resources.iter().map(|r| r.id.0.as_str()).collect();
+                    last.entries
+                        .keys()
+                        .filter(|id| !present.contains(id.as_str()))
+                        .map(|id| ResourceId(id.clone()))
+                        .collect()
+                };
+                // the memory's tree with the changes is the export's (every field of a line
+                // was compared): its root is the content hash the export must have
+                let mut tree = last.take_tree();
+                for id in &removed {
+                    tree.remove(&id.0);
                 }
-                Err(ClientError::Api {
-                    status: 409, kind, ..
-                }) if kind == "base_moved" => {}
-                Err(e) => return Err(e),
+                for &i in &changed {
+                    let r = &export.resources[i];
+                    tree.insert(&r.id.0, &hashes[i], &r.requires, is_undefined(&r.id.0));
+                }
+                let expected = content::with_handlers(tree.root(), &export.handlers);
+                tracing::debug!(
+                    changed = changed.len(),
+                    removed = removed.len(),
+                    compared_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "export compared with the last upload"
+                );
+                let body = ChangesBody {
+                    format: export.format,
+                    resources: changed.iter().map(|&i| &export.resources[i]).collect(),
+                    undefined: &export.undefined,
+                    metadata: &export.metadata,
+                    handlers: &export.handlers,
+                    code: &export.code,
+                    unknowns: &export.unknowns,
+                    provenance: &provenance,
+                    base: DeltaBase {
+                        version: last.version,
+                        content_hash: last.content_hash.clone(),
+                    },
+                    removed: removed.iter().collect(),
+                    content_hash: &expected,
+                };
+                match self
+                    .call::<serde_json::Value>(
+                        reqwest::Method::POST,
+                        &format!("{}/versions", Self::env(env)),
+                        Some(&body),
+                    )
+                    .await
+                {
+                    Ok(v) => {
+                        answer = Some(v);
+                        sent_changes = Some((changed, removed));
+                    }
+                    Err(ClientError::Api {
+                        status: 409, kind, ..
+                    }) if kind == "base_moved" => {}
+                    Err(e) => return Err(e),
+                }
+                (expected, tree)
             }
-        }
+            None => {
+                let mut tree =
+                    ContentTree::of(export.resources.iter().enumerate().map(|(i, r)| {
+                        (
+                            r.id.0.as_str(),
+                            hashes[i].as_str(),
+                            r.requires.as_slice(),
+                            is_undefined(&r.id.0),
+                        )
+                    }));
+                let expected = content::with_handlers(tree.root(), &export.handlers);
+                (expected, tree)
+            }
+        };
         let answer = match answer {
             Some(v) => v,
             None => self.upload(env, export, provenance).await?,
         };
         let as_changes = sent_changes.is_some();
         let version = answer["number"].as_i64().unwrap_or(0) as i32;
-        let requires_of = |r: &Resource| r.requires.iter().map(|q| q.0.clone()).collect();
+        let remembered = |i: usize, hash: String| {
+            let r = &export.resources[i];
+            Remembered {
+                hash,
+                requires: r.requires.iter().map(|q| q.0.clone()).collect(),
+                undefined: is_undefined(&r.id.0),
+            }
+        };
         let last = if answer["content_hash"] != expected.as_str() {
             None
         } else if let (Some(mut m), Some((changed, removed))) = (memory.take(), sent_changes) {
@@ -265,13 +346,13 @@ impl Client {
                 m.entries.remove(&id.0);
             }
             for i in changed {
-                let r = &export.resources[i];
-                m.entries
-                    .insert(r.id.0.clone(), (hashes[i].clone(), requires_of(r)));
+                let id = export.resources[i].id.0.clone();
+                m.entries.insert(id, remembered(i, hashes[i].clone()));
             }
             m.server = self.base.clone();
             m.version = version;
             m.content_hash = expected;
+            m.tree = Some(tree);
             Some(m)
         } else {
             Some(LastUpload {
@@ -279,12 +360,12 @@ impl Client {
                 environment: env.to_string(),
                 version,
                 content_hash: expected,
-                entries: export
-                    .resources
-                    .iter()
-                    .zip(hashes)
-                    .map(|(r, h)| (r.id.0.clone(), (h, requires_of(r))))
+                entries: hashes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, h)| (export.resources[i].id.0.clone(), remembered(i, h)))
                     .collect(),
+                tree: Some(tree),
             })
         };
         Ok(Sent {

@@ -244,6 +244,21 @@ async fn whole_and_changes_store_identical_versions_over_a_random_sequence() {
         let n = a["number"].as_i64().unwrap() as i32;
         assert_eq!(b_answer["number"], a["number"], "step {step}");
         assert_eq!(b_answer["content_hash"], a["content_hash"], "step {step}");
+        // both servers kept their content tree from version to version: its root is the
+        // content hash of the version computed whole
+        let hashes: Vec<String> = export.resources.iter().map(Resource::hash).collect();
+        let whole_hash = content::version_hash(
+            export.resources.iter().zip(&hashes).map(|(r, h)| {
+                (
+                    r.id.0.as_str(),
+                    h.as_str(),
+                    r.requires.as_slice(),
+                    export.undefined.contains(&r.id),
+                )
+            }),
+            &export.handlers,
+        );
+        assert_eq!(a["content_hash"], whole_hash, "step {step}");
         assert_eq!(b_answer["diff_summary"], a["diff_summary"], "step {step}");
         assert_eq!(
             b_answer["resource_count"],
@@ -447,6 +462,12 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
         "after a lying memory",
     );
     assert_eq!(sent.answer["diff_summary"]["updated"], 1);
+    // the refused changes took the server's content tree of the newest version: it made
+    // this version's whole, and the hash is still the one the client computed
+    assert!(
+        sent.last.is_some(),
+        "the server's content hash is the client's"
+    );
     // a memory of another environment is not used
     let other = new_env(&c, "other", 10).await;
     let sent = c

@@ -21,6 +21,7 @@ use uuid::Uuid;
 use super::blobs::{collect_blobs, hold_blobs};
 use super::spans::{self, Entry};
 use super::{DiffEntry, NewVersion, Stored};
+use crate::model::content::{self, ContentTree};
 use crate::model::diff::{self, ChangeKind};
 use crate::model::{DeltaBase, ExportFile, Resource, ResourceId};
 use crate::store::{Result, StoreError, environments};
@@ -144,10 +145,20 @@ pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Re
             (r.id.0.clone(), entry)
         })
         .collect();
-    let lock = lock_newest(c, env_id).await?;
+    let mut lock = lock_newest(c, env_id).await?;
+    let newest = lock.newest.as_ref().map(|(_, _, m)| m.clone());
     let empty = Manifest::new();
-    let base = lock.newest.as_ref().map_or(&empty, |(_, _, m)| &**m);
-    write(c, env_id, &nv, &lock, manifest, Against::Whole(base), None).await
+    let base = newest.as_deref().unwrap_or(&empty);
+    write(
+        c,
+        env_id,
+        &nv,
+        &mut lock,
+        manifest,
+        Against::Whole(base),
+        None,
+    )
+    .await
 }
 
 /// What a new version is compared with to find what changed.
@@ -291,7 +302,7 @@ pub async fn store_delta(
         c,
         env_id,
         &nv,
-        &lock,
+        &mut lock,
         manifest,
         Against::Touched(&touched),
         expect,
@@ -304,6 +315,9 @@ struct Locked {
     settings: crate::model::settings::EnvSettings,
     auto_release_held: bool,
     newest: Option<(i32, String, Arc<Manifest>)>,
+    /// the newest version's content tree, when the cache had it (else the next version's is
+    /// built whole)
+    tree: Option<ContentTree>,
 }
 
 async fn lock_newest(c: &mut PgConnection, env_id: Uuid) -> Result<Locked> {
@@ -314,11 +328,15 @@ async fn lock_newest(c: &mut PgConnection, env_id: Uuid) -> Result<Locked> {
     .bind(env_id)
     .fetch_optional(&mut *c)
     .await?;
+    let mut tree = None;
     let newest = match newest {
         None => None,
         Some((n, hash)) => {
             let manifest = match cached(env_id, n, &hash) {
-                Some(m) => m,
+                Some((m, t)) => {
+                    tree = t;
+                    m
+                }
                 None => Arc::new(spans::open_entries(&mut *c, env_id).await?),
             };
             Some((n, hash, manifest))
@@ -328,6 +346,7 @@ async fn lock_newest(c: &mut PgConnection, env_id: Uuid) -> Result<Locked> {
         settings: env.settings,
         auto_release_held: env.auto_release_held,
         newest,
+        tree,
     })
 }
 
@@ -335,7 +354,7 @@ async fn write(
     c: &mut PgConnection,
     env_id: Uuid,
     nv: &NewVersion<'_>,
-    lock: &Locked,
+    lock: &mut Locked,
     manifest: Manifest,
     against: Against<'_>,
     expect: Option<&str>,
@@ -343,14 +362,6 @@ async fn write(
     let t0 = std::time::Instant::now();
     let prev = lock.newest.as_ref().map(|(n, _, _)| *n);
     let number = prev.unwrap_or(0) + 1;
-    let content_hash = content_hash(&manifest, nv.export);
-    if let Some(expected) = expect
-        && expected != content_hash
-    {
-        return Err(StoreError::BaseMoved(format!(
-            "these changes make a version with content hash {content_hash}, not the {expected} the sender has: send the whole version"
-        )));
-    }
     // what changed: rows to close, rows to open, the diff
     let mut closed: Vec<&str> = Vec::new();
     let mut opened: Vec<(&str, &Entry)> = Vec::new();
@@ -393,6 +404,36 @@ async fn write(
                 }
             }
         }
+    }
+    // the content hash: the newest version's tree changed by what changed (whole when the
+    // cache did not have it)
+    let mut tree = match lock.tree.take() {
+        Some(mut tree) => {
+            for id in &closed {
+                tree.remove(id);
+            }
+            for (id, e) in &opened {
+                tree.insert(id, &e.hash, &e.requires, e.undefined);
+            }
+            tree
+        }
+        None => ContentTree::of(manifest.iter().map(|(id, e)| {
+            (
+                id.as_str(),
+                e.hash.as_str(),
+                e.requires.as_slice(),
+                e.undefined,
+            )
+        })),
+    };
+    debug_assert_eq!(tree.len(), manifest.len());
+    let content_hash = content::with_handlers(tree.root(), &nv.export.handlers);
+    if let Some(expected) = expect
+        && expected != content_hash
+    {
+        return Err(StoreError::BaseMoved(format!(
+            "these changes make a version with content hash {content_hash}, not the {expected} the sender has: send the whole version"
+        )));
     }
     let t_classified = t0.elapsed();
     // attributes, content-addressed: only those of new and changed resources can be missing
@@ -472,27 +513,13 @@ async fn write(
     // kept for the next store; if this transaction does not commit, the number and content
     // hash it is kept under will not match the database's newest version, so it is not used
     let rows_opened = opened.len();
-    remember(env_id, number, &content_hash, Arc::new(manifest));
+    remember(env_id, number, &content_hash, Arc::new(manifest), tree);
     Ok(Stored {
         info,
         auto_released,
         rows_opened,
         fresh_attributes: fresh,
     })
-}
-
-fn content_hash(manifest: &Manifest, export: &ExportFile) -> String {
-    diff::version_hash(
-        manifest.iter().map(|(id, e)| {
-            (
-                id.as_str(),
-                e.hash.as_str(),
-                e.requires.as_slice(),
-                e.undefined,
-            )
-        }),
-        &export.handlers,
-    )
 }
 
 use super::fresh::AttributeMap;
@@ -685,16 +712,22 @@ struct CachedManifest {
     number: i32,
     content_hash: String,
     manifest: Arc<Manifest>,
+    /// its content tree (taken by the store that reads it: the next version's is made from it)
+    tree: Option<ContentTree>,
 }
 
 static CACHE: Mutex<Vec<CachedManifest>> = Mutex::new(Vec::new());
 
-fn cached(env: Uuid, number: i32, content_hash: &str) -> Option<Arc<Manifest>> {
-    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+fn cached(
+    env: Uuid,
+    number: i32,
+    content_hash: &str,
+) -> Option<(Arc<Manifest>, Option<ContentTree>)> {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     cache
-        .iter()
+        .iter_mut()
         .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
-        .map(|m| m.manifest.clone())
+        .map(|m| (m.manifest.clone(), m.tree.take()))
 }
 
 /// Drop the environment's manifest from the cache (it is being made the next version's).
@@ -703,7 +736,13 @@ fn forget_cached(env: Uuid) {
     cache.retain(|m| m.env != env);
 }
 
-fn remember(env: Uuid, number: i32, content_hash: &str, manifest: Arc<Manifest>) {
+fn remember(
+    env: Uuid,
+    number: i32,
+    content_hash: &str,
+    manifest: Arc<Manifest>,
+    tree: ContentTree,
+) {
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     cache.retain(|m| m.env != env);
     if manifest.len() > CACHE_RESOURCES {
@@ -714,6 +753,7 @@ fn remember(env: Uuid, number: i32, content_hash: &str, manifest: Arc<Manifest>)
         number,
         content_hash: content_hash.to_string(),
         manifest,
+        tree: Some(tree),
     });
     // oldest first out
     while cache.iter().map(|m| m.manifest.len()).sum::<usize>() > CACHE_RESOURCES {
