@@ -45,14 +45,59 @@ struct Bucket {
 }
 
 impl ContentTree {
-    /// A tree of `entries`: `(id, attribute hash, requires, undefined)`.
-    pub fn of<'a, Q: AsRef<str> + 'a>(
+    /// A tree of `entries`: `(id, attribute hash, requires, undefined)`. Each leaf is
+    /// hashed once and each bucket is built from its sorted leaves (a large version's lines
+    /// are hashed on every core).
+    pub fn of<'a, Q: AsRef<str> + Sync + 'a>(
         entries: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
     ) -> ContentTree {
-        let mut tree = ContentTree::default();
-        let mut line = Vec::with_capacity(256);
-        for (id, hash, requires, undefined) in entries {
-            tree.insert_with(id, hash, requires, undefined, &mut line);
+        let entries: Vec<_> = entries.collect();
+        let leaves_of = |part: &[(&'a str, &'a str, &'a [Q], bool)]| {
+            let mut line = Vec::with_capacity(256);
+            part.iter()
+                .map(|&(id, hash, requires, undefined)| {
+                    line.clear();
+                    write_line(id, hash, requires, undefined, &mut line);
+                    let leaf: [u8; 32] = Sha256::digest(&line[..]).into();
+                    (bucket_of(id) as u16, id, leaf)
+                })
+                .collect::<Vec<_>>()
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut leaves: Vec<(u16, &str, [u8; 32])> = if cores < 2 || entries.len() < 4096 {
+            leaves_of(&entries)
+        } else {
+            let chunk = entries.len().div_ceil(cores);
+            std::thread::scope(|scope| {
+                let parts: Vec<_> = entries
+                    .chunks(chunk)
+                    .map(|part| scope.spawn(move || leaves_of(part)))
+                    .collect();
+                parts
+                    .into_iter()
+                    .flat_map(|p| p.join().unwrap_or_default())
+                    .collect()
+            })
+        };
+        // by bucket first (one pass), then each bucket by id: ids share long prefixes, and
+        // sorting 100 of them 1,000 times is a third of the comparisons of sorting 100,000
+        let mut by_bucket: Vec<Vec<(&str, [u8; 32])>> = vec![Vec::new(); BUCKETS];
+        for (number, id, leaf) in leaves.drain(..) {
+            by_bucket[usize::from(number)].push((id, leaf));
+        }
+        let mut tree = ContentTree {
+            buckets: vec![Bucket::default(); BUCKETS],
+            len: 0,
+        };
+        for (bucket, mut leaves) in tree.buckets.iter_mut().zip(by_bucket) {
+            leaves.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            // sorted: the map is built in one pass (an id given twice is held once; a store
+            // refuses such a version)
+            bucket.leaves = leaves
+                .into_iter()
+                .map(|(id, leaf)| (id.into(), leaf))
+                .collect();
+            tree.len += bucket.leaves.len();
         }
         tree
     }
@@ -68,19 +113,8 @@ impl ContentTree {
 
     /// Set the line of `id` (adding it, or replacing what it was).
     pub fn insert<Q: AsRef<str>>(&mut self, id: &str, hash: &str, requires: &[Q], undefined: bool) {
-        self.insert_with(id, hash, requires, undefined, &mut Vec::with_capacity(256));
-    }
-
-    fn insert_with<Q: AsRef<str>>(
-        &mut self,
-        id: &str,
-        hash: &str,
-        requires: &[Q],
-        undefined: bool,
-        line: &mut Vec<u8>,
-    ) {
-        line.clear();
-        write_line(id, hash, requires, undefined, line);
+        let mut line = Vec::with_capacity(256);
+        write_line(id, hash, requires, undefined, &mut line);
         let leaf: [u8; 32] = Sha256::digest(&line[..]).into();
         if self.buckets.is_empty() {
             self.buckets = vec![Bucket::default(); BUCKETS];
@@ -168,7 +202,7 @@ fn write_line<Q: AsRef<str>>(
 }
 
 /// The content hash of a version's resources, computed whole (see [`ContentTree`]).
-pub fn content_hash<'a, Q: AsRef<str> + 'a>(
+pub fn content_hash<'a, Q: AsRef<str> + Sync + 'a>(
     entries: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
 ) -> String {
     ContentTree::of(entries).root()
@@ -193,7 +227,7 @@ pub fn with_handlers(
 }
 
 /// [`with_handlers`] of the [`content_hash`] of `entries`.
-pub fn version_hash<'a, Q: AsRef<str> + 'a>(
+pub fn version_hash<'a, Q: AsRef<str> + Sync + 'a>(
     entries: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
     handlers: &BTreeMap<String, super::HandlerCode>,
 ) -> String {
