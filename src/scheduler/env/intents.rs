@@ -214,20 +214,36 @@ impl EnvScheduler {
         }
         // persist what the merge changed; untouched resources keep their row (its
         // intent_version is then the version that last changed their intent), so a release
-        // that changes one resource of 10,000 writes a handful of rows, not 10,000
+        // that changes one resource of 10,000 writes a handful of rows, not 10,000; blocked
+        // ones are written again only when the blocking may have changed
+        let blocked = (!merged.blocking_unchanged)
+            .then(|| {
+                (0..self.model.len())
+                    .filter(|&r| self.model.states[r].blocked != Blocked::NotBlocked)
+            })
+            .into_iter()
+            .flatten();
         let touched: Vec<usize> = affected
             .iter()
             .chain(merged.newly_blocked.iter())
             .copied()
-            .chain(
-                (0..self.model.len())
-                    .filter(|&r| self.model.states[r].blocked != Blocked::NotBlocked),
-            )
+            .chain(blocked)
             .collect();
         for r in touched {
             self.mark_state(r);
         }
-        self.refresh_placements();
+        // agents placed by a std::AgentConfig: only one that came, changed or went can move
+        // them (the walk over every intent is not made for a version without one)
+        let agent_config = |i: &Intent| i.type_name == "std::AgentConfig";
+        if merged.deleted.iter().any(agent_config)
+            || merged
+                .new
+                .iter()
+                .chain(&merged.updated)
+                .any(|&r| agent_config(&self.model.intents[r]))
+        {
+            self.refresh_placements();
+        }
         self.batch.progress = Some(version);
         tracing::info!(
             environment = %self.env, version, new = merged.new.len(), updated = merged.updated.len(),
