@@ -22,6 +22,7 @@ use crate::store::tokens::Token;
 use crate::store::versions::{StoredResource, VersionInfo};
 
 mod changes;
+mod fingerprint;
 pub use changes::{LastUpload, Sent, memory_path};
 
 #[derive(Debug, thiserror::Error)]

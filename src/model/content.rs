@@ -46,43 +46,22 @@ struct Bucket {
 
 impl ContentTree {
     /// A tree of `entries`: `(id, attribute hash, requires, undefined)`. Each leaf is
-    /// hashed once and each bucket is built from its sorted leaves (a large version's lines
-    /// are hashed on every core).
+    /// hashed once (on every core for a large version) and each bucket is built from its
+    /// sorted leaves.
     pub fn of<'a, Q: AsRef<str> + Sync + 'a>(
         entries: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
     ) -> ContentTree {
         let entries: Vec<_> = entries.collect();
-        let leaves_of = |part: &[(&'a str, &'a str, &'a [Q], bool)]| {
+        let leaves = super::par_map(&entries, |&(id, hash, requires, undefined)| {
             let mut line = Vec::with_capacity(256);
-            part.iter()
-                .map(|&(id, hash, requires, undefined)| {
-                    line.clear();
-                    write_line(id, hash, requires, undefined, &mut line);
-                    let leaf: [u8; 32] = Sha256::digest(&line[..]).into();
-                    (bucket_of(id) as u16, id, leaf)
-                })
-                .collect::<Vec<_>>()
-        };
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let mut leaves: Vec<(u16, &str, [u8; 32])> = if cores < 2 || entries.len() < 4096 {
-            leaves_of(&entries)
-        } else {
-            let chunk = entries.len().div_ceil(cores);
-            std::thread::scope(|scope| {
-                let parts: Vec<_> = entries
-                    .chunks(chunk)
-                    .map(|part| scope.spawn(move || leaves_of(part)))
-                    .collect();
-                parts
-                    .into_iter()
-                    .flat_map(|p| p.join().unwrap_or_default())
-                    .collect()
-            })
-        };
+            write_line(id, hash, requires, undefined, &mut line);
+            let leaf: [u8; 32] = Sha256::digest(&line[..]).into();
+            (bucket_of(id) as u16, id, leaf)
+        });
         // by bucket first (one pass), then each bucket by id: ids share long prefixes, and
         // sorting 100 of them 1,000 times is a third of the comparisons of sorting 100,000
         let mut by_bucket: Vec<Vec<(&str, [u8; 32])>> = vec![Vec::new(); BUCKETS];
-        for (number, id, leaf) in leaves.drain(..) {
+        for (number, id, leaf) in leaves {
             by_bucket[usize::from(number)].push((id, leaf));
         }
         let mut tree = ContentTree {
