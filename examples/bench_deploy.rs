@@ -228,7 +228,7 @@ async fn run(n: usize) {
     let mut last = None;
     let mut by_mode: Vec<(bool, Vec<f64>, Vec<f64>)> =
         vec![(true, vec![], vec![]), (false, vec![], vec![])];
-    for round in 0..6 {
+    for round in 0..10 {
         let as_changes = round % 2 == 0;
         let which = n / 2 + round;
         let e = export(&files, n, Some(which));

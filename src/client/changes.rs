@@ -144,7 +144,19 @@ impl LastUpload {
             std::fs::create_dir_all(dir)?;
         }
         let tmp = path.with_extension("tmp");
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        // readable by its owner only: it holds the fingerprints' key (a file left by a crash
+        // is made anew, not reused with its mode)
+        let _ = std::fs::remove_file(&tmp);
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?
+        };
+        let mut out = std::io::BufWriter::new(file);
         writeln!(out, "{MAGIC}")?;
         let header = Header {
             server: self.server.clone(),

@@ -410,6 +410,15 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     let memory = tempfile::tempdir().unwrap();
     let path = memory.path().join("last");
     first.last.as_ref().unwrap().save(&path).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the memory holds a key: its owner's only"
+        );
+    }
     assert_eq!(LastUpload::load(&path).as_ref(), first.last.as_ref());
     // the memory lies about one resource (its base version and content hash are right): a
     // change sent against it would leave that resource wrong, so the server refuses it
