@@ -1,10 +1,11 @@
 //! Hashing benchmark: `cargo run --release --example bench_hash [-- N]`
 //!
-//! What a client sending changes does with every resource of an export before it can tell
-//! what changed (issue 31): the attribute hash of each resource (SHA-256 of its canonical
-//! JSON), on one core and on every core (`hash_all`), then the version's content hash, whole
-//! and after a change to one resource (its kept tree changed). The
-//! resources are the fs::File ones `bench_deploy` exports. Best of 5 rounds.
+//! What storing or sending a version costs in hashing (issue 31): the attribute hash of each
+//! resource (SHA-256 of its canonical JSON), on one core and on every core (`hash_all`; a
+//! server storing a whole export does this, a client sending changes only for the resources
+//! whose fingerprint changed), then the version's content hash, whole and after a change to
+//! one resource (its kept tree changed). The resources are the fs::File ones `bench_deploy`
+//! exports. Best of 5 rounds.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
