@@ -11,8 +11,9 @@
 //! memory holds the [`ContentTree`] of what was stored, so the content hash of the next
 //! version costs what changed, not the whole export.
 
-// ids are the client's own export's: a fast hash (100,000 lookups per upload) is safe here
-use foldhash::HashMap;
+// ids are the client's own export's: a fast hash (100,000 lookups per upload) is safe here;
+// each entry has a place, so an id met twice in an export is seen
+type Entries = indexmap::IndexMap<String, Remembered, foldhash::fast::RandomState>;
 use std::io::{BufRead, Write};
 use std::path::Path;
 
@@ -35,7 +36,7 @@ pub struct LastUpload {
     pub environment: String,
     pub version: i32,
     pub content_hash: String,
-    entries: HashMap<String, Remembered>,
+    entries: Entries,
     /// the key of the entries' fingerprints
     key: Key,
     /// the content tree of `entries`: made from them when first needed (a memory read from
@@ -88,7 +89,7 @@ impl LastUpload {
             return None;
         }
         let header: Header = serde_json::from_str(&lines.next()?.ok()?).ok()?;
-        let mut entries = HashMap::default();
+        let mut entries = Entries::default();
         for line in lines {
             let line = line.ok()?;
             let mut fields = line.split('\t');
@@ -232,27 +233,33 @@ struct Delta {
 
 impl LastUpload {
     /// What `export` changes against this memory; `fingerprints` are its resources', under
-    /// this memory's key.
+    /// this memory's key. `None` when the export names a remembered resource twice: it is
+    /// then sent whole, and refused as a whole export with a duplicate is (as changes, the
+    /// second mention would hide a resource the export dropped).
     fn delta(
         &self,
         export: &ExportFile,
         fingerprints: &[u64],
         is_undefined: &(dyn Fn(&str) -> bool + Sync),
-    ) -> Delta {
-        let mut found = 0;
+    ) -> Option<Delta> {
+        let mut seen = vec![false; self.entries.len()];
+        let mut twice = false;
         // the resources not as remembered: new, or another fingerprint or undefined flag
         let candidates: Vec<usize> = (0..export.resources.len())
             .filter(|&i| {
                 let r = &export.resources[i];
-                match self.entries.get(&r.id.0) {
-                    Some(e) => {
-                        found += 1;
+                match self.entries.get_full(&r.id.0) {
+                    Some((at, _, e)) => {
+                        twice |= std::mem::replace(&mut seen[at], true);
                         e.fingerprint != fingerprints[i] || e.undefined != is_undefined(&r.id.0)
                     }
                     None => true,
                 }
             })
             .collect();
+        if twice {
+            return None;
+        }
         let hashes = crate::model::par_map(&candidates, |&i| export.resources[i].hash());
         let (mut changed, mut restamped) = (Vec::new(), Vec::new());
         for (i, hash) in candidates.into_iter().zip(hashes) {
@@ -268,26 +275,23 @@ impl LastUpload {
                 _ => changed.push((i, hash)),
             }
         }
-        // every remembered id found again: nothing was removed, and the second walk over the
-        // ids is not needed (an export naming an id twice is caught all the same: the
-        // server's content hash then differs from ours, and the whole export it is sent next
-        // is refused for the duplicate)
-        let removed = if found == self.entries.len() {
+        // the remembered ids not seen again went (a new id given twice is the server's to
+        // refuse: it checks the resources it is sent)
+        let removed = if !seen.contains(&false) {
             Vec::new()
         } else {
-            let present: std::collections::HashSet<&str> =
-                export.resources.iter().map(|r| r.id.0.as_str()).collect();
             self.entries
                 .keys()
-                .filter(|id| !present.contains(id.as_str()))
-                .map(|id| ResourceId(id.clone()))
+                .zip(&seen)
+                .filter(|(_, seen)| !**seen)
+                .map(|(id, _)| ResourceId(id.clone()))
                 .collect()
         };
-        Delta {
+        Some(Delta {
             changed,
             restamped,
             removed,
-        }
+        })
     }
 }
 
@@ -315,6 +319,7 @@ impl Client {
         let memory = last.filter(|l| l.environment == env);
         let key = memory.as_ref().map_or_else(fingerprint::new_key, |m| m.key);
         let fingerprints = crate::model::par_map(&export.resources, |r| fingerprint::of(key, r));
+        let fingerprinted = started.elapsed();
         let remembered = |i: usize, hash: String| {
             let r = &export.resources[i];
             Remembered {
@@ -324,8 +329,11 @@ impl Client {
                 undefined: is_undefined(&r.id.0),
             }
         };
-        if let Some(mut memory) = memory {
-            let delta = memory.delta(export, &fingerprints, &is_undefined);
+        let memory_and_delta = memory.and_then(|m| {
+            let delta = m.delta(export, &fingerprints, &is_undefined)?;
+            Some((m, delta))
+        });
+        if let Some((mut memory, delta)) = memory_and_delta {
             // the memory's tree with the changes is the export's (what was not compared
             // field by field has the fingerprint it had): its root is the content hash the
             // export must have
@@ -342,6 +350,7 @@ impl Client {
                 resources = export.resources.len(),
                 changed = delta.changed.len(),
                 removed = delta.removed.len(),
+                fingerprinted_ms = fingerprinted.as_secs_f64() * 1e3,
                 compared_ms = started.elapsed().as_secs_f64() * 1e3,
                 "export compared with the last upload"
             );
@@ -378,7 +387,7 @@ impl Client {
                     // when the server's content hash is not ours: the next upload is whole)
                     let last = (answer["content_hash"] == expected.as_str()).then(|| {
                         for id in &delta.removed {
-                            memory.entries.remove(&id.0);
+                            memory.entries.swap_remove(&id.0);
                         }
                         for (i, hash) in delta.changed {
                             let id = export.resources[i].id.0.clone();

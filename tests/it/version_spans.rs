@@ -485,6 +485,22 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
         sent.last.is_some(),
         "the server's content hash is the client's"
     );
+    // an export naming a resource twice, and without another one, is refused as a whole
+    // export is: the duplicate must not stand in for the removed resource's place in the
+    // memory (the changes would then store a version that still has it)
+    let mut doubled = export.clone();
+    let first = doubled.resources[0].clone();
+    doubled.resources[1] = first;
+    let newest = c.versions(&env).await.unwrap()[0]["number"].clone();
+    let refused = c
+        .upload_changes(&env, &doubled, json!({}), sent.last.clone())
+        .await;
+    assert!(
+        refused.is_err(),
+        "a duplicate id is refused, not stored: {:?}",
+        refused.map(|s| s.answer)
+    );
+    assert_eq!(c.versions(&env).await.unwrap()[0]["number"], newest);
     // a memory of another environment is not used
     let other = new_env(&c, "other", 10).await;
     let sent = c
