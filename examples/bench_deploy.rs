@@ -5,7 +5,8 @@
 //! settings: one action at a time) into a temp dir. Measures, end to end through the API:
 //!   1. release of an N-file version -> every file written and its state stored;
 //!   2. a user repair with nothing to change -> every resource verified;
-//!   3. a version changing one file -> that file rewritten and the version done.
+//!   3. a version changing one file -> that file rewritten and the version done;
+//!   4. a version adding one file -> that file written; one removing it -> the version merged.
 //!
 //! Files go to a temp dir, or under $BENCH_DIR (e.g. /dev/shm, to separate the disk's cost
 //! of creating files from the orchestrator's). BENCH_FIRST_ONLY=1 stops after step 1 (to
@@ -296,6 +297,71 @@ async fn run(n: usize) {
             best(stored)
         );
     }
+    // 4. a resource added, then removed again, sent as changes: the scheduler merges such a
+    // version whole (`Model::merge`), not in place. Added: its file written and its state
+    // stored; removed: the version merged and nothing left to do (it becomes an orphan).
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let new_path = files.join(format!("f{n:06}"));
+    for round in 0..6 {
+        let add = round % 2 == 0;
+        let e = export(&files, if add { n + 1 } else { n }, None);
+        let start = Instant::now();
+        let sent = c
+            .upload_changes(&env, &e, json!({}), last.take())
+            .await
+            .expect("upload");
+        assert!(sent.as_changes, "sent as changes");
+        last = sent.last;
+        let number = sent.answer["number"].as_i64().unwrap() as i32;
+        if add {
+            let id = e.resources[n].id.0.clone();
+            let hash = e.resources[n].hash();
+            loop {
+                if std::fs::read_to_string(&new_path).ok().as_deref()
+                    == Some(format!("file {n}\n").as_str())
+                {
+                    let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+                        "SELECT last_run_hash, last_result FROM resource_state WHERE environment_id = $1 AND resource_id = $2",
+                    )
+                    .bind(env_id)
+                    .bind(&id)
+                    .fetch_optional(&pool)
+                    .await
+                    .unwrap();
+                    if let Some((Some(h), Some(r))) = row
+                        && h == hash
+                        && r == "deployed"
+                    {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            added.push(start.elapsed().as_secs_f64());
+            // the next round adds it again: its file goes, so "written" means written again
+            std::fs::remove_file(&new_path).unwrap();
+        } else {
+            loop {
+                let s = schedulers.status(env_id).await.expect("status");
+                if s.version == Some(number) && s.queued == 0 && s.running == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            removed.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let best = |v: &Vec<f64>| v.iter().cloned().fold(f64::MAX, f64::min);
+    println!(
+        "add one of {n} files, sent as changes (file written, state stored): {:.3} s (best of {}: {added:.3?})",
+        best(&added),
+        added.len()
+    );
+    println!(
+        "remove one of {n} files, sent as changes (version merged, nothing queued): {:.3} s (best of {}: {removed:.3?})",
+        best(&removed),
+        removed.len()
+    );
     let (pg_max, pg_sum) = common::pg_peak_rss_mib(&cluster);
     println!(
         "peak RSS: this process (server, scheduler, client) {:.0} MiB; PostgreSQL largest process {pg_max:.0} MiB, all its processes {pg_sum:.0} MiB",
