@@ -11,6 +11,8 @@ use serde_json::Value;
 use crate::executor::protocol::{Change, Outcome};
 use crate::model::diff::ChangeKind;
 
+mod in_place;
+
 pub type Attrs = serde_json::Map<String, Value>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,13 +190,13 @@ pub struct Merged {
     pub deleted: Vec<Intent>,
     pub newly_blocked: Vec<usize>,
     pub unblocked: Vec<usize>,
-    /// Which resources are blocked by unknown values, and why, is as before: no undefined
-    /// flag and no `requires` changed (an update in place that left them alone; a whole
-    /// merge says `false`).
+    /// Which resources are blocked by unknown values, and why, is as before: a change in
+    /// place that could not move them (no undefined flag or `requires` changed, nothing
+    /// blocked removed, nothing blocked added; a whole merge says `false`).
     pub blocking_unchanged: bool,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Model {
     pub version: Option<i32>,
     pub intents: Vec<Intent>,
@@ -207,6 +209,11 @@ pub struct Model {
     pub provides: Vec<Vec<usize>>,
     /// Resources believed to need a deploy.
     pub dirty: BTreeSet<usize>,
+    /// Requirements naming a resource the model does not hold, by that id: who waits for it
+    /// (an edge is made when a version adds it, without a walk over every intent).
+    dangling: HashMap<String, Vec<usize>>,
+    /// How many intents name each agent (an agent leaves `agents` with its last intent).
+    agent_count: HashMap<String, usize>,
 }
 
 impl Model {
@@ -269,29 +276,26 @@ impl Model {
     }
 
     fn recompute_agents(&mut self) {
-        let mut agents = BTreeSet::new();
+        let mut count: HashMap<String, usize> = HashMap::new();
         for i in &self.intents {
-            if !agents.contains(i.agent.as_str()) {
-                agents.insert(i.agent.clone());
+            match count.get_mut(i.agent.as_str()) {
+                Some(n) => *n += 1,
+                None => {
+                    count.insert(i.agent.clone(), 1);
+                }
             }
         }
-        self.agents = agents;
+        self.agents = count.keys().cloned().collect();
+        self.agent_count = count;
     }
 
     fn rebuild_edges(&mut self) {
         let n = self.intents.len();
         self.requires = vec![Vec::new(); n];
         self.provides = vec![Vec::new(); n];
+        self.dangling.clear();
         for r in 0..n {
-            let reqs: Vec<usize> = self.intents[r]
-                .requires
-                .iter()
-                .filter_map(|q| self.index.get(q).copied())
-                .collect();
-            for &q in &reqs {
-                self.provides[q].push(r);
-            }
-            self.requires[r] = reqs;
+            self.link(r);
         }
     }
 
@@ -323,10 +327,13 @@ impl Model {
                 s.blocked_reason = Some(if self.intents[r].undefined {
                     "its intent has unknown values".into()
                 } else {
-                    let culprit = self.requires[r]
+                    // the first in the intent's order (edges are in the order they were
+                    // made, which differs between a whole merge and changes in place)
+                    let culprit = self.intents[r]
+                        .requires
                         .iter()
-                        .find(|&&q| blocked[q])
-                        .map(|&q| self.intents[q].id.clone())
+                        .find(|q| self.index.get(*q).is_some_and(|&q| blocked[q]))
+                        .cloned()
                         .unwrap_or_default();
                     format!("depends on {culprit}, which can not be deployed (unknown values)")
                 });
@@ -338,65 +345,6 @@ impl Model {
             }
         }
         (newly, freed)
-    }
-
-    /// Take a newer version that only changes resources the model holds (none added or
-    /// removed): `updates` are their new intents. The same result as [`Model::merge`] with
-    /// the whole version, without rebuilding the model: a change to one resource of 100,000
-    /// touches one intent (edges are rebuilt only when requires changed). `None`, with the
-    /// model untouched, when an update is of a resource the model does not hold.
-    pub fn update_in_place(&mut self, version: i32, updates: Vec<Intent>) -> Option<Merged> {
-        if updates.iter().any(|i| !self.index.contains_key(&i.id)) {
-            return None;
-        }
-        let mut merged = Merged::default();
-        let mut requires_changed = false;
-        let mut undefined_flipped = false;
-        for i in updates {
-            let r = self.index[&i.id];
-            let old = &self.intents[r];
-            requires_changed |= old.requires != i.requires;
-            undefined_flipped |= old.undefined != i.undefined;
-            if old.hash != i.hash || old.undefined != i.undefined {
-                let s = &mut self.states[r];
-                s.compliance = if i.undefined {
-                    Compliance::Undefined
-                } else {
-                    Compliance::HasUpdate
-                };
-                if s.blocked == Blocked::Temporarily {
-                    // give it another chance
-                    s.blocked = Blocked::NotBlocked;
-                    s.blocked_reason = None;
-                }
-                s.failure_count = 0;
-                s.next_retry = None;
-                merged.updated.push(r);
-            }
-            self.intents[r] = i;
-        }
-        // in model order, as a whole merge reports them
-        merged.updated.sort_unstable();
-        self.version = Some(version);
-        if requires_changed {
-            self.rebuild_edges();
-        }
-        // blocked is the closure of the undefined intents over the edges: when neither
-        // changed, neither did it (and the walk over every resource is not made: 10-15 ms
-        // at 100,000)
-        if requires_changed || undefined_flipped {
-            let (newly, freed) = self.recompute_blocked();
-            merged.newly_blocked = newly;
-            merged.unblocked = freed;
-        } else {
-            merged.blocking_unchanged = true;
-        }
-        for &r in merged.updated.iter().chain(merged.unblocked.iter()) {
-            if self.states[r].blocked == Blocked::NotBlocked {
-                self.dirty.insert(r);
-            }
-        }
-        Some(merged)
     }
 
     /// Merge a newer version (its intents): the net change against what we hold.
@@ -612,84 +560,6 @@ mod tests {
             requires: requires.iter().map(|s| s.to_string()).collect(),
             undefined,
         }
-    }
-
-    /// Updating in place gives what merging the whole version gives: the same intents,
-    /// states, dirty set and report, over changes of hash, requires and undefined flags.
-    #[test]
-    fn update_in_place_is_a_merge() {
-        let v1 = vec![
-            intent("a", "1", &[], false),
-            intent("b", "1", &["a"], false),
-            intent("c", "1", &[], false),
-            intent("d", "1", &["c"], false),
-        ];
-        let steps: Vec<Vec<Intent>> = vec![
-            vec![intent("a", "2", &[], false)],
-            vec![intent("c", "1", &[], true)],
-            // while d is blocked by c: an update that changes no flag and no requires
-            // leaves the blocking as it was
-            vec![intent("b", "1b", &["a"], false)],
-            vec![intent("c", "2", &[], false), intent("d", "1", &[], false)],
-            vec![
-                intent("b", "2", &["a", "c"], false),
-                intent("a", "2", &[], true),
-            ],
-            vec![intent("a", "3", &[], false)],
-        ];
-        let (mut full, mut fast) = (Model::default(), Model::default());
-        full.merge(1, v1.clone());
-        fast.merge(1, v1);
-        let now = Utc::now();
-        for m in [&mut full, &mut fast] {
-            for r in 0..4 {
-                m.finish(r, Outcome::Deployed, Change::Created, None, now, now);
-            }
-            // one failed and is waiting to retry, one was skipped for it
-            let c = m.get("c").unwrap();
-            m.finish(c, Outcome::Failed, Change::Nochange, None, now, now);
-        }
-        let mut whole: std::collections::BTreeMap<String, Intent> = full
-            .intents
-            .iter()
-            .map(|i| (i.id.clone(), i.clone()))
-            .collect();
-        for (n, step) in steps.into_iter().enumerate() {
-            let version = n as i32 + 2;
-            for i in &step {
-                whole.insert(i.id.clone(), i.clone());
-            }
-            let a = full.merge(version, whole.values().cloned().collect());
-            let b = fast.update_in_place(version, step).expect("all held");
-            let report = |m: &Merged| {
-                (
-                    m.new.clone(),
-                    m.updated.clone(),
-                    m.newly_blocked.clone(),
-                    m.unblocked.clone(),
-                    m.deleted.len(),
-                )
-            };
-            assert_eq!(report(&a), report(&b), "step {n}");
-            assert_eq!(full.states, fast.states, "step {n}");
-            assert_eq!(full.dirty, fast.dirty, "step {n}");
-            assert_eq!(full.requires, fast.requires, "step {n}");
-            for (x, y) in full.intents.iter().zip(&fast.intents) {
-                assert_eq!(
-                    (&x.id, &x.hash, &x.requires, x.undefined),
-                    (&y.id, &y.hash, &y.requires, y.undefined)
-                );
-            }
-            assert_eq!(fast.version, Some(version));
-        }
-        // a resource the model does not hold: refused, nothing changed
-        let before = fast.states.clone();
-        assert!(
-            fast.update_in_place(9, vec![intent("new", "1", &[], false)])
-                .is_none()
-        );
-        assert_eq!(fast.states, before);
-        assert_eq!(fast.version, Some(7));
     }
 
     #[test]

@@ -71,46 +71,6 @@ impl EnvScheduler {
         Ok(intents)
     }
 
-    /// The whole next version from the model and what changed: unchanged intents are moved
-    /// out of the model (it is about to be replaced), changed ones built by
-    /// [`Self::intents_of`]; in id order, as a whole read gives them.
-    async fn intents_from_changes(
-        &mut self,
-        opened: Vec<store::versions::ResourceDigestRow>,
-        closed: Vec<String>,
-    ) -> Result<Vec<Intent>, store::StoreError> {
-        let mut changed: HashSet<String> = closed.into_iter().collect();
-        changed.extend(opened.iter().map(|r| r.resource_id.clone()));
-        // the model's copy of a changed resource stays: only unchanged ones are moved below
-        let mut intents = self.intents_of(opened, false).await?;
-        for i in &mut self.model.intents {
-            if !changed.contains(&i.id) {
-                intents.push(Intent {
-                    id: i.id.clone(),
-                    type_name: i.type_name.clone(),
-                    agent: i.agent.clone(),
-                    hash: i.hash.clone(),
-                    attributes: std::mem::take(&mut i.attributes),
-                    requires: i.requires.clone(),
-                    undefined: i.undefined,
-                });
-            }
-        }
-        intents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-        Ok(intents)
-    }
-
-    /// Whether the changes replace resources the model holds and add or remove none.
-    fn only_updates(
-        &self,
-        opened: &[store::versions::ResourceDigestRow],
-        closed: &[String],
-    ) -> bool {
-        let opened_ids: HashSet<&str> = opened.iter().map(|r| r.resource_id.as_str()).collect();
-        let closed_ids: HashSet<&str> = closed.iter().map(String::as_str).collect();
-        opened_ids == closed_ids && opened_ids.iter().all(|id| self.model.get(id).is_some())
-    }
-
     /// Take a released version into the model: new and changed resources are scheduled,
     /// removed ones become orphans (or are deleted on their target), and what changed is
     /// written back.
@@ -129,24 +89,26 @@ impl EnvScheduler {
         let new_handlers = store::code::handlers_of(&self.pool, self.env, version).await?;
         let old_handlers = std::mem::replace(&mut self.handlers, new_handlers);
         let old_version = self.model.version;
-        // a version that only changes resources the model holds is taken in place; one
-        // that adds or removes some is merged whole, built from the model and the changes
+        // a newer version is taken in place by what it changed; the whole version is read
+        // only when the model holds none, or the changes were not made against it
         let merged = match changes {
-            Some((opened, closed)) if self.only_updates(&opened, &closed) => {
-                // copied: if the update can not be made in place, the whole version is
+            Some((opened, closed)) => {
+                let opened_ids: HashSet<&str> =
+                    opened.iter().map(|r| r.resource_id.as_str()).collect();
+                let removed: Vec<String> = closed
+                    .into_iter()
+                    .filter(|id| !opened_ids.contains(id.as_str()))
+                    .collect();
+                // copied: if the changes can not be taken in place, the whole version is
                 // loaded from the model as it was
-                let updates = self.intents_of(opened, false).await?;
-                match self.model.update_in_place(version, updates) {
+                let upserts = self.intents_of(opened, false).await?;
+                match self.model.apply_in_place(version, upserts, removed) {
                     Some(merged) => merged,
                     None => {
                         let intents = self.load_intents(version, true).await?;
                         self.model.merge(version, intents)
                     }
                 }
-            }
-            Some((opened, closed)) => {
-                let intents = self.intents_from_changes(opened, closed).await?;
-                self.model.merge(version, intents)
             }
             None => {
                 let intents = self.load_intents(version, true).await?;

@@ -17,10 +17,16 @@ impl EnvScheduler {
     pub(super) fn refresh_placements(&mut self) {
         use crate::model::placement::Placement;
         let mut placements = std::collections::HashMap::new();
-        for i in &self.model.intents {
-            if i.type_name != "std::AgentConfig" {
-                continue;
-            }
+        // in id order, so that of two configs for one agent the same one wins whatever the
+        // model's order (changes taken in place do not keep id order)
+        let mut configs: Vec<&crate::scheduler::model::Intent> = self
+            .model
+            .intents
+            .iter()
+            .filter(|i| i.type_name == "std::AgentConfig")
+            .collect();
+        configs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        for i in configs {
             let name = i.attributes.get("agentname").and_then(|v| v.as_str());
             let uri = i.attributes.get("uri").and_then(|v| v.as_str());
             if let (Some(name), Some(uri)) = (name, uri) {
