@@ -468,9 +468,87 @@ pub fn find_cycle_in(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
     None
 }
 
+/// A cycle through one of `starts`, given each node's successors, as the nodes around it,
+/// the first repeated at the end. Only what the starts reach is walked: when a graph without
+/// cycles gains edges, a new cycle passes through a node that gained one, so a version that
+/// changes what one resource requires is checked around that resource, not over 100,000.
+pub fn find_cycle_from<'a, I>(
+    starts: impl IntoIterator<Item = &'a str>,
+    successors: impl Fn(&'a str) -> I,
+) -> Option<Vec<&'a str>>
+where
+    I: Iterator<Item = &'a str>,
+{
+    // absent = new, true = on the path, false = done
+    let mut on_path: std::collections::HashMap<&'a str, bool> = std::collections::HashMap::new();
+    for start in starts {
+        if on_path.contains_key(start) {
+            continue;
+        }
+        on_path.insert(start, true);
+        let mut path: Vec<(&'a str, I)> = vec![(start, successors(start))];
+        while let Some((_, next)) = path.last_mut() {
+            match next.next() {
+                Some(dep) => match on_path.get(dep) {
+                    None => {
+                        on_path.insert(dep, true);
+                        path.push((dep, successors(dep)));
+                    }
+                    Some(true) => {
+                        let pos = path.iter().position(|(n, _)| *n == dep).unwrap_or(0);
+                        let mut cycle: Vec<&str> = path[pos..].iter().map(|(n, _)| *n).collect();
+                        cycle.push(dep);
+                        return Some(cycle);
+                    }
+                    Some(false) => {}
+                },
+                None => {
+                    let (done, _) = path.pop().expect("the path is not empty");
+                    on_path.insert(done, false);
+                }
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cycles_through_the_starts() {
+        let graph = |edges: &'static [(&'static str, &'static str)]| {
+            move |n: &'static str| {
+                edges
+                    .iter()
+                    .filter(move |(from, _)| *from == n)
+                    .map(|(_, to)| *to)
+            }
+        };
+        let chain = graph(&[("a", "b"), ("b", "c"), ("x", "y"), ("y", "x")]);
+        assert_eq!(
+            find_cycle_from(["a"], chain),
+            None,
+            "x-y is not reached from a"
+        );
+        assert_eq!(
+            find_cycle_from(["y", "a"], chain),
+            Some(vec!["y", "x", "y"])
+        );
+        let closed = graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]);
+        assert_eq!(
+            find_cycle_from(["d"], closed),
+            Some(vec!["a", "b", "c", "a"])
+        );
+        assert_eq!(
+            find_cycle_from(["s"], graph(&[("s", "s")])),
+            Some(vec!["s", "s"])
+        );
+        // a diamond is not a cycle
+        let diamond = graph(&[("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]);
+        assert_eq!(find_cycle_from(["a", "b", "c", "d"], diamond), None);
+    }
 
     #[test]
     fn id_parts() {

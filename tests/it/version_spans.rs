@@ -570,6 +570,84 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     );
 }
 
+/// Changes that close a dependency cycle are refused as a whole export closing it is: the
+/// server checks around the resources that gained a requirement, not the whole version.
+#[tokio::test(flavor = "multi_thread")]
+async fn changes_that_close_a_dependency_cycle_are_refused() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = new_env(&c, "cycles", 10).await;
+    // 2 requires 1 requires 0
+    let mut world: World = (0..6)
+        .map(|n| (n, (format!("content {n}"), BTreeSet::new(), false)))
+        .collect();
+    world.get_mut(&1).unwrap().1.insert(0);
+    world.get_mut(&2).unwrap().1.insert(1);
+    c.upload_changes(&env, &world_export(&world), json!({}), None)
+        .await
+        .unwrap();
+    // the given resources of `world` (by number), as changes against the newest version
+    let send = |world: World, given: Vec<usize>| {
+        let (s, c, env) = (&s, &c, &env);
+        async move {
+            let newest = c.versions(env).await.unwrap()[0].clone();
+            let export = world_export(&world);
+            let resources: Vec<&Resource> = export
+                .resources
+                .iter()
+                .filter(|r| given.iter().any(|&n| id_of(n) == r.id))
+                .collect();
+            let body = json!({"format": 1, "resources": resources, "undefined": [],
+                "metadata": {"project": "", "compiler": ""},
+                "base": {"version": newest["number"], "content_hash": newest["content_hash"]},
+                "removed": []});
+            raw(
+                s,
+                reqwest::Method::POST,
+                &format!("/api/v1/environments/{env}/versions"),
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let versions = c.versions(&env).await.unwrap().len();
+    // 0 now requires 2: 0 -> 2 -> 1 -> 0
+    let mut closed = world.clone();
+    closed.get_mut(&0).unwrap().1.insert(2);
+    let (status, err) = send(closed, vec![0]).await;
+    assert_eq!(status, 422, "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("dependency cycle"), "{err}");
+    for n in [0, 1, 2] {
+        assert!(message.contains(&id_of(n).0), "{err}");
+    }
+    // through a resource the changes add: 0 requires the new 9, which requires 2
+    let mut closed = world.clone();
+    closed.insert(9, ("nine".into(), BTreeSet::from([2]), false));
+    closed.get_mut(&0).unwrap().1.insert(9);
+    let (status, err) = send(closed, vec![0, 9]).await;
+    assert_eq!(status, 422, "{err}");
+    assert!(
+        err["message"].as_str().unwrap().contains(&id_of(9).0),
+        "{err}"
+    );
+    assert_eq!(
+        c.versions(&env).await.unwrap().len(),
+        versions,
+        "nothing stored"
+    );
+    // the same new resource without the edge back is a version
+    world.insert(9, ("nine".into(), BTreeSet::from([2]), false));
+    world.insert(10, ("ten".into(), BTreeSet::from([9, 3]), false));
+    let (status, stored) = send(world.clone(), vec![9, 10]).await;
+    assert_eq!(status, 201, "{stored}");
+    same(
+        &as_stored(&c, &env, stored["number"].as_i64().unwrap() as i32).await,
+        &as_sent(&world_export(&world)),
+        "after the changes",
+    );
+}
+
 /// Versions stored before the spans (one row per resource and version) read the same after
 /// migration 0019, including deleted versions in between and an older active version.
 #[tokio::test(flavor = "multi_thread")]

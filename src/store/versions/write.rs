@@ -255,13 +255,17 @@ pub async fn store_delta(
         touched.insert(r.0.clone(), Some(old));
     }
     let undefined: HashSet<&str> = export.undefined.iter().map(|u| u.0.as_str()).collect();
-    let mut requires_changed = false;
+    // resources that gained a requirement: a new cycle goes through one of them
+    let mut gained_edges: Vec<&str> = Vec::new();
     for r in &export.resources {
         let entry = entry_of(r, false);
-        let same_requires = manifest
-            .get(&r.id.0)
-            .is_some_and(|b| b.requires == entry.requires);
-        requires_changed |= !same_requires;
+        let gained = match manifest.get(&r.id.0) {
+            Some(b) => entry.requires.iter().any(|q| !b.requires.contains(q)),
+            None => !entry.requires.is_empty(),
+        };
+        if gained {
+            gained_edges.push(&r.id.0);
+        }
         let old = manifest.insert(r.id.0.clone(), entry);
         touched.insert(r.id.0.clone(), old);
     }
@@ -273,7 +277,8 @@ pub async fn store_delta(
         }
     }
     for (id, e) in manifest.iter_mut() {
-        let now = undefined.contains(id.as_str());
+        // most versions have no undefined resource: no id is hashed then
+        let now = (e.undefined || !undefined.is_empty()) && undefined.contains(id.as_str());
         if e.undefined != now {
             // what it was before: given resources are in `touched` already
             touched.entry(id.clone()).or_insert_with(|| Some(e.clone()));
@@ -295,7 +300,14 @@ pub async fn store_delta(
             }
         }
     }
-    if requires_changed && let Some(cycle) = find_cycle(&manifest) {
+    let cycle = crate::model::find_cycle_from(gained_edges, |id| {
+        manifest
+            .get(id)
+            .into_iter()
+            .flat_map(|e| e.requires.iter().map(String::as_str))
+    });
+    if let Some(cycle) = cycle {
+        let cycle: Vec<ResourceId> = cycle.into_iter().map(|id| ResourceId(id.into())).collect();
         return Err(cycle_error(&cycle));
     }
     write(
@@ -646,27 +658,6 @@ async fn store_diff(
     .execute(&mut *c)
     .await?;
     Ok(())
-}
-
-/// A dependency cycle among the manifest's resources, if any.
-fn find_cycle(manifest: &Manifest) -> Option<Vec<ResourceId>> {
-    let ids: Vec<&String> = manifest.keys().collect();
-    let index: HashMap<&str, usize> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (id.as_str(), i))
-        .collect();
-    let edges: Vec<Vec<usize>> = manifest
-        .values()
-        .map(|e| {
-            e.requires
-                .iter()
-                .filter_map(|q| index.get(q.as_str()).copied())
-                .collect()
-        })
-        .collect();
-    crate::model::find_cycle_in(&edges)
-        .map(|c| c.into_iter().map(|i| ResourceId(ids[i].clone())).collect())
 }
 
 /// Delete versions (their rows, spans, diffs) and the attributes nobody refers to any more.
