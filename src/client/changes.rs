@@ -248,8 +248,14 @@ impl LastUpload {
         let candidates: Vec<usize> = (0..export.resources.len())
             .filter(|&i| {
                 let r = &export.resources[i];
-                match self.entries.get_full(&r.id.0) {
-                    Some((at, _, e)) => {
+                // a memory keeps the order of the export it was made from, and a compile
+                // gives the same order again: looked up by position first (no id hashed)
+                let held = match self.entries.get_index(i) {
+                    Some((id, e)) if *id == r.id.0 => Some((i, e)),
+                    _ => self.entries.get_full(&r.id.0).map(|(at, _, e)| (at, e)),
+                };
+                match held {
+                    Some((at, e)) => {
                         twice |= std::mem::replace(&mut seen[at], true);
                         e.fingerprint != fingerprints[i] || e.undefined != is_undefined(&r.id.0)
                     }
