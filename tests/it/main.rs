@@ -23,6 +23,7 @@ mod console_resources;
 mod console_support;
 mod console_versions;
 mod deploy;
+mod deploy_changes;
 mod deploy_cli;
 mod deploy_faults;
 mod embedded;

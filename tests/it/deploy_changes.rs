@@ -1,0 +1,189 @@
+//! The scheduler takes each released version in place, by what changed (issue 31): over a
+//! random sequence of versions sent as changes, with files added, changed and removed,
+//! requirements moved and unknown values coming and going, what lands on disk and the state
+//! of every resource are what the model says. A slip in the in-place bookkeeping (an index
+//! left pointing at the resource that took a removed one's slot, an edge not made when a
+//! required resource came back) writes the wrong file or blocks the wrong one here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde_json::json;
+use steward::client::LastUpload;
+use steward::model::*;
+
+use crate::deploy::deploying_env;
+use crate::support::*;
+
+const AGENT: &str = "localhost";
+
+/// resource number -> (content, the lower-numbered resources it requires, undefined)
+type World = BTreeMap<usize, (String, BTreeSet<usize>, bool)>;
+
+fn path_of(dir: &Path, n: usize) -> String {
+    format!("{}/f{n:03}", dir.display())
+}
+
+fn id_of(dir: &Path, n: usize) -> String {
+    format!("fs::File[{AGENT},path={}]", path_of(dir, n))
+}
+
+fn export(dir: &Path, world: &World) -> ExportFile {
+    let mut e = export_of(
+        world
+            .iter()
+            .map(|(&n, (content, requires, _))| {
+                let requires: Vec<String> = requires.iter().map(|&q| id_of(dir, q)).collect();
+                let requires: Vec<&str> = requires.iter().map(String::as_str).collect();
+                fs_file(AGENT, &path_of(dir, n), content, &requires)
+            })
+            .collect(),
+    );
+    e.undefined = world
+        .iter()
+        .filter(|(_, (_, _, undefined))| *undefined)
+        .map(|(&n, _)| ResourceId(id_of(dir, n)))
+        .collect();
+    e
+}
+
+/// Blocked by an unknown value: undefined itself, or requiring one that is blocked.
+fn blocked(world: &World, n: usize) -> bool {
+    let (_, requires, undefined) = &world[&n];
+    *undefined || requires.iter().any(|&q| blocked(world, q))
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// One version's changes: contents, additions (requiring older ones), removals (what
+/// required them no longer does), a requirement moved, an unknown value come or gone.
+fn mutate(world: &mut World, rng: &mut Rng, next: &mut usize, step: usize) {
+    let keys: Vec<usize> = world.keys().copied().collect();
+    for _ in 0..1 + rng.below(3) {
+        let k = keys[rng.below(keys.len())];
+        world.get_mut(&k).unwrap().0 = format!("content {k} at {step}\n");
+    }
+    for _ in 0..rng.below(3) {
+        if world.len() > 4 {
+            let gone = keys[rng.below(keys.len())];
+            if world.remove(&gone).is_some() {
+                for (_, requires, _) in world.values_mut() {
+                    requires.remove(&gone);
+                }
+            }
+        }
+    }
+    for _ in 0..rng.below(3) {
+        let n = *next;
+        *next += 1;
+        let held: Vec<usize> = world.keys().copied().collect();
+        let requires: BTreeSet<usize> = (0..rng.below(3))
+            .map(|_| held[rng.below(held.len())])
+            .collect();
+        world.insert(n, (format!("content {n} at {step}\n"), requires, false));
+    }
+    let keys: Vec<usize> = world.keys().copied().collect();
+    let k = keys[rng.below(keys.len())];
+    if rng.below(3) == 0 {
+        let older: Vec<usize> = keys.iter().copied().filter(|&q| q < k).collect();
+        if !older.is_empty() {
+            let entry = world.get_mut(&k).unwrap();
+            entry.1 = BTreeSet::from([older[rng.below(older.len())]]);
+        }
+    }
+    if rng.below(4) == 0 {
+        let entry = world.get_mut(&k).unwrap();
+        entry.2 = !entry.2;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_taken_in_place_deploy_what_the_model_says() {
+    let (_srv, c, env, dir) =
+        deploying_env("in-place", json!({"delete_removed_resources": true})).await;
+    let d = dir.path();
+    let mut rng = Rng(0x31_5eed);
+    let mut world: World = (0..10)
+        .map(|n| {
+            let requires = if n > 0 {
+                BTreeSet::from([n - 1])
+            } else {
+                BTreeSet::new()
+            };
+            (n, (format!("content {n}\n"), requires, false))
+        })
+        .collect();
+    let mut next = 10;
+    let mut last: Option<LastUpload> = None;
+    // what each file holds: a blocked resource keeps what it last deployed
+    let mut on_disk: BTreeMap<usize, String> = BTreeMap::new();
+    let mut ever: BTreeSet<usize> = BTreeSet::new();
+    let (mut as_changes, mut blocked_seen) = (0, 0);
+    for step in 0..30 {
+        if step > 0 {
+            mutate(&mut world, &mut rng, &mut next, step);
+        }
+        let sent = c
+            .upload_changes(&env, &export(d, &world), json!({}), last.take())
+            .await
+            .unwrap();
+        as_changes += usize::from(sent.as_changes);
+        last = sent.last;
+        let v = sent.answer["number"].as_i64().unwrap() as i32;
+        wait_deployed(&c, &env, v, 60).await;
+        ever.extend(world.keys());
+        on_disk.retain(|n, _| world.contains_key(n));
+        for (&n, (content, _, _)) in &world {
+            if !blocked(&world, n) {
+                on_disk.insert(n, content.clone());
+            }
+        }
+        // removed files are deleted on their target (tombstones run after the version)
+        eventually(
+            20,
+            &format!("step {step}: the disk as the model says"),
+            || {
+                let ok = ever.iter().all(|&n| {
+                    let file = std::fs::read_to_string(path_of(d, n)).ok();
+                    file.as_ref() == on_disk.get(&n)
+                });
+                async move { ok.then_some(()) }
+            },
+        )
+        .await;
+        let (_, rows) = c.resources(&env).await.unwrap();
+        assert_eq!(rows.len(), world.len(), "step {step}");
+        let rows: BTreeMap<String, _> = rows
+            .into_iter()
+            .map(|r| (r.resource_id.clone(), r))
+            .collect();
+        for &n in world.keys() {
+            let s = &rows[&id_of(d, n)];
+            if blocked(&world, n) {
+                blocked_seen += 1;
+                assert_eq!(s.blocked, "blocked", "step {step}: {n} {s:?}");
+            } else {
+                assert_eq!(
+                    (s.compliance.as_str(), s.blocked.as_str()),
+                    ("compliant", "not_blocked"),
+                    "step {step}: {n} {s:?}"
+                );
+            }
+        }
+    }
+    assert!(
+        as_changes >= 25,
+        "most versions went as changes: {as_changes}"
+    );
+    assert!(blocked_seen > 0, "the sequence blocked something");
+    assert!(ever.len() > world.len() + 5, "resources came and went");
+}
