@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde_json::json;
-use steward::client::LastUpload;
+use steward::client::{Client, LastUpload};
 use steward::model::*;
 
 use crate::deploy::deploying_env;
@@ -106,70 +106,93 @@ fn mutate(world: &mut World, rng: &mut Rng, next: &mut usize, step: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn versions_taken_in_place_deploy_what_the_model_says() {
-    let (_srv, c, env, dir) =
-        deploying_env("in-place", json!({"delete_removed_resources": true})).await;
-    let d = dir.path();
-    let mut rng = Rng(0x31_5eed);
-    let mut world: World = (0..10)
-        .map(|n| {
-            let requires = if n > 0 {
-                BTreeSet::from([n - 1])
-            } else {
-                BTreeSet::new()
-            };
-            (n, (format!("content {n}\n"), requires, false))
-        })
-        .collect();
-    let mut next = 10;
-    let mut last: Option<LastUpload> = None;
-    // what each file holds: a blocked resource keeps what it last deployed
-    let mut on_disk: BTreeMap<usize, String> = BTreeMap::new();
-    let mut ever: BTreeSet<usize> = BTreeSet::new();
-    let (mut as_changes, mut blocked_seen) = (0, 0);
-    for step in 0..30 {
+/// The random sequence, and what each file should hold.
+struct Sequence {
+    dir: tempfile::TempDir,
+    rng: Rng,
+    world: World,
+    next: usize,
+    last: Option<LastUpload>,
+    /// what each file holds: a blocked resource keeps what it last deployed
+    on_disk: BTreeMap<usize, String>,
+    /// every resource that ever was (removed ones must be gone from disk)
+    ever: BTreeSet<usize>,
+    as_changes: usize,
+    blocked_seen: usize,
+}
+
+impl Sequence {
+    fn new(dir: tempfile::TempDir, seed: u64) -> Sequence {
+        let world = (0..10)
+            .map(|n| {
+                let requires = if n > 0 {
+                    BTreeSet::from([n - 1])
+                } else {
+                    BTreeSet::new()
+                };
+                (n, (format!("content {n}\n"), requires, false))
+            })
+            .collect();
+        Sequence {
+            dir,
+            rng: Rng(seed),
+            world,
+            next: 10,
+            last: None,
+            on_disk: BTreeMap::new(),
+            ever: BTreeSet::new(),
+            as_changes: 0,
+            blocked_seen: 0,
+        }
+    }
+
+    /// Send the next version (the first as it is), wait for its deploy, and check the disk
+    /// and every resource's state.
+    async fn step(&mut self, c: &Client, env: &str, step: usize) {
+        let d = self.dir.path().to_path_buf();
         if step > 0 {
-            mutate(&mut world, &mut rng, &mut next, step);
+            mutate(&mut self.world, &mut self.rng, &mut self.next, step);
         }
         let sent = c
-            .upload_changes(&env, &export(d, &world), json!({}), last.take())
+            .upload_changes(env, &export(&d, &self.world), json!({}), self.last.take())
             .await
             .unwrap();
-        as_changes += usize::from(sent.as_changes);
-        last = sent.last;
+        self.as_changes += usize::from(sent.as_changes);
+        self.last = sent.last;
         let v = sent.answer["number"].as_i64().unwrap() as i32;
-        wait_deployed(&c, &env, v, 60).await;
-        ever.extend(world.keys());
-        on_disk.retain(|n, _| world.contains_key(n));
-        for (&n, (content, _, _)) in &world {
-            if !blocked(&world, n) {
-                on_disk.insert(n, content.clone());
+        wait_deployed(c, env, v, 60).await;
+        let world = &self.world;
+        self.ever.extend(world.keys());
+        self.on_disk.retain(|n, _| world.contains_key(n));
+        for (&n, (content, _, _)) in world {
+            if !blocked(world, n) {
+                self.on_disk.insert(n, content.clone());
             }
         }
         // removed files are deleted on their target (tombstones run after the version)
+        let (ever, on_disk) = (&self.ever, &self.on_disk);
         eventually(
             20,
             &format!("step {step}: the disk as the model says"),
             || {
                 let ok = ever.iter().all(|&n| {
-                    let file = std::fs::read_to_string(path_of(d, n)).ok();
+                    let file = std::fs::read_to_string(path_of(&d, n)).ok();
                     file.as_ref() == on_disk.get(&n)
                 });
                 async move { ok.then_some(()) }
             },
         )
         .await;
-        let (_, rows) = c.resources(&env).await.unwrap();
+        let (_, rows) = c.resources(env).await.unwrap();
         assert_eq!(rows.len(), world.len(), "step {step}");
         let rows: BTreeMap<String, _> = rows
             .into_iter()
             .map(|r| (r.resource_id.clone(), r))
             .collect();
         for &n in world.keys() {
-            let s = &rows[&id_of(d, n)];
-            if blocked(&world, n) {
-                blocked_seen += 1;
+            let s = &rows[&id_of(&d, n)];
+            if blocked(world, n) {
+                self.blocked_seen += 1;
                 assert_eq!(s.blocked, "blocked", "step {step}: {n} {s:?}");
             } else {
                 assert_eq!(
@@ -180,10 +203,95 @@ async fn versions_taken_in_place_deploy_what_the_model_says() {
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_taken_in_place_deploy_what_the_model_says() {
+    let (_srv, c, env, dir) =
+        deploying_env("in-place", json!({"delete_removed_resources": true})).await;
+    let mut seq = Sequence::new(dir, 0x31_5eed);
+    for step in 0..30 {
+        seq.step(&c, &env, step).await;
+    }
     assert!(
-        as_changes >= 25,
-        "most versions went as changes: {as_changes}"
+        seq.as_changes >= 25,
+        "most versions went as changes: {}",
+        seq.as_changes
     );
-    assert!(blocked_seen > 0, "the sequence blocked something");
-    assert!(ever.len() > world.len() + 5, "resources came and went");
+    assert!(seq.blocked_seen > 0, "the sequence blocked something");
+    assert!(
+        seq.ever.len() > seq.world.len() + 5,
+        "resources came and went"
+    );
+}
+
+/// The states a server wrote while it took versions in place are those a server starting
+/// on them (its model restored whole from the store) agrees with: after a kill -9 and a
+/// start, nothing is deployed again, the states read the same, and the next versions deploy
+/// as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_server_agrees_with_the_states_written_in_place() {
+    let mut server = Spawned::start("stw_test_admin_secret_in_place_restart").await;
+    let c = server.client.clone();
+    let env = c
+        .create_environment(
+            "deploy",
+            "restart",
+            Some(json!({"delete_removed_resources": true})),
+        )
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    let mut seq = Sequence::new(tempfile::tempdir().unwrap(), 0x45_5eed);
+    for step in 0..15 {
+        seq.step(&c, &env, step).await;
+    }
+    assert!(seq.blocked_seen > 0, "the sequence blocked something");
+    // what a user sees of each resource, without the times a restart may touch
+    let states = |rows: Vec<steward::store::state::ResourceWithState>| -> BTreeMap<String, String> {
+        rows.into_iter()
+            .map(|r| {
+                let seen = format!(
+                    "{} {} {} {} {:?} {:?} {:?} {}",
+                    r.hash,
+                    r.status,
+                    r.compliance,
+                    r.blocked,
+                    r.blocked_reason,
+                    r.last_result,
+                    r.last_deployed,
+                    r.failure_count
+                );
+                (r.resource_id, seen)
+            })
+            .collect()
+    };
+    let before = states(c.resources(&env).await.unwrap().1);
+    let actions = c.actions(&env, None, 10_000).await.unwrap().len();
+    server.restart().await;
+    // the agents' live figures come from the environment's scheduler (started by then)
+    eventually(20, "the scheduler to answer", || async {
+        c.agents(&env).await.ok().map(|_| ())
+    })
+    .await;
+    // time for anything the restored model believed undone to start
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let agents = c.agents(&env).await.unwrap();
+    for a in agents["agents"].as_array().unwrap() {
+        assert_eq!(
+            (&a["queued"], &a["running"]),
+            (&json!(0), &json!(0)),
+            "{agents}"
+        );
+    }
+    assert_eq!(
+        c.actions(&env, None, 10_000).await.unwrap().len(),
+        actions,
+        "nothing deployed again after the start"
+    );
+    assert_eq!(states(c.resources(&env).await.unwrap().1), before);
+    for step in 15..22 {
+        seq.step(&c, &env, step).await;
+    }
 }
