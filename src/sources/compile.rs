@@ -484,7 +484,15 @@ pub(super) async fn build(
         };
         return report.fail("compile", at, error);
     }
-    let export = match read_export(&export_file) {
+    // parsing an export of 100,000 resources takes a few hundred ms: off the workers that
+    // serve every environment's requests
+    let read = {
+        let path = export_file.clone();
+        tokio::task::spawn_blocking(move || read_export(&path))
+            .await
+            .unwrap_or_else(|e| Err(format!("reading it panicked: {e}")))
+    };
+    let export = match read {
         Ok(x) => x,
         Err(e) => {
             return report.fail(

@@ -507,6 +507,17 @@ async fn bad_inputs_get_json_errors() {
     )
     .await;
     assert_eq!(st, 413, "{v}");
+    // bodies over 1 MiB are parsed off the runtime's workers, with the same answers: an
+    // export of 6,000 resources is stored, and the same text cut short is a bad request
+    let big = serde_json::to_string(&null_export(6_000, None)).unwrap();
+    assert!(big.len() > 1 << 20, "{} bytes", big.len());
+    let (st, v) = raw(&s, reqwest::Method::POST, &versions, a, Some(&big), json_ct).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["resource_count"], 6_000, "{v}");
+    let cut = &big[..big.len() - 10];
+    let (st, v) = raw(&s, reqwest::Method::POST, &versions, a, Some(cut), json_ct).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"], "bad_request", "{v}");
     // the server is still fine
     assert!(c.health().await.is_ok());
 }
