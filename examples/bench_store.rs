@@ -3,7 +3,8 @@
 //! Starts a private PostgreSQL cluster (temporary, durable settings) and a server on
 //! 127.0.0.1, then measures: storing an N-resource version with its diff (N=10,000 by
 //! default; first version, then one with 1% changed), listing N resources with their state
-//! through the API, and simple reads per second over HTTP with 16 concurrent clients.
+//! through the API, simple reads per second over HTTP with 16 concurrent clients, and how
+//! long another environment's reads wait while versions of N are uploaded whole.
 
 use std::time::{Duration, Instant};
 
@@ -173,6 +174,50 @@ async fn main() {
     }
     let rate = reads as f64 / start.elapsed().as_secs_f64();
 
+    // another environment's reads while this one receives whole versions of N resources
+    // (the body made beforehand, so that only the server's work overlaps the reads): how long
+    // the slowest read waited
+    let other = client
+        .create_environment("bench", "other", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    let mut body = serde_json::to_value(export(n, "j", 100)).unwrap();
+    body["provenance"] = json!({});
+    let body = serde_json::to_vec(&body).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (c, other, done) = (client.clone(), other.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut waits = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let start = Instant::now();
+                c.environment(&other).await.expect("read");
+                waits.push(start.elapsed().as_secs_f64());
+            }
+            waits
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let http = reqwest::Client::new();
+    for _ in 0..3 {
+        let status = http
+            .post(format!("{url}/api/v1/environments/{env}/versions"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("upload")
+            .status();
+        assert_eq!(status.as_u16(), 201);
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut waits = reader.await.unwrap();
+    waits.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let slowest = waits.last().copied().unwrap_or(0.0);
+    let p99 = waits[(waits.len() * 99 / 100).min(waits.len() - 1)];
+
     println!("---");
     println!(
         "store {n}-resource version with diff (median of 4, 1% changed), sent as changes: {:.3} s",
@@ -191,6 +236,12 @@ async fn main() {
         median(db_times) * 1000.0
     );
     println!("simple reads (GET environment, 16 clients, 3 s): {rate:.0} reads/s");
+    println!(
+        "reads of another environment while 3 versions of {n} are uploaded whole: {} reads, slowest {:.1} ms, p99 {:.1} ms",
+        waits.len(),
+        slowest * 1000.0,
+        p99 * 1000.0
+    );
     let (pg_max, pg_sum) = common::pg_peak_rss_mib(&cluster);
     println!(
         "peak RSS: this process (server and client) {:.0} MiB; PostgreSQL largest process {pg_max:.0} MiB, all its processes {pg_sum:.0} MiB",
