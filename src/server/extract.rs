@@ -15,56 +15,14 @@ use crate::store::environments::Environment;
 /// `Json<T>` whose rejections are API errors.
 pub struct ApiJson<T>(pub T);
 
-/// A body this large is parsed on a blocking thread: an export of 100,000 resources takes a
-/// few hundred ms to parse, and on a runtime worker that would stall every other request
-/// (of every environment) that worker serves.
-const PARSE_INLINE_MAX: usize = 1 << 20;
-
-impl<T: DeserializeOwned + Send + 'static> FromRequest<AppState> for ApiJson<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        if !json_content_type(req.headers()) {
-            return Err(rejected(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "Expected request with `Content-Type: application/json`".into(),
-            ));
-        }
-        // the body limit applies here (413)
-        let body = axum::body::Bytes::from_request(req, state)
-            .await
-            .map_err(|rej| rejected(rej.status(), rej.body_text()))?;
-        let small = body.len() <= PARSE_INLINE_MAX;
-        let parse = move || match axum::Json::<T>::from_bytes(&body) {
+        match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
             Err(rej) => Err(rejected(rej.status(), rej.body_text())),
-        };
-        if small {
-            return parse();
         }
-        tokio::task::spawn_blocking(parse)
-            .await
-            .unwrap_or_else(|e| Err(ApiError::internal(format!("parsing the body failed: {e}"))))
-    }
-}
-
-/// `application/json` or `application/…+json`, parameters aside (what `axum::Json` takes).
-fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    match essence.split_once('/') {
-        Some(("application", subtype)) => subtype == "json" || subtype.ends_with("+json"),
-        _ => false,
     }
 }
 

@@ -484,15 +484,7 @@ pub(super) async fn build(
         };
         return report.fail("compile", at, error);
     }
-    // parsing an export of 100,000 resources takes a few hundred ms: off the workers that
-    // serve every environment's requests
-    let read = {
-        let path = export_file.clone();
-        tokio::task::spawn_blocking(move || read_export(&path))
-            .await
-            .unwrap_or_else(|e| Err(format!("reading it panicked: {e}")))
-    };
-    let export = match read {
+    let export = match read_export(&export_file) {
         Ok(x) => x,
         Err(e) => {
             return report.fail(

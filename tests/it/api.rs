@@ -507,8 +507,8 @@ async fn bad_inputs_get_json_errors() {
     )
     .await;
     assert_eq!(st, 413, "{v}");
-    // bodies over 1 MiB are parsed off the runtime's workers, with the same answers: an
-    // export of 6,000 resources is stored, and the same text cut short is a bad request
+    // a body over 1 MiB under the limit: an export of 6,000 resources is stored, and the
+    // same text cut short is a bad request with a JSON body
     let big = serde_json::to_string(&null_export(6_000, None)).unwrap();
     assert!(big.len() > 1 << 20, "{} bytes", big.len());
     let (st, v) = raw(&s, reqwest::Method::POST, &versions, a, Some(&big), json_ct).await;
