@@ -2,7 +2,7 @@
 //! version it merged last), the dependency graph, and the state vector of every resource
 //! (SCHEDULER.md §2). Pure: no I/O, time is a parameter.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -200,9 +200,9 @@ pub struct Merged {
 pub struct Model {
     pub version: Option<i32>,
     pub intents: Vec<Intent>,
-    /// The agents the intents name (kept with them: status is asked often and must not walk
-    /// 100,000 intents each time).
-    pub agents: BTreeSet<String>,
+    /// The agents the intents name, with how many name each (kept with them: status is asked
+    /// often and must not walk 100,000 intents each time; an agent goes with its last intent).
+    pub agents: BTreeMap<String, usize>,
     pub states: Vec<RState>,
     pub index: HashMap<String, usize>,
     pub requires: Vec<Vec<usize>>,
@@ -212,8 +212,6 @@ pub struct Model {
     /// Requirements naming a resource the model does not hold, by that id: who waits for it
     /// (an edge is made when a version adds it, without a walk over every intent).
     dangling: HashMap<String, Vec<usize>>,
-    /// How many intents name each agent (an agent leaves `agents` with its last intent).
-    agent_count: HashMap<String, usize>,
 }
 
 impl Model {
@@ -276,7 +274,7 @@ impl Model {
     }
 
     fn recompute_agents(&mut self) {
-        let mut count: HashMap<String, usize> = HashMap::new();
+        let mut count: BTreeMap<String, usize> = BTreeMap::new();
         for i in &self.intents {
             match count.get_mut(i.agent.as_str()) {
                 Some(n) => *n += 1,
@@ -285,8 +283,7 @@ impl Model {
                 }
             }
         }
-        self.agents = count.keys().cloned().collect();
-        self.agent_count = count;
+        self.agents = count;
     }
 
     fn rebuild_edges(&mut self) {

@@ -53,17 +53,6 @@ fn blocked(world: &World, n: usize) -> bool {
     *undefined || requires.iter().any(|&q| blocked(world, q))
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
-
 /// One version's changes: contents, additions (requiring older ones), removals (what
 /// required them no longer does), a requirement moved, an unknown value come or gone.
 fn mutate(world: &mut World, rng: &mut Rng, next: &mut usize, step: usize) {

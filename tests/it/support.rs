@@ -790,3 +790,20 @@ impl Drop for AgentProc {
         let _ = self.0.wait();
     }
 }
+
+/// A small deterministic generator (xorshift), so a failing random sequence can be replayed.
+#[allow(dead_code)]
+pub struct Rng(pub u64);
+
+#[allow(dead_code)]
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}

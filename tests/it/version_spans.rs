@@ -12,21 +12,6 @@ use steward::model::*;
 
 use crate::support::*;
 
-/// A small deterministic generator (xorshift), so a failing sequence can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// The model the sequence mutates: resource number -> (content, requires, undefined).
 type World = BTreeMap<usize, (String, BTreeSet<usize>, bool)>;
 

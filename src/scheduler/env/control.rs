@@ -66,7 +66,7 @@ impl EnvScheduler {
 
     pub(super) fn status(&self) -> Status {
         let mut agents: HashMap<String, AgentStatus> = HashMap::new();
-        for p in self.model.agents.iter().chain(&self.paused) {
+        for p in self.model.agents.keys().chain(&self.paused) {
             agents.entry(p.clone()).or_insert_with(|| AgentStatus {
                 name: p.clone(),
                 ..Default::default()

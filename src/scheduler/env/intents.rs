@@ -117,7 +117,7 @@ impl EnvScheduler {
         };
         let t_merged = t0.elapsed();
         self.load_wanted_facts().await;
-        let agents: Vec<String> = self.model.agents.iter().cloned().collect();
+        let agents: Vec<String> = self.model.agents.keys().cloned().collect();
         let _ = store::deploy::ensure_agents(
             &self.pool,
             self.env,

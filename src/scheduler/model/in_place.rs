@@ -230,15 +230,13 @@ impl Model {
     }
 
     fn count_agent(&mut self, agent: &str, add: bool) {
-        match (self.agent_count.get_mut(agent), add) {
+        match (self.agents.get_mut(agent), add) {
             (Some(n), true) => *n += 1,
             (None, true) => {
-                self.agent_count.insert(agent.to_string(), 1);
-                self.agents.insert(agent.to_string());
+                self.agents.insert(agent.to_string(), 1);
             }
             (Some(n), false) if *n > 1 => *n -= 1,
             (Some(_), false) => {
-                self.agent_count.remove(agent);
                 self.agents.remove(agent);
             }
             (None, false) => {}
