@@ -12,7 +12,7 @@ use crate::support::{
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_and_restart_loses_nothing() {
     let db = new_database();
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let admin_secret = "stw_test_admin_secret_for_kill9";

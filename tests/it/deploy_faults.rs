@@ -157,7 +157,7 @@ async fn hung_handler_times_out_and_the_agent_goes_on() {
 #[tokio::test(flavor = "multi_thread")]
 async fn server_killed_mid_deploy_converges_after_restart() {
     let db = new_database();
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let admin = "stw_test_admin_secret_for_deploy_kill9";

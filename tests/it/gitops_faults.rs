@@ -113,7 +113,7 @@ fn received(rx: &crate::gitops_feedback::Received, commit: &str) -> Vec<(String,
 async fn pipeline_reaches_deployed_after_a_kill_9_mid_deploy() {
     let (rx_url, rx) = receiver().await;
     let db = new_database();
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let admin = "stw_test_admin_secret_for_pipeline_kill9";
@@ -309,7 +309,7 @@ async fn source_set_changes_only_what_is_given() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_stored_before_a_crash_is_not_compiled_again() {
     let db = new_database();
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let admin = "stw_test_admin_secret_for_stored_crash";

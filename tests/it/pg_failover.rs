@@ -79,7 +79,7 @@ async fn replicas_carry_on_when_the_standby_is_promoted_and_nothing_is_lost() {
     let url = two_host_url(&clusters);
     let mut replicas = Vec::new();
     for _ in 0..2 {
-        let data = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let child = spawn_server_with(

@@ -38,7 +38,7 @@ fn mib(bytes: u64) -> f64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_requirement_sets_stay_within_the_cap_and_every_compile_works() {
     let wheels = wheels(ENVIRONMENTS * COMMITS_EACH);
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
     let port = free_port();
     let admin = "stw_test_admin_env_reaper";
     let wheels_arg = wheels.path().as_os_str().to_owned();

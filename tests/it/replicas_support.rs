@@ -46,7 +46,7 @@ impl ReplicaSet {
 
     /// Start one more replica; its index.
     pub async fn add(&mut self) -> usize {
-        let data = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
         let port = free_port();
         let child = self.spawn(port, data.path());
         let url = format!("http://127.0.0.1:{port}");

@@ -117,7 +117,7 @@ struct TlsServer {
 
 impl TlsServer {
     async fn start(pki: &Pki, admin: &str) -> TlsServer {
-        let data = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
         let port = free_port();
         let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
         let child = spawn_server_with(
@@ -424,7 +424,7 @@ async fn failed_start(flags: &[&OsStr]) -> String {
 }
 
 async fn failed_start_with(flags: &[&OsStr], env: &[(&str, &OsStr)]) -> String {
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir_in(crate::support::scratch()).unwrap();
     let mut cmd = tokio::process::Command::new(steward_bin());
     cmd.args(["server", "--bind", &format!("127.0.0.1:{}", free_port())])
         .args(["--database-url", "postgres://steward@127.0.0.1:1/nowhere"])
