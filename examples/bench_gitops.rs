@@ -192,7 +192,15 @@ async fn run(n: usize) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| format!("{} {} ms", s["name"].as_str().unwrap(), s["ms"]))
+        .map(|s| match s["name"].as_str().unwrap() {
+            // what the compile stage was made of
+            "compile" => format!(
+                "compile {} ms: {}",
+                s["ms"],
+                s["detail"].as_str().unwrap_or("")
+            ),
+            name => format!("{name} {} ms", s["ms"]),
+        })
         .collect();
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!("---");

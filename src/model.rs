@@ -7,6 +7,7 @@
 pub mod content;
 pub mod cron;
 pub mod diff;
+pub mod export_lines;
 pub mod facts;
 pub mod placement;
 pub mod settings;

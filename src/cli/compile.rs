@@ -129,8 +129,15 @@ fn report(outcome: &CompileOutcome, json: bool) {
 
 fn write_export(outcome: &CompileOutcome, path: &Path) -> anyhow::Result<()> {
     if let Ok(Some(export)) = &outcome.result {
-        let text = serde_json::to_string_pretty(export)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        // one resource per line (model/export_lines.rs): a server that compiled the
+        // previous commit parses only the lines that changed
+        let written = std::fs::File::create(path).and_then(|f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            crate::model::export_lines::write(export, &mut w)?;
+            w.write_all(b"\n")?;
+            w.flush()
+        });
+        written.with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -158,11 +165,15 @@ pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.export {
         write_export(&outcome, path)?;
     }
-    Ok(if outcome.is_ok() {
+    let code = if outcome.is_ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    })
+    };
+    // the process ends now: its memory goes with it, without 10,000 resources freed one
+    // by one first (~5 ms at 10,000)
+    std::mem::forget(outcome);
+    Ok(code)
 }
 
 pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde_json::{Value, json};
 
+mod memory;
 mod process;
+
+pub use memory::Memory;
 
 use super::git;
 use crate::model::ExportFile;
@@ -143,17 +146,23 @@ pub(super) struct BuildSpec<'a> {
     pub steward_bin: &'a Path,
     pub python: Python<'a>,
     pub preview: bool,
+    /// What the environment's last compile stored: the export is read as its changes
+    /// against it (`None` for a preview, which stores no version).
+    pub memory: Option<Memory>,
 }
 
 /// A compile that produced an export: its report so far, the export, and the keys of the
 /// values withheld from it (secret ones, for a preview).
 pub(super) struct Built {
     pub report: Report,
-    pub export: ExportFile,
+    /// The export: whole, or (read against a memory) as its changes.
+    pub export: memory::Read,
     pub withheld: Vec<store::facts::ParamKey>,
 }
 
-/// Run the compile of `job` (a queued compile that was just marked running).
+/// Run the compile of `job` (a queued compile that was just marked running). `memory`: what
+/// the environment's last compile stored, taken, and given back as what this one stored.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     pool: &sqlx::PgPool,
     job: &CompileRow,
@@ -162,6 +171,7 @@ pub async fn run(
     steward_bin: &Path,
     python: Python<'_>,
     fence: Option<&crate::store::leases::Fence>,
+    memory: &mut Option<Memory>,
 ) -> CompileResult {
     let started = chrono::Utc::now();
     let spec = BuildSpec {
@@ -173,9 +183,15 @@ pub async fn run(
         steward_bin,
         python,
         preview: false,
+        memory: memory.take(),
     };
     match build(pool, spec).await {
-        Ok(b) => store_version(pool, job, source, fence, started, b.report, b.export).await,
+        Ok(b) => {
+            let (result, remembered) =
+                store_version(pool, job, source, fence, started, b.report, b.export).await;
+            *memory = remembered;
+            result
+        }
         Err(failed) => *failed,
     }
 }
@@ -484,7 +500,16 @@ pub(super) async fn build(
         };
         return report.fail("compile", at, error);
     }
-    let export = match read_export(&export_file) {
+    let ran_ms = at.1.elapsed().as_millis();
+    let read_at = Instant::now();
+    let memory = spec.memory;
+    let read = tokio::task::spawn_blocking(move || {
+        let text = read_export(&export_file)?;
+        memory::read(memory, env_id, text)
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("crashed: {e}")));
+    let export = match read {
         Ok(x) => x,
         Err(e) => {
             return report.fail(
@@ -494,10 +519,22 @@ pub(super) async fn build(
             );
         }
     };
+    let changed = match &export.changes {
+        Some(c) => format!(
+            " ({} new or changed, {} removed)",
+            export.export.resources.len(),
+            c.removed.len()
+        ),
+        None => String::new(),
+    };
     report.passed(
         "compile",
         at,
-        &format!("{} resources", export.resources.len()),
+        &format!(
+            "{} resources{changed}; the compiler ran {ran_ms} ms, its export was read in {} ms",
+            export.resources,
+            read_at.elapsed().as_millis(),
+        ),
     );
     drop(workdir);
     Ok(Built {
@@ -507,7 +544,10 @@ pub(super) async fn build(
     })
 }
 
-/// Store a branch compile's export as a version, with its provenance.
+/// Store a branch compile's export as a version, with its provenance: as its changes
+/// against the memory of the environment's last compile when it was read so, else (or when
+/// the store refuses the changes: its newest version is not the memory's) whole. Gives back
+/// the memory of what it stored.
 async fn store_version(
     pool: &sqlx::PgPool,
     job: &CompileRow,
@@ -515,8 +555,8 @@ async fn store_version(
     fence: Option<&crate::store::leases::Fence>,
     started: chrono::DateTime<Utc>,
     mut report: Report,
-    mut export: ExportFile,
-) -> CompileResult {
+    mut read: memory::Read,
+) -> (CompileResult, Option<Memory>) {
     // store as a version
     let at = begin();
     let mut provenance = json!({
@@ -535,58 +575,131 @@ async fn store_version(
     }) {
         provenance["facts"] = why;
     }
-    let stored = async {
-        let mut tx = pool.begin().await.map_err(store::StoreError::from)?;
-        // a replica that lost the environment meanwhile stores nothing: the new owner
-        // compiles this commit again
-        if let Some(f) = fence {
-            f.check(&mut tx).await?;
+    let env = job.environment_id;
+    let mut how = "as its changes";
+    let mut hashes = None;
+    let stored = loop {
+        if read.changes.is_none() && hashes.is_none() {
+            hashes = Some(crate::model::hash_all(&read.export.resources));
         }
-        let s = versions::store(
-            &mut tx,
-            job.environment_id,
-            versions::NewVersion {
-                export: &export,
-                uploader: "git",
-                origin: "git",
-                provenance,
-            },
+        let what = match (&read.changes, &hashes) {
+            (Some(c), _) => Whole::Changes(c),
+            (None, h) => {
+                how = "whole";
+                Whole::Hashed(h.clone().unwrap_or_default())
+            }
+        };
+        let attempt = store_in_tx(
+            pool,
+            job,
+            fence,
+            started,
+            &read.export,
+            provenance.clone(),
+            what,
         )
-        .await?;
-        store::sources::set_compile_version(&mut *tx, job.id, s.info.number).await?;
-        let meanwhile =
-            store::facts::resolve_existing(&mut *tx, job.environment_id, s.info.number, started)
-                .await?;
-        store::audit::record(
-            &mut *tx,
-            "git",
-            Some(job.environment_id),
-            "version.compile",
-            &s.info.number.to_string(),
-            json!({"commit": job.commit, "compile": job.id, "auto_released": s.auto_released}),
-        )
-        .await?;
-        tx.commit().await.map_err(store::StoreError::from)?;
-        versions::refresh_statistics_after(pool, &s);
-        Ok::<_, store::StoreError>((s, meanwhile))
-    }
-    .await;
+        .await;
+        match attempt {
+            Err(store::StoreError::BaseMoved(why)) if read.changes.is_some() => {
+                tracing::info!(environment = %env, commit = %job.commit, reason = %why, "the compile's changes were refused: storing it whole");
+                read = match read.whole(env) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let error = format!("the compiler's export is unreadable: {e}");
+                        return (report.failed("store", at, error), None);
+                    }
+                };
+            }
+            other => break other,
+        }
+    };
     match stored {
         Ok((mut s, meanwhile)) => {
+            let memory = match read.changes.take() {
+                Some(c) => Some(c.stored_as(s.info.number)),
+                None => read.memory(
+                    env,
+                    s.info.number,
+                    &s.info.content_hash,
+                    hashes.unwrap_or_default(),
+                ),
+            };
             // a scheduler of this process reads these attributes next (if none does, they
             // are dropped after a few seconds)
             if s.auto_released {
-                versions::hand_over(&mut s, &mut export);
+                versions::hand_over(&mut s, &mut read.export);
             }
             report.result.resolved_meanwhile = meanwhile;
-            report.passed("store", at, &format!("version {}", s.info.number));
+            report.passed(
+                "store",
+                at,
+                &format!("version {}, stored {how}", s.info.number),
+            );
             report.result.success = true;
             report.result.version = Some(s.info.number);
             report.result.auto_released = s.auto_released;
-            report.done()
+            (report.done(), memory)
         }
-        Err(e) => report.failed("store", at, format!("storing the version failed: {e}")),
+        Err(e) => (
+            report.failed("store", at, format!("storing the version failed: {e}")),
+            None,
+        ),
     }
+}
+
+/// How a compile's export is stored.
+enum Whole<'a> {
+    /// As these changes (the export holds the new and changed resources).
+    Changes(&'a memory::Changes),
+    /// Whole, with its resources' attribute hashes.
+    Hashed(Vec<String>),
+}
+
+/// Store a compile's export as the environment's next version, with the compile's records,
+/// in one transaction. True with the version: values the compile missed arrived meanwhile.
+async fn store_in_tx(
+    pool: &sqlx::PgPool,
+    job: &CompileRow,
+    fence: Option<&crate::store::leases::Fence>,
+    started: chrono::DateTime<Utc>,
+    export: &ExportFile,
+    provenance: Value,
+    how: Whole<'_>,
+) -> Result<(versions::Stored, bool), store::StoreError> {
+    let mut tx = pool.begin().await?;
+    // a replica that lost the environment meanwhile stores nothing: the new owner compiles
+    // this commit again
+    if let Some(f) = fence {
+        f.check(&mut tx).await?;
+    }
+    let nv = versions::NewVersion {
+        export,
+        uploader: "git",
+        origin: "git",
+        provenance,
+    };
+    let env = job.environment_id;
+    let s = match how {
+        Whole::Changes(c) => {
+            versions::store_delta(&mut tx, env, nv, &c.base, &c.removed, Some(&c.content_hash))
+                .await?
+        }
+        Whole::Hashed(hashes) => versions::store_hashed(&mut tx, env, nv, hashes).await?,
+    };
+    store::sources::set_compile_version(&mut *tx, job.id, s.info.number).await?;
+    let meanwhile = store::facts::resolve_existing(&mut *tx, env, s.info.number, started).await?;
+    store::audit::record(
+        &mut *tx,
+        "git",
+        Some(env),
+        "version.compile",
+        &s.info.number.to_string(),
+        json!({"commit": job.commit, "compile": job.id, "auto_released": s.auto_released}),
+    )
+    .await?;
+    tx.commit().await?;
+    versions::refresh_statistics_after(pool, &s);
+    Ok((s, meanwhile))
 }
 
 /// A line of the model that a diagnostic of a compile report points at, as its commit has it.

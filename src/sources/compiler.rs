@@ -118,8 +118,10 @@ impl GitSources {
                 }
             }
         }
+        // what this environment's last compile stored: the next one is stored as its changes
+        let mut memory = None;
         loop {
-            let ran = self.compile_next(env).await;
+            let ran = self.compile_next(env, &mut memory).await;
             match ran {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -134,7 +136,11 @@ impl GitSources {
     }
 
     /// Run the next queued compile; false when there is none (or the environment is halted).
-    pub(super) async fn compile_next(&self, env: Uuid) -> Result<bool, SourceError> {
+    pub(super) async fn compile_next(
+        &self,
+        env: Uuid,
+        memory: &mut Option<compile::Memory>,
+    ) -> Result<bool, SourceError> {
         let pool = &self.0.pool;
         let Some(job) = store::sources::next_queued(pool, env).await? else {
             return Ok(false);
@@ -184,6 +190,7 @@ impl GitSources {
                 made: &self.0.envs_made,
             },
             self.fence(env).as_ref(),
+            memory,
         )
         .await;
         let end = store::sources::CompileEnd {

@@ -151,7 +151,7 @@ mod write;
 
 pub(in crate::store) use blobs::collect_blobs;
 pub use spans::{Entry, OPEN};
-pub use write::{Manifest, store, store_delta, validate_export};
+pub use write::{Manifest, store, store_delta, store_hashed, validate_export};
 
 /// A version's resources by id: what the diff needs of each (attribute hash, undefined).
 async fn digests(

@@ -37,6 +37,7 @@ mod fault_regressions;
 mod floods;
 mod git_ssh_source;
 mod gitops;
+mod gitops_changes;
 mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;

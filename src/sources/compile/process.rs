@@ -9,11 +9,10 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use super::{COMPILE_FILE_SIZE, COMPILE_MEMORY, COMPILE_OPEN_FILES, KEEP_OUTPUT, MAX_EXPORT};
-use crate::model::ExportFile;
 use crate::sandbox;
 
-/// The export the compiler wrote, refused over [`MAX_EXPORT`].
-pub(super) fn read_export(path: &Path) -> Result<ExportFile, String> {
+/// The text of the export the compiler wrote, refused over [`MAX_EXPORT`].
+pub(super) fn read_export(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let len = f.metadata().map_err(|e| e.to_string())?.len();
@@ -31,7 +30,7 @@ pub(super) fn read_export(path: &Path) -> Result<ExportFile, String> {
     if b.len() as u64 > MAX_EXPORT {
         return Err(format!("it is over the {} MiB limit", MAX_EXPORT >> 20));
     }
-    serde_json::from_slice::<ExportFile>(&b).map_err(|e| e.to_string())
+    Ok(b)
 }
 
 pub(super) struct Ran {

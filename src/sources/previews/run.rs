@@ -208,10 +208,11 @@ impl GitSources {
                 made: &self.0.envs_made,
             },
             preview: true,
+            memory: None,
         };
         let built = compile::build(&self.0.pool, spec).await;
         let (report, export, withheld) = match built {
-            Ok(b) => (b.report, b.export, b.withheld),
+            Ok(b) => (b.report, b.export.export, b.withheld),
             Err(failed) => {
                 done.absorb(*failed);
                 done.source_lines(&mirror, &merge, &src.path).await;

@@ -126,9 +126,27 @@ fn entry_of(r: &Resource, undefined: bool) -> Entry {
 
 /// Store a whole export as the next version.
 pub async fn store(c: &mut PgConnection, env_id: Uuid, nv: NewVersion<'_>) -> Result<Stored> {
-    validate_export(nv.export)?;
-    let undefined: HashSet<&str> = nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
     let hashes = crate::model::hash_all(&nv.export.resources);
+    store_hashed(c, env_id, nv, hashes).await
+}
+
+/// [`store`], given the attribute hashes of the export's resources (`Resource::hash`, in
+/// their order), by a caller that needs them too.
+pub async fn store_hashed(
+    c: &mut PgConnection,
+    env_id: Uuid,
+    nv: NewVersion<'_>,
+    hashes: Vec<String>,
+) -> Result<Stored> {
+    validate_export(nv.export)?;
+    if hashes.len() != nv.export.resources.len() {
+        return Err(StoreError::Invalid(format!(
+            "{} attribute hashes for {} resources",
+            hashes.len(),
+            nv.export.resources.len()
+        )));
+    }
+    let undefined: HashSet<&str> = nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
     let manifest: Manifest = nv
         .export
         .resources
