@@ -362,6 +362,115 @@ async fn run(n: usize) {
         best(&removed),
         removed.len()
     );
+    // 5. change one through the command line: `steward export -d` (this program runs as
+    // it), a process that compiles the project and sends the export as its changes against
+    // its memory of the last upload
+    let project = files_tmp.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join("project.yml"),
+        "name: bench\nmodulepath: libs\n",
+    )
+    .unwrap();
+    let model = |changed: Option<(usize, usize)>| {
+        let mut m =
+            String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
+        for i in 0..n {
+            let content = match changed {
+                Some((which, round)) if which == i => format!("file {i} round {round}"),
+                _ => format!("file {i}"),
+            };
+            m.push_str(&format!(
+                "fs::File(host=host, path=\"{}/f{i:06}\", content=\"{content}\", mode=644)\n",
+                files.display()
+            ));
+        }
+        m
+    };
+    let cache = files_tmp.path().join("cache");
+    // the attribute hash a resource last deployed, and how that went
+    let state_of = |id: &str| {
+        let (pool, id) = (pool.clone(), id.to_string());
+        async move {
+            let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT last_run_hash, last_result FROM resource_state WHERE environment_id = $1 AND resource_id = $2",
+        )
+        .bind(env_id)
+        .bind(&id)
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+            match row {
+                Some((Some(h), Some(r))) => Some((h, r)),
+                _ => None,
+            }
+        }
+    };
+    let me_again = std::env::current_exe().expect("own path");
+    let export_d = || {
+        let out = std::process::Command::new(&me_again)
+            .args(["export", "-d", "-p"])
+            .arg(&project)
+            .args(["--server", &url, "-e", &env])
+            .env("XDG_CACHE_HOME", &cache)
+            .output()
+            .expect("steward export");
+        assert!(
+            out.status.success(),
+            "steward export -d: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // the first: no memory yet, sent whole
+    std::fs::write(project.join("main.cf"), model(None)).unwrap();
+    export_d();
+    // and all it deploys done (the compiler's attributes may differ from this program's)
+    let mut idle = 0;
+    while idle < 5 {
+        let s = schedulers.status(env_id).await.expect("status");
+        idle = if s.queued == 0 && s.running == 0 {
+            idle + 1
+        } else {
+            0
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut by_cli = Vec::new();
+    for round in 1..=5 {
+        let which = (round * 137) % n;
+        std::fs::write(project.join("main.cf"), model(Some((which, round)))).unwrap();
+        let path = files.join(format!("f{which:06}"));
+        let want = format!("file {which} round {round}");
+        let id = format!("fs::File[localhost,path={}]", path.display());
+        let before = state_of(&id).await;
+        let start = Instant::now();
+        export_d();
+        let exported = start.elapsed().as_secs_f64();
+        while std::fs::read_to_string(&path).ok().as_deref() != Some(want.as_str()) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // and its state stored (the hash it last deployed is no longer the one before)
+        loop {
+            if state_of(&id)
+                .await
+                .is_some_and(|(h, r)| Some(&h) != before.as_ref().map(|b| &b.0) && r == "deployed")
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let t = start.elapsed().as_secs_f64();
+        println!(
+            "  change one through `steward export -d`: the command {exported:.3} s, total {t:.3} s"
+        );
+        by_cli.push(t);
+    }
+    by_cli.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "change one of {n} files through `steward export -d` (compile, upload as changes, release, deploy, state stored): median {:.3} s, best {:.3} s",
+        by_cli[by_cli.len() / 2],
+        by_cli[0]
+    );
     let (pg_max, pg_sum) = common::pg_peak_rss_mib(&cluster);
     println!(
         "peak RSS: this process (server, scheduler, client) {:.0} MiB; PostgreSQL largest process {pg_max:.0} MiB, all its processes {pg_sum:.0} MiB",
@@ -377,13 +486,15 @@ async fn run(n: usize) {
     let _ = tokio::task::spawn_blocking(move || cluster.stop()).await;
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
         // the scheduler starts us as its executor
         Some("executor") => {
             steward::executor::main_loop().expect("executor");
         }
+        // and the benchmark as `steward export`
+        Some("export") => return steward::cli::main(),
         other => {
             if let Ok(filter) = std::env::var("STEWARD_LOG") {
                 tracing_subscriber::fmt()
@@ -394,4 +505,5 @@ fn main() {
             tokio::runtime::Runtime::new().unwrap().block_on(run(n));
         }
     }
+    std::process::ExitCode::SUCCESS
 }
