@@ -147,8 +147,9 @@ pub(super) struct BuildSpec<'a> {
     pub python: Python<'a>,
     pub preview: bool,
     /// What the environment's last compile stored: the export is read as its changes
-    /// against it (`None` for a preview, which stores no version).
-    pub memory: Option<Memory>,
+    /// against it (`None` for a preview, which stores no version). Taken only when there
+    /// is an export to read: a compile that fails leaves it for the next one.
+    pub memory: Option<&'a mut Option<Memory>>,
 }
 
 /// A compile that produced an export: its report so far, the export, and the keys of the
@@ -183,7 +184,7 @@ pub async fn run(
         steward_bin,
         python,
         preview: false,
-        memory: memory.take(),
+        memory: Some(&mut *memory),
     };
     match build(pool, spec).await {
         Ok(b) => {
@@ -502,7 +503,7 @@ pub(super) async fn build(
     }
     let ran_ms = at.1.elapsed().as_millis();
     let read_at = Instant::now();
-    let memory = spec.memory;
+    let memory = spec.memory.and_then(Option::take);
     let read = tokio::task::spawn_blocking(move || {
         let text = read_export(&export_file)?;
         memory::read(memory, env_id, text)

@@ -58,8 +58,9 @@ fn store_detail(report: &serde_json::Value) -> String {
 /// Random pushes (files added, changed, removed; a requirement made and dropped): from the
 /// second compile on, each is stored as its changes, and each version has the content hash,
 /// the resources and the diff that the same model stored whole (in another environment)
-/// has; its files are deployed. A version made otherwise (a rollback) moves the base: the
-/// next compile is stored whole, and the one after it as changes again.
+/// has; its files are deployed. A commit that does not compile in between changes nothing. A
+/// version made otherwise (a rollback) moves the base: the next compile is stored whole, and
+/// the one after it as changes again.
 #[tokio::test(flavor = "multi_thread")]
 async fn compiles_are_stored_as_their_changes_and_are_what_a_whole_store_makes() {
     let srv = TestServer::start_deploying().await;
@@ -77,7 +78,7 @@ async fn compiles_are_stored_as_their_changes_and_are_what_a_whole_store_makes()
         .collect();
     let mut next = 8;
     let mut chained = false;
-    let mut env = None;
+    let mut env: Option<String> = None;
     let mut last: Option<(i32, i32)> = None;
     for step in 0..14 {
         if step > 0 {
@@ -113,6 +114,15 @@ async fn compiles_are_stored_as_their_changes_and_are_what_a_whole_store_makes()
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
+        if step == 6
+            && let Some(env) = &env
+        {
+            // a commit that does not compile: the next one is still stored as its changes
+            let broken = repo.commit(&repo.model(&list, "x = \n"), "broken");
+            repo.push_ok();
+            let report = compiled(&c, env, &broken, 30).await;
+            assert_eq!(report["status"], "failed", "{report:#}");
+        }
         let commit = repo.commit(&repo.model(&list, &extra), &format!("step {step}"));
         let env = match &env {
             Some(e) => {
