@@ -316,8 +316,8 @@ pub fn export(
     for (inst, type_name, def, agent) in &order {
         let id = ids[inst].clone();
         let span = p.ir.expr(rt.instances[inst.0 as usize].site).span;
-        // sized at once: grown insert by insert, the map (an IndexMap) reallocated and
-        // rehashed 4 times for 9 attributes, a tenth of a compile of 10,000 files
+        // sized at once: grown insert by insert, the map (an IndexMap) was reallocated and
+        // rehashed about 4 times for 9 attributes (4 % of a compile of 10,000 files)
         let mut attributes = serde_json::Map::with_capacity(def.fields.len() + 1);
         let mut is_undefined = false;
         for field in &def.fields {
