@@ -112,6 +112,11 @@ pub fn hex_lower(bytes: &[u8]) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// Whether requires remembered as strings (`held`) are `now`'s, in the same order.
+pub fn same_requires(held: &[String], now: &[ResourceId]) -> bool {
+    held.len() == now.len() && held.iter().zip(now).all(|(a, b)| *a == b.0)
+}
+
 /// [`Resource::hash`] of each resource, on every core for a large export (hashing is most of
 /// what a client sending changes does: 100,000 resources take ~0.1 s on one core).
 pub fn hash_all(resources: &[Resource]) -> Vec<String> {

@@ -273,7 +273,7 @@ impl LastUpload {
             match self.entries.get(&r.id.0) {
                 Some(e)
                     if e.hash == hash
-                        && same_requires(&e.requires, &r.requires)
+                        && crate::model::same_requires(&e.requires, &r.requires)
                         && e.undefined == is_undefined(&r.id.0) =>
                 {
                     restamped.push(i)
@@ -453,8 +453,4 @@ impl Client {
             as_changes: false,
         })
     }
-}
-
-fn same_requires(held: &[String], now: &[ResourceId]) -> bool {
-    held.len() == now.len() && held.iter().zip(now).all(|(a, b)| *a == b.0)
 }

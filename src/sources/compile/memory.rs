@@ -261,7 +261,7 @@ impl Memory {
                         return None;
                     }
                     if e.hash == hash
-                        && same_requires(&e.requires, &r.requires)
+                        && crate::model::same_requires(&e.requires, &r.requires)
                         && e.undefined == is_undefined(&r.id.0)
                     {
                         relined.push((at, i));
@@ -326,10 +326,6 @@ impl Memory {
             export,
         )))
     }
-}
-
-fn same_requires(held: &[String], now: &[ResourceId]) -> bool {
-    held.len() == now.len() && held.iter().zip(now).all(|(a, b)| *a == b.0)
 }
 
 #[cfg(test)]
