@@ -57,6 +57,22 @@ fn export(dir: &Path, n: usize, changed: Option<usize>) -> ExportFile {
     }
 }
 
+/// The attribute hash a resource last deployed and how that went (`None` before its first).
+async fn last_run(pool: &sqlx::PgPool, env: uuid::Uuid, id: &str) -> Option<(String, String)> {
+    let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT last_run_hash, last_result FROM resource_state WHERE environment_id = $1 AND resource_id = $2",
+    )
+    .bind(env)
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    match row {
+        Some((Some(h), Some(r))) => Some((h, r)),
+        _ => None,
+    }
+}
+
 /// Wait until version `version` is deployed and every state is stored. The scheduler's own
 /// status says when its work is done (cheap to ask every few ms); the progress endpoint then
 /// says when the states are in the database. Asking only the progress endpoint every 50 ms,
@@ -252,21 +268,12 @@ async fn run(n: usize) {
         let path = files.join(format!("f{which:06}"));
         let want = format!("file {which} changed\n");
         loop {
-            if std::fs::read_to_string(&path).ok().as_deref() == Some(want.as_str()) {
-                let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
-                    "SELECT last_run_hash, last_result FROM resource_state WHERE environment_id = $1 AND resource_id = $2",
-                )
-                .bind(env_id)
-                .bind(&id)
-                .fetch_optional(&pool)
-                .await
-                .unwrap();
-                if let Some((Some(h), Some(r))) = row
-                    && h == hash
-                    && r == "deployed"
-                {
-                    break;
-                }
+            if std::fs::read_to_string(&path).ok().as_deref() == Some(want.as_str())
+                && let Some((h, r)) = last_run(&pool, env_id, &id).await
+                && h == hash
+                && r == "deployed"
+            {
+                break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -319,21 +326,11 @@ async fn run(n: usize) {
             loop {
                 if std::fs::read_to_string(&new_path).ok().as_deref()
                     == Some(format!("file {n}\n").as_str())
+                    && let Some((h, r)) = last_run(&pool, env_id, &id).await
+                    && h == hash
+                    && r == "deployed"
                 {
-                    let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
-                        "SELECT last_run_hash, last_result FROM resource_state WHERE environment_id = $1 AND resource_id = $2",
-                    )
-                    .bind(env_id)
-                    .bind(&id)
-                    .fetch_optional(&pool)
-                    .await
-                    .unwrap();
-                    if let Some((Some(h), Some(r))) = row
-                        && h == hash
-                        && r == "deployed"
-                    {
-                        break;
-                    }
+                    break;
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
@@ -388,24 +385,6 @@ async fn run(n: usize) {
         m
     };
     let cache = files_tmp.path().join("cache");
-    // the attribute hash a resource last deployed, and how that went
-    let state_of = |id: &str| {
-        let (pool, id) = (pool.clone(), id.to_string());
-        async move {
-            let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
-            "SELECT last_run_hash, last_result FROM resource_state WHERE environment_id = $1 AND resource_id = $2",
-        )
-        .bind(env_id)
-        .bind(&id)
-        .fetch_optional(&pool)
-        .await
-        .unwrap();
-            match row {
-                Some((Some(h), Some(r))) => Some((h, r)),
-                _ => None,
-            }
-        }
-    };
     let me_again = std::env::current_exe().expect("own path");
     let export_d = || {
         let out = std::process::Command::new(&me_again)
@@ -442,7 +421,7 @@ async fn run(n: usize) {
         let path = files.join(format!("f{which:06}"));
         let want = format!("file {which} round {round}");
         let id = format!("fs::File[localhost,path={}]", path.display());
-        let before = state_of(&id).await;
+        let before = last_run(&pool, env_id, &id).await;
         let start = Instant::now();
         export_d();
         let exported = start.elapsed().as_secs_f64();
@@ -451,7 +430,7 @@ async fn run(n: usize) {
         }
         // and its state stored (the hash it last deployed is no longer the one before)
         loop {
-            if state_of(&id)
+            if last_run(&pool, env_id, &id)
                 .await
                 .is_some_and(|(h, r)| Some(&h) != before.as_ref().map(|b| &b.0) && r == "deployed")
             {

@@ -48,10 +48,10 @@ pub(super) async fn store_version(
             hashes = Some(crate::model::hash_all(&read.export.resources));
         }
         let what = match (&read.changes, &hashes) {
-            (Some(c), _) => Whole::Changes(c),
+            (Some(c), _) => StoreAs::Changes(c),
             (None, h) => {
                 how = "whole";
-                Whole::Hashed(h.clone().unwrap_or_default())
+                StoreAs::Whole(h.clone().unwrap_or_default())
             }
         };
         let attempt = store_in_tx(
@@ -113,11 +113,11 @@ pub(super) async fn store_version(
 }
 
 /// How a compile's export is stored.
-enum Whole<'a> {
+enum StoreAs<'a> {
     /// As these changes (the export holds the new and changed resources).
     Changes(&'a memory::Changes),
     /// Whole, with its resources' attribute hashes.
-    Hashed(Vec<String>),
+    Whole(Vec<String>),
 }
 
 /// Store a compile's export as the environment's next version, with the compile's records,
@@ -129,7 +129,7 @@ async fn store_in_tx(
     started: chrono::DateTime<Utc>,
     export: &ExportFile,
     provenance: Value,
-    how: Whole<'_>,
+    how: StoreAs<'_>,
 ) -> Result<(versions::Stored, bool), store::StoreError> {
     let mut tx = pool.begin().await?;
     // a replica that lost the environment meanwhile stores nothing: the new owner compiles
@@ -145,11 +145,11 @@ async fn store_in_tx(
     };
     let env = job.environment_id;
     let s = match how {
-        Whole::Changes(c) => {
+        StoreAs::Changes(c) => {
             versions::store_delta(&mut tx, env, nv, &c.base, &c.removed, Some(&c.content_hash))
                 .await?
         }
-        Whole::Hashed(hashes) => versions::store_hashed(&mut tx, env, nv, hashes).await?,
+        StoreAs::Whole(hashes) => versions::store_hashed(&mut tx, env, nv, hashes).await?,
     };
     store::sources::set_compile_version(&mut *tx, job.id, s.info.number).await?;
     let meanwhile = store::facts::resolve_existing(&mut *tx, env, s.info.number, started).await?;
