@@ -647,6 +647,40 @@ impl Client {
         .await
     }
 
+    /// What deploying `version` changed so far, naming the first `limit` changed resources.
+    pub async fn changes_made(
+        &self,
+        env: &str,
+        version: i32,
+        limit: i64,
+    ) -> Result<crate::store::actions::ChangesMade> {
+        self.get(&format!(
+            "{}/versions/{version}/report?limit={limit}",
+            Self::env(env)
+        ))
+        .await
+    }
+
+    /// The first `limit` resources of `version` whose status is `status`, by id, and how many
+    /// have it.
+    pub async fn resources_with_status(
+        &self,
+        env: &str,
+        version: i32,
+        status: &str,
+        limit: i64,
+    ) -> Result<(Vec<ResourceWithState>, i64)> {
+        let list: crate::store::state::ResourceList = self
+            .get(&format!(
+                "{}/resources?version={version}&status={}&limit={limit}",
+                Self::env(env),
+                encode_segment(status)
+            ))
+            .await?;
+        let total = list.total.unwrap_or(list.resources.len() as i64);
+        Ok((list.resources, total))
+    }
+
     pub async fn progress(&self, env: &str, version: i32) -> Result<serde_json::Value> {
         self.get(&format!("{}/versions/{version}/progress", Self::env(env)))
             .await

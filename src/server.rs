@@ -167,6 +167,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(d::pause_agent))
         .routes(routes!(d::unpause_agent))
         .routes(routes!(d::progress))
+        .routes(routes!(d::report))
         .routes(routes!(t::list, t::create))
         .routes(routes!(t::revoke))
         .routes(routes!(t::audit_all))

@@ -38,6 +38,9 @@ pub struct DeployArgs {
 
 use crate::store::state::FAILED;
 
+/// The statuses of resources not deployed for unknown values.
+const UNDEFINED: [&str; 2] = ["undefined", "skipped_for_undefined"];
+
 pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     // one user configuring their own machine: handlers run as that user, not in a sandbox
     // uid (compiles here are this process's own)
@@ -49,9 +52,20 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         .project
         .canonicalize()
         .with_context(|| format!("project directory {}", args.project.display()))?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| project.join("data").join("deploy"));
+    let rt = tokio::runtime::Runtime::new()?;
+    // The private server (its database, and the scheduler reading what it deployed last)
+    // starts while the model compiles, on the other core, when its cluster exists. A first
+    // run compiles first, so a model that does not compile never makes a database.
+    let early = Runtime::holds_cluster(&data_dir).then(|| {
+        let dir = data_dir.clone();
+        rt.spawn(async move { Runtime::start(&dir, Schedulers::default_executor_bin()).await })
+    });
     let started = Instant::now();
-    // without facts first: a model that does not compile needs no database, and one that
-    // asks for no fact is compiled once
+    // without facts first: a model that asks for no fact is compiled once
     let outcome = super::compile::compile_once(
         &project,
         &args.file,
@@ -61,6 +75,11 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         false,
     );
     let Ok(Some(export)) = outcome.result else {
+        if let Some(starting) = early
+            && let Ok(Ok(runtime)) = rt.block_on(starting)
+        {
+            rt.block_on(runtime.stop());
+        }
         eprintln!("nothing was deployed");
         return Ok(ExitCode::from(1));
     };
@@ -70,15 +89,12 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         started.elapsed().as_millis(),
         export.resources.len()
     );
-    let data_dir = args
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| project.join("data").join("deploy"));
-    let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let runtime = Runtime::start(&data_dir, Schedulers::default_executor_bin())
-            .await
-            .with_context(|| format!("starting the private server under {}", data_dir.display()))?;
+        let runtime = match early {
+            Some(starting) => starting.await.context("starting the private server")?,
+            None => Runtime::start(&data_dir, Schedulers::default_executor_bin()).await,
+        }
+        .with_context(|| format!("starting the private server under {}", data_dir.display()))?;
         let memory = data_dir.join("last-upload");
         let result = tokio::select! {
             r = deploy(&runtime.client, &args, &project, &export, &memory) => r,
@@ -289,6 +305,9 @@ async fn dry_run(c: &Client, env: &str, number: i32) -> anyhow::Result<ExitCode>
 /// Follow the deploy of `number` until it is done, showing its progress.
 async fn follow(c: &Client, env: &str, number: i32) -> anyhow::Result<Value> {
     let mut shown = super::progress::DeployProgress::new(false);
+    // a change to a few resources is done in milliseconds: ask soon, then less often (each
+    // ask counts the version's resources by status)
+    let mut pause = Duration::from_millis(5);
     loop {
         let p = c.progress(env, number).await?;
         shown.update(&p);
@@ -296,7 +315,8 @@ async fn follow(c: &Client, env: &str, number: i32) -> anyhow::Result<Value> {
             shown.finish();
             return Ok(p);
         }
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(150));
     }
 }
 
@@ -307,82 +327,66 @@ async fn summary(
     progress: &Value,
     took: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let (_, rows) = c.resources(env).await?;
-    let actions = c.actions(env, None, 10_000).await?;
-    let mut created = 0;
-    let mut updated = 0;
-    let mut purged = 0;
-    for a in actions
-        .iter()
-        .filter(|a| a.version == number && a.action != "dryrun")
-    {
-        match a.change.as_str() {
-            "created" => created += 1,
-            "updated" => updated += 1,
-            "purged" => purged += 1,
-            _ => {}
-        }
-    }
+    /// changed resources named; the rest are counted
+    const NAMED: i64 = 20;
+    /// failed or undeployable resources listed per status; the rest are counted
+    const LISTED: i64 = 100;
+    // counted in the database: a run that changed 100,000 resources reads a few rows
+    let made = c.changes_made(env, number, NAMED).await?;
     let count = |s: &str| progress["by_status"][s].as_u64().unwrap_or(0);
-    let failed: Vec<_> = rows
-        .iter()
-        .filter(|r| FAILED.contains(&r.status.as_str()))
-        .collect();
-    let undefined: Vec<_> = rows
-        .iter()
-        .filter(|r| matches!(r.status.as_str(), "undefined" | "skipped_for_undefined"))
-        .collect();
-    let changes = if created + updated + purged == 0 {
+    let failed: u64 = FAILED.iter().map(|s| count(s)).sum();
+    let undefined: u64 = UNDEFINED.iter().map(|s| count(s)).sum();
+    let changes = if made.created + made.updated + made.purged == 0 {
         "no changes".to_string()
     } else {
-        format!("{created} created, {updated} updated, {purged} deleted")
+        format!(
+            "{} created, {} updated, {} deleted",
+            made.created, made.updated, made.purged
+        )
     };
     println!(
-        "version {number}: {} resources in {:.1} s — {} deployed ({changes}), {} failed or skipped{}",
+        "version {number}: {} resources in {:.1} s — {} deployed ({changes}), {failed} failed or skipped{}",
         progress["total"],
         took.as_secs_f64(),
         count("deployed"),
-        failed.len(),
-        if undefined.is_empty() {
+        if undefined == 0 {
             String::new()
         } else {
-            format!(", {} not deployable (unknown values)", undefined.len())
+            format!(", {undefined} not deployable (unknown values)")
         }
     );
-    let mut changed: Vec<_> = actions
-        .iter()
-        .filter(|a| a.version == number && a.action != "dryrun" && a.change != "nochange")
-        .collect();
-    changed.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
-    changed.dedup_by(|a, b| a.resource_id == b.resource_id);
-    for a in changed.iter().take(20) {
-        println!("  {} {}", a.change, a.resource_id);
+    for (id, change) in &made.first {
+        println!("  {change} {id}");
     }
-    if changed.len() > 20 {
-        println!("  … and {} more", changed.len() - 20);
+    let unnamed = made.created + made.updated + made.purged - made.first.len() as i64;
+    if unnamed > 0 {
+        println!("  … and {unnamed} more");
     }
-    for r in &failed {
-        let why = r
-            .last_message
-            .clone()
-            .or(r.blocked_reason.clone())
-            .unwrap_or_default();
-        println!(
-            "  {} {}: {}",
-            r.status,
-            r.resource_id,
-            why.lines().next().unwrap_or("")
-        );
+    // only the statuses the progress counted: a run where all went well asks nothing more
+    for status in FAILED.iter().chain(UNDEFINED.iter()) {
+        if count(status) == 0 {
+            continue;
+        }
+        let (rows, total) = c.resources_with_status(env, number, status, LISTED).await?;
+        for r in &rows {
+            let why = if FAILED.contains(status) {
+                r.last_message.clone().or(r.blocked_reason.clone())
+            } else {
+                r.blocked_reason.clone()
+            };
+            let why = why.unwrap_or_default();
+            println!(
+                "  {} {}: {}",
+                r.status,
+                r.resource_id,
+                why.lines().next().unwrap_or("")
+            );
+        }
+        if total > rows.len() as i64 {
+            println!("  … and {} more {status}", total - rows.len() as i64);
+        }
     }
-    for r in &undefined {
-        println!(
-            "  {} {}: {}",
-            r.status,
-            r.resource_id,
-            r.blocked_reason.clone().unwrap_or_default()
-        );
-    }
-    Ok(if failed.is_empty() {
+    Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -83,6 +83,11 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// Whether `data_dir` holds the private cluster of an earlier run.
+    pub fn holds_cluster(data_dir: &Path) -> bool {
+        PgCluster::exists_at(&data_dir.join("pg"))
+    }
+
     /// Start everything under `data_dir` (created if needed).
     pub async fn start(data_dir: &Path, executor_bin: PathBuf) -> Result<Runtime, DeployError> {
         std::fs::create_dir_all(data_dir).map_err(|source| DeployError::Io {
@@ -152,11 +157,13 @@ impl Runtime {
     /// Stop the scheduler (executors finish their action and exit), the server and the
     /// cluster. What was not done is done by the next run.
     pub async fn stop(self) {
-        self.schedulers.stop_all();
+        // each scheduler ends its executors (their input closes, they exit) and hands its
+        // last states to the writer
+        self.schedulers
+            .stop_all_and_wait(std::time::Duration::from_secs(1))
+            .await;
         let _ = store::tokens::revoke(&self.pool, self.token).await;
         self.server.abort();
-        // executors see their input close and exit; give them a moment before the database
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         self.pool.close().await;
         let cluster = self.cluster;
         let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;

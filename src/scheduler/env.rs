@@ -275,15 +275,17 @@ impl EnvScheduler {
         }
         if s.tenure.is_none() {
             s.executors.shutdown();
-            s.flush();
-            return;
+        } else {
+            // the environment moves to another replica: nothing of ours may still run or
+            // write when it starts there, so executors get a moment to finish, then are
+            // killed, and what was recorded is written (still under our lease) before we say
+            // we stopped
+            s.executors
+                .shutdown_and_wait(Duration::from_millis(500))
+                .await;
         }
-        // the environment moves to another replica: nothing of ours may still run or write
-        // when it starts there, so executors get a moment to finish, then are killed, and
-        // what was recorded is written (still under our lease) before we say we stopped
-        s.executors
-            .shutdown_and_wait(Duration::from_millis(500))
-            .await;
+        // what was recorded is written before the task ends: whoever waits for it (a
+        // handover, `steward deploy` stopping its database) finds it stored
         s.flush();
         let (closed, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut s.writer, closed));
@@ -291,7 +293,7 @@ impl EnvScheduler {
             .await
             .is_err()
         {
-            tracing::warn!(environment = %env, "the last deploy state was not written before the handover; the next owner redoes what it misses");
+            tracing::warn!(environment = %env, "the last deploy state was not written in time; the next scheduler of the environment redoes what it misses");
         }
     }
 

@@ -544,3 +544,32 @@ pub async fn progress(
         working_on,
     }))
 }
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReportQuery {
+    /// how many changed resources to name (default 20, at most 1,000)
+    #[serde(default)]
+    pub limit: Option<i64>,
+}
+
+/// What deploying a version changed, from its actions (dry-runs aside): how many resources
+/// were created, updated and purged (each counted once, by its last change), and the first
+/// `limit` of them by id.
+#[utoipa::path(get, operation_id = "version_report", path = "/api/v1/environments/{env}/versions/{number}/report", tag = DEPLOY, params(VersionPath, ReportQuery),
+    responses((status = 200, description = "The changes made so far", body = store::actions::ChangesMade),
+        (status = 404, description = "No such version")))]
+pub async fn report(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((key, number)): Path<(String, String)>,
+    axum::extract::Query(q): axum::extract::Query<ReportQuery>,
+) -> ApiResult<Json<store::actions::ChangesMade>> {
+    let env = environment(&state, &caller, &key).await?;
+    let number = parse_number(&number)?;
+    versions::get(&state.pool, env.id, number).await?;
+    let limit = q.limit.unwrap_or(20).clamp(0, 1_000);
+    Ok(Json(
+        store::actions::changes_made(&state.pool, env.id, number, limit).await?,
+    ))
+}

@@ -129,3 +129,52 @@ pub async fn for_environment(
         .fetch_all(e)
         .await?)
 }
+
+/// What deploying a version changed: resources counted once, by the change of their last
+/// action that changed something (dry-runs aside), and the first `limit` of them by id.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ChangesMade {
+    pub created: i64,
+    pub updated: i64,
+    pub purged: i64,
+    /// `[resource id, change]`, by id
+    pub first: Vec<(String, String)>,
+}
+
+pub async fn changes_made(
+    pool: &sqlx::PgPool,
+    env: Uuid,
+    version: i32,
+    limit: i64,
+) -> Result<ChangesMade> {
+    const CHANGED: &str = "SELECT DISTINCT ON (resource_id) resource_id, change FROM resource_actions \
+         WHERE environment_id = $1 AND version = $2 AND action <> 'dryrun' AND change <> 'nochange' \
+         ORDER BY resource_id, started_at DESC";
+    let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT change, count(*) FROM ({CHANGED}) c GROUP BY change"
+    )))
+    .bind(env)
+    .bind(version)
+    .fetch_all(pool)
+    .await?;
+    let first: Vec<(String, String)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("{CHANGED} LIMIT $3")))
+            .bind(env)
+            .bind(version)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+    let mut made = ChangesMade {
+        first,
+        ..Default::default()
+    };
+    for (change, n) in counts {
+        match change.as_str() {
+            "created" => made.created = n,
+            "updated" => made.updated = n,
+            "purged" => made.purged = n,
+            _ => {}
+        }
+    }
+    Ok(made)
+}

@@ -257,6 +257,11 @@ impl PgCluster {
         self.root.join("data")
     }
 
+    /// Whether a cluster rooted at `root` was made already (its data dir is initialized).
+    pub fn exists_at(root: &Path) -> bool {
+        root.join("data").join("PG_VERSION").is_file()
+    }
+
     pub fn socket_dir(&self) -> PathBuf {
         self.root.join("run")
     }
@@ -441,7 +446,7 @@ impl PgCluster {
     }
 
     pub fn is_initialized(&self) -> bool {
-        self.data_dir().join("PG_VERSION").is_file()
+        Self::exists_at(&self.root)
     }
 
     fn is_secured(&self) -> bool {
@@ -583,6 +588,9 @@ impl PgCluster {
     fn stop_server(&self) -> Result<(), ClusterError> {
         if !self.is_running() {
             return Ok(());
+        }
+        if let Some(stopped) = self.fast_shutdown(std::time::Duration::from_secs(60)) {
+            return stopped;
         }
         let mut c = self.command("pg_ctl");
         c.arg("stop")

@@ -689,3 +689,104 @@ async fn health_and_metrics() {
         "a scoped token sees another environment: {text}"
     );
 }
+
+/// What deploying a version changed is counted in the database, each resource once, by its
+/// last change: past 10,000 actions too (the `steward deploy` summary asked for 10,000
+/// actions and reported "10000 created" after creating 100,000 resources).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_report_counts_every_resource_it_changed() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = setup_env(&c, "report", false).await;
+    c.upload(&env, &null_export(3, None), json!({}))
+        .await
+        .unwrap();
+    c.upload(&env, &null_export(3, Some(1)), json!({}))
+        .await
+        .unwrap();
+    let env_id: uuid::Uuid = env.parse().unwrap();
+    // version 1: 10,050 resources created, each by one deploy action
+    sqlx::query(
+        "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, status, change) \
+         SELECT gen_random_uuid(), $1, 1, 'test::R[a,k=' || lpad(i::text, 6, '0') || ']', 'deploy', \
+                now() - interval '1 hour', 'deployed', 'created' \
+         FROM generate_series(1, 10050) i",
+    )
+    .bind(env_id)
+    .execute(&s.pool)
+    .await
+    .unwrap();
+    let later = |rid: &str, action: &str, change: &str, version: i32| {
+        sqlx::query(
+            "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, status, change) \
+             VALUES (gen_random_uuid(), $1, $2, $3, $4, now(), 'deployed', $5)",
+        )
+        .bind(env_id)
+        .bind(version)
+        .bind(rid.to_string())
+        .bind(action.to_string())
+        .bind(change.to_string())
+    };
+    // one of them repaired later in the same version: counted once, as updated
+    later("test::R[a,k=000007]", "repair", "updated", 1)
+        .execute(&s.pool)
+        .await
+        .unwrap();
+    // a no-change run, a dry-run and another version's action change nothing here
+    for (rid, action, change, version) in [
+        ("test::R[a,k=000008]", "repair", "nochange", 1),
+        ("test::R[a,k=dry]", "dryrun", "updated", 1),
+        ("test::R[a,k=000009]", "deploy", "purged", 2),
+    ] {
+        later(rid, action, change, version)
+            .execute(&s.pool)
+            .await
+            .unwrap();
+    }
+
+    let made = c.changes_made(&env, 1, 20).await.unwrap();
+    assert_eq!(
+        (made.created, made.updated, made.purged),
+        (10_049, 1, 0),
+        "{made:?}"
+    );
+    let named: Vec<(&str, &str)> = made
+        .first
+        .iter()
+        .map(|(id, change)| (id.as_str(), change.as_str()))
+        .collect();
+    assert_eq!(named.len(), 20);
+    assert_eq!(named[0], ("test::R[a,k=000001]", "created"));
+    assert_eq!(named[6], ("test::R[a,k=000007]", "updated"));
+    assert_eq!(named[19], ("test::R[a,k=000020]", "created"));
+    let other = c.changes_made(&env, 2, 1000).await.unwrap();
+    assert_eq!((other.created, other.updated, other.purged), (0, 0, 1));
+    assert_eq!(
+        other.first,
+        vec![("test::R[a,k=000009]".to_string(), "purged".to_string())]
+    );
+    // at most 1,000 named; an unknown version is a 404 with a JSON body
+    let (st, body) = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/api/v1/environments/{env}/versions/1/report?limit=5000"),
+        s.admin.as_deref(),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body["first"].as_array().unwrap().len(), 1000);
+    assert_eq!(body["created"], 10_049);
+    let (st, body) = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/api/v1/environments/{env}/versions/9/report"),
+        s.admin.as_deref(),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(st, 404, "{body}");
+    assert_eq!(body["error"], "not_found", "{body}");
+}

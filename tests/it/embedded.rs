@@ -48,7 +48,12 @@ fn quickstart_deploys_then_changes_only_what_changed() {
 
     let first = deploy(&dir, &[]);
     assert!(first.status.success(), "{}", text(&first));
-    assert!(text(&first).contains("12 deployed"), "{}", text(&first));
+    // ten made, two commands run (an exec::Run that runs reports an update)
+    assert!(
+        text(&first).contains("12 deployed (10 created, 2 updated, 0 deleted)"),
+        "{}",
+        text(&first)
+    );
     let conf = std::fs::read_to_string(site.join("shop/site.conf")).unwrap();
     assert!(conf.contains("listen 8081"), "{conf}");
     assert_eq!(
@@ -103,7 +108,8 @@ fn quickstart_deploys_then_changes_only_what_changed() {
     let third = deploy(&dir, &[]);
     assert!(third.status.success(), "{}", text(&third));
     assert!(
-        text(&third).contains("updated fs::File[localhost,path="),
+        text(&third).contains("(0 created, 2 updated, 0 deleted)")
+            && text(&third).contains("updated fs::File[localhost,path="),
         "{}",
         text(&third)
     );
@@ -126,6 +132,13 @@ fn quickstart_deploys_then_changes_only_what_changed() {
     assert!(
         err.contains("main.cf:") && err.contains("nothing was deployed"),
         "{err}"
+    );
+    // the private server started while the model compiled (its cluster existed): stopped
+    // again, nothing of it left running
+    let left = processes_naming(&dir);
+    assert!(
+        left.is_empty(),
+        "still running after a failed compile: {left:#?}"
     );
     assert!(
         std::fs::read_to_string(site.join("shop/site.conf"))

@@ -91,6 +91,32 @@ impl PgCluster {
         }
     }
 
+    /// A fast shutdown, as `pg_ctl stop -m fast` makes it: SIGINT to the postmaster, then
+    /// wait until its pid file is gone. Checked every 5 ms, where pg_ctl sleeps 100 ms at a
+    /// time: a one-shot `steward deploy` ends that much sooner. None when the postmaster may
+    /// not be signalled from here (it is another user's): pg_ctl, run as that user, does it.
+    pub(super) fn fast_shutdown(&self, within: Duration) -> Option<Result<(), ClusterError>> {
+        let (pid, _) = self.pid_file()?;
+        if !self.is_our_postmaster(pid) {
+            return Some(Ok(()));
+        }
+        // SAFETY: kill(2) on the pid the pid file names, just checked to be our postmaster
+        if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
+            return None;
+        }
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                return Some(Ok(()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Some(Err(ClusterError::Command {
+            what: "stopping PostgreSQL".into(),
+            detail: format!("it did not stop within {} s", within.as_secs()),
+        }))
+    }
+
     /// Is the server of this cluster running (its pid file names a live postmaster of this
     /// data directory)?
     pub fn is_running(&self) -> bool {
