@@ -64,6 +64,17 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         let dir = data_dir.clone();
         rt.spawn(async move { Runtime::start(&dir, Schedulers::default_executor_bin()).await })
     });
+    // what the last run uploaded (100,000 resources: 14 MB), read while compiling
+    let memory = data_dir.join("last-upload");
+    let remembered = {
+        let path = memory.clone();
+        std::thread::spawn(move || crate::client::LastUpload::load(&path))
+    };
+    // and the commit the project is at (a `git` process)
+    let provenance = {
+        let project = project.clone();
+        std::thread::spawn(move || super::compile::git_provenance(&project))
+    };
     let started = Instant::now();
     // without facts first: a model that asks for no fact is compiled once
     let outcome = super::compile::compile_once(
@@ -95,17 +106,68 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
             None => Runtime::start(&data_dir, Schedulers::default_executor_bin()).await,
         }
         .with_context(|| format!("starting the private server under {}", data_dir.display()))?;
-        let memory = data_dir.join("last-upload");
+        let remembered = remembered.join().unwrap_or(None);
+        let provenance = provenance.join().unwrap_or_else(|_| json!({}));
+        let mut memory = Memory {
+            path: memory,
+            loaded: Some(remembered),
+            saving: None,
+        };
         let result = tokio::select! {
-            r = deploy(&runtime.client, &args, &project, &export, &memory) => r,
+            r = deploy(&runtime.client, &args, &project, export, provenance, &mut memory) => r,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("\ninterrupted: stopping; the next `steward deploy` picks up where this one stopped");
                 Ok(ExitCode::from(130))
             }
         };
+        memory.saved().await;
         runtime.stop().await;
         result
     })
+}
+
+/// What was uploaded last (`data_dir/last-upload`): the next upload is sent as its changes
+/// against it.
+struct Memory {
+    path: PathBuf,
+    /// read already (while compiling), not yet used
+    loaded: Option<Option<crate::client::LastUpload>>,
+    /// being written while the version deploys
+    saving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Memory {
+    async fn take(&mut self) -> Option<crate::client::LastUpload> {
+        match self.loaded.take() {
+            Some(l) => l,
+            None => {
+                self.saved().await;
+                crate::client::LastUpload::load(&self.path)
+            }
+        }
+    }
+
+    /// Remember `last` (or forget: the next upload is whole), written in the background.
+    fn keep(&mut self, last: Option<crate::client::LastUpload>) {
+        let path = self.path.clone();
+        self.saving = Some(tokio::task::spawn_blocking(move || match last {
+            Some(l) => {
+                if let Err(e) = l.save(&path) {
+                    eprintln!("warning: could not write {} ({e})", path.display());
+                }
+            }
+            None => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }));
+    }
+
+    /// Wait until what `keep` was given is on disk.
+    async fn saved(&mut self) {
+        if let Some(s) = self.saving.take() {
+            let _ = s.await;
+        }
+    }
 }
 
 /// Rounds of compile and deploy one run makes at most while facts the deploy brings make
@@ -116,16 +178,16 @@ async fn deploy(
     c: &Client,
     args: &DeployArgs,
     project: &std::path::Path,
-    first: &ExportFile,
-    memory: &std::path::Path,
+    first: ExportFile,
+    mut provenance: Value,
+    memory: &mut Memory,
 ) -> anyhow::Result<ExitCode> {
     let env = environment(c, &first.metadata.project).await?;
-    let mut provenance = super::compile::git_provenance(project);
     provenance["source"] = json!("steward deploy");
     provenance["project_dir"] = json!(project.display().to_string());
     // the model asks for facts: compile again with what earlier runs' handlers reported
     let mut export = if first.unknowns.is_empty() {
-        first.clone()
+        first
     } else {
         match compile_with_facts(c, &env, args, project).await? {
             Some(x) => x,
@@ -135,20 +197,11 @@ async fn deploy(
     let mut round = 1;
     loop {
         // as its changes against the last run's version, when that is still the newest
-        let last = crate::client::LastUpload::load(memory);
+        let last = memory.take().await;
         let sent = c
             .upload_changes(&env, &export, provenance.clone(), last)
             .await?;
-        match &sent.last {
-            Some(l) => {
-                if let Err(e) = l.save(memory) {
-                    eprintln!("warning: could not write {} ({e})", memory.display());
-                }
-            }
-            None => {
-                let _ = std::fs::remove_file(memory);
-            }
-        }
+        memory.keep(sent.last);
         let sent_as_changes = sent.as_changes;
         let v = sent.answer;
         let number = v["number"].as_i64().unwrap_or(0) as i32;

@@ -98,13 +98,28 @@ impl Runtime {
         let lock = DirLock::take(data_dir)?;
         let root = data_dir.join("pg");
         let lock_path = lock.path.clone();
-        let cluster =
-            tokio::task::spawn_blocking(move || crate::server::start::start_private_cluster(&root))
-                .await
-                .expect("cluster start task")?;
+        let cluster = tokio::task::spawn_blocking(move || {
+            let c = PgCluster::new(&root)?;
+            c.start(true)?;
+            Ok::<_, ClusterError>(std::sync::Arc::new(c))
+        })
+        .await
+        .expect("cluster start task")?;
         let watchdog = stop_cluster_when_gone(&cluster, std::process::id(), &lock_path);
         let supervisor = cluster.supervise(true);
-        let pool = store::connect(&cluster.url("steward"), 8).await?;
+        // the database is there after the first run: connecting says so, without the `psql`
+        // process that would ask (30-40 ms of every run)
+        let url = cluster.url("steward");
+        let pool = match store::connect(&url, 8).await {
+            Ok(pool) => pool,
+            Err(_) => {
+                let c = cluster.clone();
+                tokio::task::spawn_blocking(move || c.ensure_database("steward"))
+                    .await
+                    .expect("database creation task")?;
+                store::connect(&url, 8).await?
+            }
+        };
         store::migrate(&pool).await?;
         let (token, secret) = store::tokens::create(
             &pool,
