@@ -336,6 +336,11 @@ impl EnvScheduler {
     }
 
     async fn restore(&mut self) -> Result<(), store::StoreError> {
+        let t0 = std::time::Instant::now();
+        let mut phases: Vec<(&str, f64)> = Vec::new();
+        let mark = |what: &'static str, phases: &mut Vec<(&str, f64)>| {
+            phases.push((what, t0.elapsed().as_secs_f64() * 1e3));
+        };
         let env = store::environments::get_environment(&self.pool, self.env).await?;
         self.settings = env.settings.clone();
         self.halted = env.halted;
@@ -348,15 +353,20 @@ impl EnvScheduler {
         store::deploy::clear_leases(&self.pool, self.env).await?;
         let processed = store::deploy::load_progress(&self.pool, self.env).await?;
         if let Some(v) = processed {
+            mark("settings", &mut phases);
             let intents = self.load_intents(v, true).await?;
+            mark("intents", &mut phases);
             let rows = store::deploy::load_states(&self.pool, self.env).await?;
+            mark("states read", &mut phases);
             let states = rows
                 .iter()
                 .map(|(k, r)| (k.clone(), state_from_row(r)))
                 .collect();
             self.model = Model::restore(v, intents, states);
+            mark("model", &mut phases);
             self.load_wanted_facts().await;
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
+            mark("facts and handlers", &mut phases);
         }
         self.refresh_placements();
         self.arm_sweeps(Utc::now());
@@ -371,17 +381,24 @@ impl EnvScheduler {
         for r in dirty {
             self.schedule(r, Priority::IntervalDeploy, "the scheduler started", false);
         }
+        mark("merged", &mut phases);
         let now = Utc::now();
         for r in 0..self.model.len() {
             self.arm_timer(r, now);
         }
+        mark("timers", &mut phases);
         // dry-runs that were under way when we stopped run again
         for d in store::deploy::dryruns(&self.pool, self.env).await? {
             if d.finished_at.is_none() {
                 self.start_dryrun(d.id, d.version).await;
             }
         }
-        tracing::info!(environment = %self.env, version = ?self.model.version, resources = self.model.len(), "scheduler started");
+        mark("dry-runs", &mut phases);
+        let phases: Vec<String> = phases
+            .iter()
+            .map(|(what, ms)| format!("{what} {ms:.0}"))
+            .collect();
+        tracing::info!(environment = %self.env, version = ?self.model.version, resources = self.model.len(), ms_since_start = %phases.join(", "), "scheduler started");
         Ok(())
     }
 }
