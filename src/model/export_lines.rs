@@ -20,6 +20,10 @@ use super::{ExportFile, Resource};
 /// What the first line ends with.
 const OPENING: &[u8] = b"\"resources\":[";
 
+/// The shortest line a resource can have: `{"id":"","type":"","agent":"","attributes":{}}`
+/// with its comma.
+const SHORTEST_LINE: usize = 47;
+
 /// Write `export` in this layout. An export without resources is one line.
 pub fn write(export: &ExportFile, w: &mut impl Write) -> std::io::Result<()> {
     let rest = ExportFile {
@@ -88,7 +92,18 @@ pub fn split(text: &[u8]) -> Option<Result<Lines<'_>, serde_json::Error>> {
         return None;
     }
     let middle = &text[first + 1..last];
-    let mut resources: Vec<&[u8]> = middle.split(|&b| b == b'\n').collect();
+    // every line costs the reader a slice and a hash: a file of a given size has at most so
+    // many resources' lines, however it was written (the server reads what a commit's
+    // compile left, up to 256 MiB: as two-byte lines that was gigabytes)
+    let lines = middle.iter().filter(|&&b| b == b'\n').count() + 1;
+    if lines > middle.len() / SHORTEST_LINE + 1 {
+        return Some(Err(serde::de::Error::custom(format!(
+            "{lines} resource lines in {} bytes: a resource's line is at least {SHORTEST_LINE} bytes",
+            middle.len()
+        ))));
+    }
+    let mut resources: Vec<&[u8]> = Vec::with_capacity(lines);
+    resources.extend(middle.split(|&b| b == b'\n'));
     let n = resources.len();
     for (i, line) in resources.iter_mut().enumerate() {
         if i + 1 < n {
@@ -206,5 +221,30 @@ mod tests {
         // the rest does not parse
         let broken = s.replace("\"undefined\"", "\"undefined");
         assert!(split(broken.as_bytes()).unwrap().is_err());
+    }
+
+    #[test]
+    fn more_lines_than_resources_fit_in_the_file_are_refused_before_they_are_kept() {
+        // the shortest resources there are, one per line: read
+        let shortest = r#"{"id":"","type":"","agent":"","attributes":{}}"#;
+        assert_eq!(shortest.len() + 1, SHORTEST_LINE);
+        let mut none = Vec::new();
+        write(&export(0), &mut none).unwrap();
+        let none = String::from_utf8(none).unwrap();
+        let file = |line: &str, n: usize| {
+            let lines = format!("\"resources\":[\n{}\n]", vec![line; n].join(",\n"));
+            none.replacen("\"resources\":[]", &lines, 1) + "\n"
+        };
+        for n in [1, 2, 1000] {
+            let text = file(shortest, n);
+            let lines = split(text.as_bytes()).unwrap().unwrap();
+            assert_eq!(lines.resources.len(), n);
+        }
+        // shorter lines: more than the file can hold, refused as a whole
+        let e = match split(file("{}", 1000).as_bytes()) {
+            Some(Err(e)) => e.to_string(),
+            _ => panic!("1,000 lines of 3 bytes were taken"),
+        };
+        assert!(e.contains("1000 resource lines in"), "{e}");
     }
 }
