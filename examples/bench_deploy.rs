@@ -112,6 +112,15 @@ async fn wait_done(
 /// With BENCH_PG_STATS set: what PostgreSQL did to the deploy tables so far (rows written,
 /// how many updates were HOT, i.e. touched no index, and the tables' sizes), to see where
 /// its share of a deploy goes.
+/// Peak resident memory so far, of this process and of the PostgreSQL processes.
+fn print_peaks(cluster: &steward::store::cluster::PgCluster, after: &str) {
+    let (pg_max, pg_sum) = common::pg_peak_rss_mib(cluster);
+    println!(
+        "  peak RSS after {after}: this process {:.0} MiB; PostgreSQL largest process {pg_max:.0} MiB, all {pg_sum:.0} MiB",
+        common::own_peak_rss_mib()
+    );
+}
+
 async fn print_table_stats(pool: &sqlx::PgPool, after: &str) {
     if std::env::var_os("BENCH_PG_STATS").is_none() {
         return;
@@ -198,6 +207,7 @@ async fn run(n: usize) {
         n as f64 / first
     );
     print_table_stats(&pool, "the first deploy").await;
+    print_peaks(&cluster, "the first deploy");
     // BENCH_FIRST_ONLY: stop here (to profile the first deploy alone: `perf record -k mono`,
     // then `perf report --time` with the window printed here)
     if std::env::var_os("BENCH_FIRST_ONLY").is_some() {
@@ -239,6 +249,7 @@ async fn run(n: usize) {
     // (the stats lag the writes by up to a second: the repair's last rows may be missing)
     tokio::time::sleep(Duration::from_millis(1500)).await;
     print_table_stats(&pool, "three repairs").await;
+    print_peaks(&cluster, "three repairs");
 
     // 3. change one: the file rewritten and its state stored, sent as its changes (as
     // `steward export` and `steward deploy` send it) and, for comparison, whole
@@ -304,6 +315,7 @@ async fn run(n: usize) {
             best(stored)
         );
     }
+    print_peaks(&cluster, "ten versions changing one");
     // 4. a resource added, then removed again, sent as changes: the scheduler merges such a
     // version whole (`Model::merge`), not in place. Added: its file written and its state
     // stored; removed: the version merged and nothing left to do (it becomes an orphan).
@@ -359,6 +371,7 @@ async fn run(n: usize) {
         best(&removed),
         removed.len()
     );
+    print_peaks(&cluster, "an addition and a removal");
     // 5. change one through the command line: `steward export -d` (this program runs as
     // it), a process that compiles the project and sends the export as its changes against
     // its memory of the last upload

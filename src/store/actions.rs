@@ -141,15 +141,22 @@ pub struct ChangesMade {
     pub first: Vec<(String, String)>,
 }
 
+/// Read from the environment's actions since the version was released: they are found by
+/// the time index, and the action log gets no index of its own for this (each action is
+/// written twice, and every index of the table twice with it). The minute before the release
+/// covers a scheduler whose clock is behind the database's.
 pub async fn changes_made(
     pool: &sqlx::PgPool,
     env: Uuid,
     version: i32,
     limit: i64,
 ) -> Result<ChangesMade> {
-    const CHANGED: &str = "SELECT DISTINCT ON (resource_id) resource_id, change FROM resource_actions \
-         WHERE environment_id = $1 AND version = $2 AND action <> 'dryrun' AND change <> 'nochange' \
-         ORDER BY resource_id, started_at DESC";
+    const CHANGED: &str = "SELECT DISTINCT ON (a.resource_id) a.resource_id, a.change \
+         FROM versions v JOIN resource_actions a ON a.environment_id = v.environment_id \
+           AND a.started_at >= v.released_at - interval '1 minute' AND a.version = v.number \
+         WHERE v.environment_id = $1 AND v.number = $2 \
+           AND a.action <> 'dryrun' AND a.change <> 'nochange' \
+         ORDER BY a.resource_id, a.started_at DESC";
     let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT change, count(*) FROM ({CHANGED}) c GROUP BY change"
     )))

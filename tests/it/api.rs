@@ -690,8 +690,8 @@ async fn health_and_metrics() {
     );
 }
 
-/// What deploying a version changed is counted in the database, each resource once, by its
-/// last change: past 10,000 actions too (the `steward deploy` summary asked for 10,000
+/// What deploying a version changed is counted in the database from its actions since its
+/// release, each resource once, by its last change: past 10,000 actions too (the `steward deploy` summary asked for 10,000
 /// actions and reported "10000 created" after creating 100,000 resources).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_report_counts_every_resource_it_changed() {
@@ -701,15 +701,16 @@ async fn a_version_report_counts_every_resource_it_changed() {
     c.upload(&env, &null_export(3, None), json!({}))
         .await
         .unwrap();
-    c.upload(&env, &null_export(3, Some(1)), json!({}))
-        .await
-        .unwrap();
     let env_id: uuid::Uuid = env.parse().unwrap();
+    // a version not released made no change
+    let none = c.changes_made(&env, 1, 20).await.unwrap();
+    assert_eq!(none, Default::default());
+    c.release(&env, 1, "test").await.unwrap();
     // version 1: 10,050 resources created, each by one deploy action
     sqlx::query(
         "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, status, change) \
          SELECT gen_random_uuid(), $1, 1, 'test::R[a,k=' || lpad(i::text, 6, '0') || ']', 'deploy', \
-                now() - interval '1 hour', 'deployed', 'created' \
+                clock_timestamp(), 'deployed', 'created' \
          FROM generate_series(1, 10050) i",
     )
     .bind(env_id)
@@ -719,7 +720,7 @@ async fn a_version_report_counts_every_resource_it_changed() {
     let later = |rid: &str, action: &str, change: &str, version: i32| {
         sqlx::query(
             "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, status, change) \
-             VALUES (gen_random_uuid(), $1, $2, $3, $4, now(), 'deployed', $5)",
+             VALUES (gen_random_uuid(), $1, $2, $3, $4, clock_timestamp(), 'deployed', $5)",
         )
         .bind(env_id)
         .bind(version)
@@ -732,6 +733,10 @@ async fn a_version_report_counts_every_resource_it_changed() {
         .execute(&s.pool)
         .await
         .unwrap();
+    c.upload(&env, &null_export(3, Some(1)), json!({}))
+        .await
+        .unwrap();
+    c.release(&env, 2, "test").await.unwrap();
     // a no-change run, a dry-run and another version's action change nothing here
     for (rid, action, change, version) in [
         ("test::R[a,k=000008]", "repair", "nochange", 1),
