@@ -658,23 +658,24 @@ async fn store_diff(
     number: i32,
     entries: &[DiffEntry],
 ) -> Result<()> {
-    if entries.is_empty() {
-        return Ok(());
+    // in statements of a bounded size: a version changing the attributes of 100,000
+    // resources in one statement grew its backend by 450 MB (the attribute changes, parsed)
+    for chunk in entries.chunks(crate::store::ROWS_PER_STATEMENT) {
+        let ids: Vec<&str> = chunk.iter().map(|e| e.resource_id.as_str()).collect();
+        let kinds: Vec<&str> = chunk.iter().map(|e| e.change.as_str()).collect();
+        let attrs: Vec<&serde_json::Value> = chunk.iter().map(|e| &e.attributes).collect();
+        sqlx::query(
+            "INSERT INTO version_diffs (environment_id, version, resource_id, change, attributes) \
+             SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::jsonb[])",
+        )
+        .bind(env)
+        .bind(number)
+        .bind(&ids)
+        .bind(&kinds)
+        .bind(&attrs)
+        .execute(&mut *c)
+        .await?;
     }
-    let ids: Vec<&str> = entries.iter().map(|e| e.resource_id.as_str()).collect();
-    let kinds: Vec<&str> = entries.iter().map(|e| e.change.as_str()).collect();
-    let attrs: Vec<&serde_json::Value> = entries.iter().map(|e| &e.attributes).collect();
-    sqlx::query(
-        "INSERT INTO version_diffs (environment_id, version, resource_id, change, attributes) \
-         SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::jsonb[])",
-    )
-    .bind(env)
-    .bind(number)
-    .bind(&ids)
-    .bind(&kinds)
-    .bind(&attrs)
-    .execute(&mut *c)
-    .await?;
     Ok(())
 }
 
