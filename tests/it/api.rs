@@ -795,3 +795,32 @@ async fn a_version_report_counts_every_resource_it_changed() {
     assert_eq!(st, 404, "{body}");
     assert_eq!(body["error"], "not_found", "{body}");
 }
+
+/// A version's diff is stored in statements of a bounded size (PostgreSQL keeps a
+/// statement's parameters until it ends): one changing more resources than a statement
+/// holds is stored whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_diff_larger_than_one_statement_is_stored_whole() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = setup_env(&c, "bigdiff", false).await;
+    let n = steward::store::ROWS_PER_STATEMENT * 2 + 50;
+    let first = null_export(n, None);
+    c.upload(&env, &first, json!({})).await.unwrap();
+    let mut every = first.clone();
+    for r in &mut every.resources {
+        r.attributes.insert("fail".into(), true.into());
+    }
+    let v2 = c.upload(&env, &every, json!({})).await.unwrap();
+    assert_eq!(v2["diff_summary"]["updated"], n);
+    let (stored, updated): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE change = 'updated' \
+           AND attributes -> 'fail' = '{\"current\": false, \"desired\": true}'::jsonb) \
+         FROM version_diffs WHERE environment_id = $1 AND version = 2",
+    )
+    .bind(env.parse::<uuid::Uuid>().unwrap())
+    .fetch_one(&s.pool)
+    .await
+    .unwrap();
+    assert_eq!((stored, updated), (n as i64, n as i64));
+}
