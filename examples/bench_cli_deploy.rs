@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-// as in `steward` itself: the benchmark measures the command users run
-#[global_allocator]
-static ALLOCATOR: steward::alloc::Allocator = steward::alloc::Allocator;
+// (with the allocator of `steward` itself: the benchmark measures the command users run)
+#[path = "common/mod.rs"]
+mod common;
 
 const ROUNDS: usize = 7;
 
@@ -29,21 +29,6 @@ fn steward_bin() -> PathBuf {
     std::env::var_os("STEWARD_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::current_exe().expect("own path"))
-}
-
-fn model(n: usize, files: &Path, changed: Option<(usize, usize)>) -> String {
-    let mut m = String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
-    for i in 0..n {
-        let content = match changed {
-            Some((which, round)) if which == i => format!("file {i} round {round}"),
-            _ => format!("file {i}"),
-        };
-        m.push_str(&format!(
-            "fs::File(host=host, path=\"{}/f{i:06}\", content=\"{content}\", mode=644)\n",
-            files.display()
-        ));
-    }
-    m
 }
 
 struct Run {
@@ -148,7 +133,11 @@ fn run(n: usize) {
         "name: bench\nmodulepath: libs\n",
     )
     .unwrap();
-    std::fs::write(project.join("main.cf"), model(n, &files, None)).unwrap();
+    std::fs::write(
+        project.join("main.cf"),
+        common::fs_files_model(n, &files, None),
+    )
+    .unwrap();
     println!(
         "{} deploy, {n} fs::File resources, files under {}",
         steward_bin().display(),
@@ -168,7 +157,7 @@ fn run(n: usize) {
         let which = n / 2;
         std::fs::write(
             project.join("main.cf"),
-            model(n, &files, Some((which, round))),
+            common::fs_files_model(n, &files, Some((which, round))),
         )
         .unwrap();
         let path = files.join(format!("f{which:06}"));

@@ -382,21 +382,7 @@ async fn run(n: usize) {
         "name: bench\nmodulepath: libs\n",
     )
     .unwrap();
-    let model = |changed: Option<(usize, usize)>| {
-        let mut m =
-            String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
-        for i in 0..n {
-            let content = match changed {
-                Some((which, round)) if which == i => format!("file {i} round {round}"),
-                _ => format!("file {i}"),
-            };
-            m.push_str(&format!(
-                "fs::File(host=host, path=\"{}/f{i:06}\", content=\"{content}\", mode=644)\n",
-                files.display()
-            ));
-        }
-        m
-    };
+    let model = |changed| common::fs_files_model(n, &files, changed);
     let cache = files_tmp.path().join("cache");
     let me_again = std::env::current_exe().expect("own path");
     let export_d = || {

@@ -38,18 +38,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 fn model(out: &Path, n: usize, changed: Option<(usize, usize)>) -> String {
-    let mut m = String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
-    for i in 0..n {
-        let content = match changed {
-            Some((which, round)) if which == i => format!("file {i} round {round}"),
-            _ => format!("file {i}"),
-        };
-        m.push_str(&format!(
-            "fs::File(host=host, path=\"{}/f{i:05}\", content=\"{content}\", mode=644)\n",
-            out.display()
-        ));
-    }
-    m
+    common::fs_files_model(n, out, changed)
 }
 
 async fn run(n: usize) {
@@ -144,7 +133,7 @@ async fn run(n: usize) {
 
     // the first version: compiled on following, deployed
     let start = Instant::now();
-    let last = out.join(format!("f{:05}", n - 1));
+    let last = out.join(format!("f{:06}", n - 1));
     while std::fs::read_to_string(&last).ok().as_deref() != Some(&format!("file {}", n - 1)) {
         assert!(
             start.elapsed() < Duration::from_secs(120),
@@ -162,7 +151,7 @@ async fn run(n: usize) {
         let which = (round * 137) % n;
         std::fs::write(work.join("main.cf"), model(&out, n, Some((which, round)))).unwrap();
         git(&work, &["commit", "-q", "-am", &format!("round {round}")]);
-        let target = out.join(format!("f{which:05}"));
+        let target = out.join(format!("f{which:06}"));
         let want = format!("file {which} round {round}");
         git(&work, &["push", "-q", "origin", "main"]);
         // from the moment `git push` returned

@@ -11,6 +11,7 @@ static ALLOCATOR: steward::alloc::Allocator = steward::alloc::Allocator;
 use steward::store::cluster::PgCluster;
 
 /// Start a cluster under `dir/pg` and connect to a migrated database in it.
+#[allow(dead_code)]
 pub async fn database(dir: &Path, connections: u32) -> (PgCluster, sqlx::PgPool) {
     let root = dir.join("pg");
     let cluster = tokio::task::spawn_blocking(move || {
@@ -29,6 +30,7 @@ pub async fn database(dir: &Path, connections: u32) -> (PgCluster, sqlx::PgPool)
 }
 
 /// Serve `state` on 127.0.0.1 (a free port); its base URL.
+#[allow(dead_code)]
 pub async fn serve(state: steward::server::AppState) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -87,4 +89,22 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// A project's `main.cf` with `n` fs::File resources under `files` (`files/f000042`, holding
+/// "file 42"); `changed` = (which, round) gives that one "file {which} round {round}".
+#[allow(dead_code)]
+pub fn fs_files_model(n: usize, files: &Path, changed: Option<(usize, usize)>) -> String {
+    let mut m = String::from("import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n");
+    for i in 0..n {
+        let content = match changed {
+            Some((which, round)) if which == i => format!("file {i} round {round}"),
+            _ => format!("file {i}"),
+        };
+        m.push_str(&format!(
+            "fs::File(host=host, path=\"{}/f{i:06}\", content=\"{content}\", mode=644)\n",
+            files.display()
+        ));
+    }
+    m
 }
