@@ -686,6 +686,21 @@ impl Client {
             .await
     }
 
+    /// The progress once the version is done, or after `wait` (at most 30 s) if it is not.
+    pub async fn progress_when_done(
+        &self,
+        env: &str,
+        version: i32,
+        wait: std::time::Duration,
+    ) -> Result<serde_json::Value> {
+        self.get(&format!(
+            "{}/versions/{version}/progress?wait_ms={}",
+            Self::env(env),
+            wait.as_millis()
+        ))
+        .await
+    }
+
     // ---------------------------------------------------------------- git sources
 
     pub async fn set_source(

@@ -359,7 +359,15 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
     // only a wait shows progress: a single look prints its table below
     let mut shown = wait.then(|| super::progress::DeployProgress::new(remote.json));
     let p = loop {
-        let p = remote.client.progress(env, version).await?;
+        let p = if wait {
+            // answered as soon as it is done, else after a moment with where it is
+            remote
+                .client
+                .progress_when_done(env, version, Duration::from_millis(1000))
+                .await?
+        } else {
+            remote.client.progress(env, version).await?
+        };
         let phase = p["phase"].as_str().unwrap_or_default().to_string();
         // still moving: a deploy running, or a version that an approver may release
         let moving = matches!(
@@ -382,9 +390,12 @@ pub async fn progress(remote: &Remote, version: i32, wait: bool) -> anyhow::Resu
                 "halted" => shown.note("the environment is halted (steward env resume); waiting…"),
                 _ => {}
             }
-            told = Some(phase);
+            told = Some(phase.clone());
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // a deploy under way was waited for by the server; approval and halts are asked again
+        if phase != "deploying" {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     };
     if let Some(shown) = shown {
         shown.finish();

@@ -358,18 +358,17 @@ async fn dry_run(c: &Client, env: &str, number: i32) -> anyhow::Result<ExitCode>
 /// Follow the deploy of `number` until it is done, showing its progress.
 async fn follow(c: &Client, env: &str, number: i32) -> anyhow::Result<Value> {
     let mut shown = super::progress::DeployProgress::new(false);
-    // a change to a few resources is done in milliseconds: ask soon, then less often (each
-    // ask counts the version's resources by status)
-    let mut pause = Duration::from_millis(5);
+    // the server answers as soon as the version is done (a change to a few resources: in
+    // milliseconds), else after a moment with where it is, to show
     loop {
-        let p = c.progress(env, number).await?;
+        let p = c
+            .progress_when_done(env, number, Duration::from_millis(500))
+            .await?;
         shown.update(&p);
         if p["done"] == true {
             shown.finish();
             return Ok(p);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(150));
     }
 }
 

@@ -499,16 +499,58 @@ pub struct Progress {
     pub working_on: Vec<String>,
 }
 
-/// Deploy progress of a version.
-#[utoipa::path(get, operation_id = "version_progress", path = "/api/v1/environments/{env}/versions/{number}/progress", tag = DEPLOY, params(VersionPath),
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ProgressQuery {
+    /// Wait up to this many milliseconds (at most 30,000) for the version to be done before
+    /// answering; the answer comes as soon as it is. Default 0: answer at once.
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// Deploy progress of a version; with `wait_ms`, once it is done (or the wait is over).
+#[utoipa::path(get, operation_id = "version_progress", path = "/api/v1/environments/{env}/versions/{number}/progress", tag = DEPLOY, params(VersionPath, ProgressQuery),
     responses((status = 200, description = "The progress", body = Progress)))]
 pub async fn progress(
     State(state): State<AppState>,
     caller: Caller,
     Path((key, number)): Path<(String, String)>,
+    axum::extract::Query(q): axum::extract::Query<ProgressQuery>,
 ) -> ApiResult<Json<Progress>> {
     let env = environment(&state, &caller, &key).await?;
     let number = parse_number(&number)?;
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(30_000));
+    let deadline = tokio::time::Instant::now() + wait;
+    // counting the states by status reads every resource of the version (100,000: about
+    // 0.1 s): while the scheduler still has work for the version they are not settled, and
+    // it says so from memory; they are counted again after it had none, less often each time
+    let mut recount = std::time::Duration::from_millis(20);
+    loop {
+        let p = progress_now(&state, env.id, number).await?;
+        let now = tokio::time::Instant::now();
+        if p.done || p.phase != "deploying" || now >= deadline {
+            return Ok(Json(p));
+        }
+        while tokio::time::Instant::now() < deadline {
+            let idle = match owner::status(&state, &caller, env.id).await {
+                Ok(s) => s.version == Some(number) && s.queued == 0 && s.running == 0,
+                // no scheduler to ask (not running here, not reachable): count again
+                Err(_) => true,
+            };
+            if idle {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + recount)).await;
+        recount = (recount * 2).min(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Where the deploy of version `number` of `env` stands now (the caller has been checked).
+pub async fn progress_now(state: &AppState, env: uuid::Uuid, number: i32) -> ApiResult<Progress> {
+    // read each time: a wait sees a halt that came meanwhile
+    let env = store::environments::get_environment(&state.pool, env).await?;
     let info = versions::get(&state.pool, env.id, number).await?;
     let summary = store::state::deploy_summary(&state.pool, env.id, number).await?;
     let active = versions::active(&state.pool, env.id).await?;
@@ -529,7 +571,7 @@ pub async fn progress(
         _ if summary.failed > 0 => "failed",
         _ => "deployed",
     };
-    Ok(Json(Progress {
+    Ok(Progress {
         version: number,
         status: info.status,
         active: is_active,
@@ -542,7 +584,7 @@ pub async fn progress(
         // settled: nothing waiting for a first or new deploy, nothing running
         done,
         working_on,
-    }))
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

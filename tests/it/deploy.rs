@@ -652,3 +652,65 @@ async fn a_version_larger_than_one_statement_is_stored_and_deployed_whole() {
     })
     .await;
 }
+
+/// `progress?wait_ms=` answers as soon as the version is done, and when the wait is over
+/// if it is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_waits_until_the_version_is_done() {
+    use std::time::{Duration, Instant};
+    let (_srv, c, env, dir) = deploying_env("progress-wait", json!({})).await;
+    let d = dir.path().display().to_string();
+    let slow = exec_run(
+        AGENT,
+        &format!("sh -c 'sleep 1; touch {d}/slept'"),
+        json!({}),
+        &[],
+    );
+    let v = upload(&c, &env, vec![slow]).await;
+    let at_once = c.progress(&env, v).await.unwrap();
+    assert_eq!(at_once["done"], false, "{at_once}");
+    let started = Instant::now();
+    let p = c
+        .progress_when_done(&env, v, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(
+        (&p["done"], &p["phase"]),
+        (&json!(true), &json!("deployed")),
+        "{p}"
+    );
+    assert!(Path::new(&format!("{d}/slept")).exists());
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered after {waited:?}"
+    );
+
+    // its agent paused: not done, answered when the wait is over
+    c.set_paused(&env, AGENT, true).await.unwrap();
+    let later = exec_run(AGENT, &format!("touch {d}/later"), json!({}), &[]);
+    let v2 = upload(&c, &env, vec![later]).await;
+    let started = Instant::now();
+    let p = c
+        .progress_when_done(&env, v2, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(
+        (&p["done"], &p["phase"]),
+        (&json!(false), &json!("deploying")),
+        "{p}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1400) && waited < Duration::from_secs(5),
+        "answered after {waited:?}"
+    );
+    // a wait of more than 30 s is 30 s; unpaused, it is done well before
+    c.set_paused(&env, AGENT, false).await.unwrap();
+    let p = c
+        .progress_when_done(&env, v2, Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(p["done"], true, "{p}");
+    assert!(Path::new(&format!("{d}/later")).exists());
+}

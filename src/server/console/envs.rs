@@ -77,22 +77,16 @@ pub async fn env_context(
     Ok((env, ctx))
 }
 
-/// The progress of the active version (None: nothing released yet).
+/// The progress of the active version (None: nothing released yet); `env` is one the
+/// visitor may see.
 async fn active_progress(
     state: &AppState,
-    visitor: &Visitor,
     env: &Environment,
 ) -> Result<Option<Progress>, ApiError> {
     let Some(active) = versions::active(&state.pool, env.id).await? else {
         return Ok(None);
     };
-    let axum::Json(p) = api_deploy::progress(
-        State(state.clone()),
-        visitor.caller.clone(),
-        Path((env.id.to_string(), active.to_string())),
-    )
-    .await?;
-    Ok(Some(p))
+    Ok(Some(api_deploy::progress_now(state, env.id, active).await?))
 }
 
 /// The live document of an environment page (also what the event stream sends).
@@ -137,7 +131,7 @@ async fn list(State(state): State<AppState>, visitor: Visitor) -> Result<Page, P
         .map_err(|e| ApiError::internal(format!("environment list: {e}")))?;
     let mut rows = Vec::new();
     for env in &envs {
-        let progress = active_progress(&state, &visitor, env).await?;
+        let progress = active_progress(&state, env).await?;
         let waiting = versions::waiting(&state.pool, env.id)
             .await
             .map_err(ApiError::from)?;
@@ -165,7 +159,7 @@ async fn overview(
     Path(key): Path<String>,
 ) -> Result<Page, Page> {
     let (env, env_ctx) = env_context(&state, &visitor, &key).await?;
-    let progress = active_progress(&state, &visitor, &env).await?;
+    let progress = active_progress(&state, &env).await?;
     let waiting = versions::waiting(&state.pool, env.id)
         .await
         .map_err(ApiError::from)?;
@@ -223,10 +217,7 @@ async fn events(
                 }
                 Err(_) => env.clone(),
             };
-            let progress = active_progress(&state, &visitor, &env_now)
-                .await
-                .ok()
-                .flatten();
+            let progress = active_progress(&state, &env_now).await.ok().flatten();
             let waiting = versions::waiting(&state.pool, env.id).await.unwrap_or(0);
             let doc = progress_json(progress.as_ref(), env_now.halted, waiting).to_string();
             if doc != last {
