@@ -521,29 +521,41 @@ pub async fn progress(
     let number = parse_number(&number)?;
     let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(30_000));
     let deadline = tokio::time::Instant::now() + wait;
-    // counting the states by status reads every resource of the version (100,000: about
-    // 0.1 s): while the scheduler still has work for the version they are not settled, and
-    // it says so from memory; they are counted again after it had none, less often each time
-    let mut recount = std::time::Duration::from_millis(20);
+    // Counting the states by status reads every resource of the version (100,000: about
+    // 0.1 s). While the scheduler still has work for the active version they can not be
+    // settled, and it says so from memory: it is asked first, and the states are counted
+    // once it has none (again, less often each time, while its last states are written).
+    let mut gap = std::time::Duration::ZERO;
+    let mut counted: Option<tokio::time::Instant> = None;
     loop {
+        if tokio::time::Instant::now() < deadline
+            && !env.halted
+            && versions::active(&state.pool, env.id).await? == Some(number)
+        {
+            while tokio::time::Instant::now() < deadline {
+                let idle = match owner::status(&state, &caller, env.id).await {
+                    Ok(s) => s.version == Some(number) && s.queued == 0 && s.running == 0,
+                    // no scheduler to ask (not running here, not reachable): count
+                    Err(_) => true,
+                };
+                if idle {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+        if let Some(at) = counted {
+            tokio::time::sleep_until(deadline.min(at + gap)).await;
+            gap = (gap * 2).clamp(
+                std::time::Duration::from_millis(20),
+                std::time::Duration::from_secs(1),
+            );
+        }
+        counted = Some(tokio::time::Instant::now());
         let p = progress_now(&state, env.id, number).await?;
-        let now = tokio::time::Instant::now();
-        if p.done || p.phase != "deploying" || now >= deadline {
+        if p.done || p.phase != "deploying" || tokio::time::Instant::now() >= deadline {
             return Ok(Json(p));
         }
-        while tokio::time::Instant::now() < deadline {
-            let idle = match owner::status(&state, &caller, env.id).await {
-                Ok(s) => s.version == Some(number) && s.queued == 0 && s.running == 0,
-                // no scheduler to ask (not running here, not reachable): count again
-                Err(_) => true,
-            };
-            if idle {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + recount)).await;
-        recount = (recount * 2).min(std::time::Duration::from_secs(1));
     }
 }
 
