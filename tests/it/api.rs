@@ -824,3 +824,51 @@ async fn a_diff_larger_than_one_statement_is_stored_whole() {
     .unwrap();
     assert_eq!((stored, updated), (n as i64, n as i64));
 }
+
+/// A progress wait that never ends done (no scheduler here to deploy the version) runs for
+/// its whole wait, counting the version's states less and less often: about twenty counts
+/// in 20 s, not one every few milliseconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_progress_wait_that_is_never_done_keeps_to_its_schedule() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = setup_env(&c, "waiting", true).await;
+    let v = c
+        .upload(&env, &null_export(50, None), json!({}))
+        .await
+        .unwrap();
+    assert_eq!(v["auto_released"], true, "{v}");
+    // every count of the states by status reads the version's spans once
+    let scans = || async {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'resource_spans'",
+        )
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+        n
+    };
+    let before = scans().await;
+    let started = std::time::Instant::now();
+    let p = c
+        .progress_when_done(&env, 1, std::time::Duration::from_secs(20))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    let counted = scans().await - before;
+    assert_eq!(
+        (&p["done"], &p["phase"]),
+        (&json!(false), &json!("deploying")),
+        "{p}"
+    );
+    assert!(
+        waited >= std::time::Duration::from_millis(19_900)
+            && waited < std::time::Duration::from_secs(25),
+        "answered after {waited:?}"
+    );
+    assert!(
+        (5..=60).contains(&counted),
+        "{counted} scans of the spans in a 20 s wait"
+    );
+}
