@@ -119,12 +119,28 @@ pub fn hand_over(stored: &mut Stored, export: &mut ExportFile) {
 const ANALYZE_FROM_ROWS: usize = 5_000;
 
 /// After the commit of a version that opened many span rows: refresh the statistics of
-/// `resource_spans` in the background (one refresh at a time; a failure only costs speed).
+/// `resource_spans` in the background (one refresh at a time per database; a failure only
+/// costs speed).
 pub fn refresh_statistics_after(pool: &sqlx::PgPool, stored: &Stored) {
-    static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    use std::sync::atomic::Ordering;
-    if stored.rows_opened < ANALYZE_FROM_ROWS || RUNNING.swap(true, Ordering::AcqRel) {
+    // by database: a process with several (the tests) must not skip one database's refresh
+    // because another's runs
+    static RUNNING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if stored.rows_opened < ANALYZE_FROM_ROWS {
         return;
+    }
+    let options = pool.connect_options();
+    let database = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    );
+    {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if running.contains(&database) {
+            return;
+        }
+        running.push(database.clone());
     }
     let pool = pool.clone();
     tokio::spawn(async move {
@@ -140,7 +156,10 @@ pub fn refresh_statistics_after(pool: &sqlx::PgPool, stored: &Stored) {
                 tracing::info!(error = %e, "could not refresh the statistics of resource_spans")
             }
         }
-        RUNNING.store(false, Ordering::Release);
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|d| *d != database);
     });
 }
 
