@@ -693,12 +693,22 @@ impl Client {
         version: i32,
         wait: std::time::Duration,
     ) -> Result<serde_json::Value> {
-        self.get(&format!(
-            "{}/versions/{version}/progress?wait_ms={}",
-            Self::env(env),
-            wait.as_millis()
-        ))
-        .await
+        let held = self
+            .get(&format!(
+                "{}/versions/{version}/progress?wait_ms={}",
+                Self::env(env),
+                wait.as_millis()
+            ))
+            .await;
+        match held {
+            // the environment holds as many waits as the server allows: wait here instead
+            // (the server asks for a second), then ask for the progress as it is
+            Err(ClientError::Api { status: 429, .. }) => {
+                tokio::time::sleep(wait.min(std::time::Duration::from_secs(1))).await;
+                self.progress(env, version).await
+            }
+            other => other,
+        }
     }
 
     // ---------------------------------------------------------------- git sources

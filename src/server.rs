@@ -27,6 +27,7 @@ pub mod ops;
 pub mod owner;
 pub mod start;
 pub mod tls;
+pub mod waits;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,6 +66,8 @@ pub struct AppState {
     /// operator starts the server with `--allow-local-git-sources`, since such a source
     /// reads the server's own disk (other environments' mirrors, any repository it can open).
     pub allow_local_git_sources: bool,
+    /// Requests held open (`…/progress?wait_ms=`), bounded per environment.
+    pub waits: waits::Waits,
 }
 
 /// Largest accepted request body of most routes: settings, names, decisions, tokens.

@@ -510,7 +510,8 @@ pub struct ProgressQuery {
 
 /// Deploy progress of a version; with `wait_ms`, once it is done (or the wait is over).
 #[utoipa::path(get, operation_id = "version_progress", path = "/api/v1/environments/{env}/versions/{number}/progress", tag = DEPLOY, params(VersionPath, ProgressQuery),
-    responses((status = 200, description = "The progress", body = Progress)))]
+    responses((status = 200, description = "The progress", body = Progress),
+        (status = 429, description = "The environment holds as many waits as it may at once (Retry-After says when to ask again)")))]
 pub async fn progress(
     State(state): State<AppState>,
     caller: Caller,
@@ -520,6 +521,22 @@ pub async fn progress(
     let env = environment(&state, &caller, &key).await?;
     let number = parse_number(&number)?;
     let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(30_000));
+    // a held request is bounded per environment; one past the bound is asked to come back
+    let _slot = if wait.is_zero() {
+        None
+    } else {
+        Some(state.waits.enter(env.id).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_waits",
+                format!(
+                    "environment {} already has {} progress requests waiting on this server; ask again in a second, or without wait_ms",
+                    env.name,
+                    crate::server::waits::Waits::PER_ENVIRONMENT
+                ),
+            )
+        })?)
+    };
     let deadline = tokio::time::Instant::now() + wait;
     // Counting the states by status reads every resource of the version (100,000: about
     // 0.1 s). While the scheduler still has work for the active version they can not be
@@ -533,6 +550,7 @@ pub async fn progress(
             && versions::active(&state.pool, env.id).await? == Some(number)
         {
             while tokio::time::Instant::now() < deadline {
+                let asked = tokio::time::Instant::now();
                 let idle = match owner::status(&state, &caller, env.id).await {
                     Ok(s) => s.version == Some(number) && s.queued == 0 && s.running == 0,
                     // no scheduler to ask (not running here, not reachable): count
@@ -541,7 +559,11 @@ pub async fn progress(
                 if idle {
                     break;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                // From memory here the answer takes microseconds: ask again in 5 ms. From
+                // the replica that owns the environment it is an HTTP call: ask less often
+                // the longer it takes, so one wait keeps the owner busy a tenth at most.
+                tokio::time::sleep(std::time::Duration::from_millis(5) + asked.elapsed() * 10)
+                    .await;
             }
         }
         if let Some(at) = counted {

@@ -100,7 +100,13 @@ impl IntoResponse for ApiError {
         if let Some(d) = self.diagnostics {
             body["diagnostics"] = d;
         }
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        // a refusal for load says when to come back
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        resp
     }
 }
 

@@ -170,6 +170,7 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
             .build()
             .unwrap_or_default(),
         allow_local_git_sources: false,
+        waits: super::waits::Waits::default(),
     }
 }
 

@@ -872,3 +872,130 @@ async fn a_progress_wait_that_is_never_done_keeps_to_its_schedule() {
         "{counted} scans of the spans in a 20 s wait"
     );
 }
+
+/// Held progress requests are bounded per environment: past the bound a wait is refused at
+/// once (429, JSON, Retry-After) instead of being held, another environment's waits are not
+/// affected, a wait the client gives up frees its slot, and over a held period the states are
+/// counted within what the held waits may count (the refused ones count nothing).
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_waits_are_bounded_per_environment() {
+    use std::time::{Duration, Instant};
+    use steward::server::waits::Waits;
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = setup_env(&c, "crowded", true).await;
+    let other = setup_env(&c, "quiet", true).await;
+    for e in [&env, &other] {
+        c.upload(e, &null_export(50, None), json!({}))
+            .await
+            .unwrap();
+    }
+    let http = reqwest::Client::new();
+    let ask = |env: &str, wait_ms: u64| {
+        http.get(format!(
+            "{}/api/v1/environments/{env}/versions/1/progress?wait_ms={wait_ms}",
+            s.url
+        ))
+        .bearer_auth(s.admin.as_deref().unwrap())
+        .send()
+    };
+    let scans = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'resource_spans'",
+        )
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+        n
+    };
+
+    // a crowd that gives up after a second: its slots come back
+    let crowd: Vec<_> = (0..Waits::PER_ENVIRONMENT)
+        .map(|_| tokio::spawn(ask(&env, 30_000)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let refused = ask(&env, 30_000).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        429,
+        "a wait past the bound while the crowd waits"
+    );
+    for w in crowd {
+        w.abort();
+    }
+    let freed = Instant::now();
+    loop {
+        let r = ask(&env, 200).await.unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(5),
+            "slots of waits given up still held after {:?}",
+            freed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // the bound held for 15 s
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = scans().await;
+    let started = Instant::now();
+    let held: Vec<_> = (0..Waits::PER_ENVIRONMENT)
+        .map(|_| tokio::spawn(ask(&env, 15_000)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut refusals = 0;
+    while started.elapsed() < Duration::from_secs(13) {
+        let asked = Instant::now();
+        let r = ask(&env, 15_000).await.unwrap();
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "a refusal is at once"
+        );
+        assert_eq!(r.status(), 429);
+        assert_eq!(
+            r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+            Some("1")
+        );
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "too_many_waits", "{body}");
+        refusals += 1;
+        if refusals == 1 {
+            // another environment is not held back by this one's crowd
+            let t = Instant::now();
+            let r = ask(&other, 2_000).await.unwrap();
+            assert_eq!(r.status(), 200);
+            assert!(
+                t.elapsed() >= Duration::from_millis(1_900),
+                "{:?}",
+                t.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the client library waits out a refusal instead of failing
+    let p = c
+        .progress_when_done(&env, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(p["done"], false, "{p}");
+    for w in held {
+        let r = w.await.unwrap().unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(14_900), "held {waited:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let counted = scans().await - before;
+    // each held wait counts about a dozen times in 15 s (see the test above); the refused
+    // ones and the other environment's (a handful) add nothing past that
+    eprintln!("{refusals} refusals, {counted} scans of the spans in {waited:?}");
+    assert!(refusals >= 50, "{refusals} refusals in 13 s");
+    assert!(
+        counted <= (Waits::PER_ENVIRONMENT as i64 + 2) * 50,
+        "{counted} scans of the spans with {} waits held for 15 s",
+        Waits::PER_ENVIRONMENT
+    );
+    assert_eq!(ask(&env, 100).await.unwrap().status(), 200);
+}
