@@ -32,6 +32,27 @@ enum Read {
     Missing(String),
 }
 
+/// The resource id of each exported instance, by instance number (dense: every instance is
+/// looked up, for its own resource and for each `requires` edge, and a hash map of 100,000
+/// ids was rehashed as it grew).
+struct ResourceIds(Vec<Option<ResourceId>>);
+
+impl ResourceIds {
+    fn new(instances: usize) -> ResourceIds {
+        ResourceIds(vec![None; instances])
+    }
+
+    fn get(&self, inst: &InstId) -> Option<&ResourceId> {
+        self.0.get(inst.0 as usize).and_then(Option::as_ref)
+    }
+
+    fn insert(&mut self, inst: InstId, id: ResourceId) {
+        if let Some(slot) = self.0.get_mut(inst.0 as usize) {
+            *slot = Some(id);
+        }
+    }
+}
+
 /// The value at a dotted attribute path of an instance.
 fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
     let mut cur = Value::Instance(inst);
@@ -65,11 +86,7 @@ fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
     Read::Value(cur)
 }
 
-fn to_json(
-    rt: &Runtime,
-    v: &Value,
-    ids: &HashMap<InstId, ResourceId>,
-) -> Option<serde_json::Value> {
+fn to_json(rt: &Runtime, v: &Value, ids: &ResourceIds) -> Option<serde_json::Value> {
     Some(match v {
         Value::Null => serde_json::Value::Null,
         Value::Bool(b) => serde_json::Value::Bool(*b),
@@ -217,8 +234,9 @@ pub fn export(
     };
     let managed_resource = entity_named(rt, "std", "ManagedResource");
     let mut errors = Vec::new();
-    let mut ids: HashMap<InstId, ResourceId> = HashMap::new();
-    let mut seen_ids: std::collections::HashSet<ResourceId> = std::collections::HashSet::new();
+    let mut ids = ResourceIds::new(rt.instances.len());
+    let mut seen_ids: foldhash::HashSet<ResourceId> =
+        foldhash::HashSet::with_capacity_and_hasher(rt.instances.len(), Default::default());
     // the resource type and its definition borrowed: a clone of each per resource was 5 %
     // of a compile of 10,000
     let mut order: Vec<(InstId, &str, &ResourceDef, String)> = Vec::new();
@@ -314,7 +332,9 @@ pub fn export(
     let mut resources = Vec::with_capacity(order.len() + py.resources.len());
     let mut undefined = Vec::new();
     for (inst, type_name, def, agent) in &order {
-        let id = ids[inst].clone();
+        let Some(id) = ids.get(inst).cloned() else {
+            continue;
+        };
         let span = p.ir.expr(rt.instances[inst.0 as usize].site).span;
         // sized at once: grown insert by insert, the map (an IndexMap) was reallocated and
         // rehashed about 4 times for 9 attributes (4 % of a compile of 10,000 files)

@@ -17,7 +17,9 @@ pub const NO_SLOT: u16 = u16::MAX;
 #[derive(Default)]
 pub struct Syms {
     names: Vec<String>,
-    by_name: HashMap<String, Sym>,
+    /// foldhash: every attribute name read by name (the export reads each field of each
+    /// resource this way) is hashed here, and SipHash was a few percent of a compile
+    by_name: foldhash::HashMap<String, Sym>,
 }
 
 impl Syms {

@@ -11,9 +11,7 @@
 //! `via: null`: its executors act on the agent's own machine, which is what such a model means
 //! to Steward.
 
-use std::collections::HashMap;
-
-use super::{Read, entity_named, read_path, to_json};
+use super::{Read, ResourceIds, entity_named, read_path, to_json};
 use crate::compiler::eval::Runtime;
 use crate::compiler::types::AttrKind;
 use crate::compiler::value::{InstId, Value};
@@ -43,7 +41,7 @@ fn value(rt: &Runtime, inst: InstId, path: &str) -> Result<Value, Unknown> {
 }
 
 fn json(rt: &Runtime, v: &Value) -> Result<serde_json::Value, Unknown> {
-    to_json(rt, v, &HashMap::new()).ok_or(Unknown)
+    to_json(rt, v, &ResourceIds::new(0)).ok_or(Unknown)
 }
 
 /// The `via` of a resource instance; `None` when it depends on an unknown.
