@@ -549,8 +549,16 @@ pub async fn progress(
             && !env.halted
             && versions::active(&state.pool, env.id).await? == Some(number)
         {
+            // Here the scheduler answers from memory in microseconds: ask every 5 ms. When
+            // another replica owns the environment each question is an HTTP call to it: ask
+            // every 50 ms, so that the waits it may hold (Waits::PER_ENVIRONMENT per
+            // replica) keep its load small. (Not by how long a call took: a scheduler still
+            // restoring its model answers late, and that wait is not its load.)
+            let every = match &state.replica {
+                Some(r) if r.owns(env.id).is_none() => std::time::Duration::from_millis(50),
+                _ => std::time::Duration::from_millis(5),
+            };
             while tokio::time::Instant::now() < deadline {
-                let asked = tokio::time::Instant::now();
                 let idle = match owner::status(&state, &caller, env.id).await {
                     Ok(s) => s.version == Some(number) && s.queued == 0 && s.running == 0,
                     // no scheduler to ask (not running here, not reachable): count
@@ -559,11 +567,7 @@ pub async fn progress(
                 if idle {
                     break;
                 }
-                // From memory here the answer takes microseconds: ask again in 5 ms. From
-                // the replica that owns the environment it is an HTTP call: ask less often
-                // the longer it takes, so one wait keeps the owner busy a tenth at most.
-                tokio::time::sleep(std::time::Duration::from_millis(5) + asked.elapsed() * 10)
-                    .await;
+                tokio::time::sleep(every).await;
             }
         }
         if let Some(at) = counted {
@@ -575,6 +579,7 @@ pub async fn progress(
         }
         counted = Some(tokio::time::Instant::now());
         let p = progress_now(&state, env.id, number).await?;
+        tracing::debug!(environment = %env.id, version = number, done = p.done, pending = p.pending, phase = %p.phase, gap_ms = gap.as_millis() as u64, "progress counted");
         if p.done || p.phase != "deploying" || tokio::time::Instant::now() >= deadline {
             return Ok(Json(p));
         }
