@@ -15,6 +15,84 @@ mod in_place;
 
 pub type Attrs = serde_json::Map<String, Value>;
 
+/// A resource's attributes as the scheduler holds them: parsed, or (read back from the
+/// database when the scheduler starts) the stored JSON text, parsed once on first use. A
+/// restart reads every resource's attributes, and parsing 100,000 of them was about half of
+/// its start (0.6 s of 1.4 s); most are not needed until they deploy again.
+#[derive(Clone, Debug, Default)]
+pub struct Attributes {
+    text: Option<Box<str>>,
+    parsed: std::sync::OnceLock<Result<Attrs, String>>,
+}
+
+impl Attributes {
+    pub fn parsed(attrs: Attrs) -> Attributes {
+        Attributes {
+            text: None,
+            parsed: std::sync::OnceLock::from(Ok(attrs)),
+        }
+    }
+
+    /// The stored JSON text of the attribute object, parsed when first read.
+    pub fn stored(text: String) -> Attributes {
+        Attributes {
+            text: Some(text.into_boxed_str()),
+            parsed: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The attributes; an error (the stored text is not a JSON object) says why, and a
+    /// resource whose attributes can not be read is never deployed with others in their
+    /// place.
+    pub fn map(&self) -> Result<&Attrs, &str> {
+        self.parsed
+            .get_or_init(|| match &self.text {
+                Some(text) => serde_json::from_str(text)
+                    .map_err(|e| format!("its stored attributes do not read as an object: {e}")),
+                None => Ok(Attrs::new()),
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// One attribute (None when absent, or when the attributes can not be read).
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.map().ok()?.get(name)
+    }
+
+    /// The attributes to change; ones that can not be read become an empty map.
+    pub fn make_mut(&mut self) -> &mut Attrs {
+        let _ = self.map();
+        self.text = None;
+        let cell = std::mem::take(&mut self.parsed);
+        let attrs = cell.into_inner().and_then(Result::ok).unwrap_or_default();
+        self.parsed = std::sync::OnceLock::from(Ok(attrs));
+        match self.parsed.get_mut() {
+            Some(Ok(a)) => a,
+            _ => unreachable!("set just above"),
+        }
+    }
+
+    /// Parse the stored text now, and keep only the parsed attributes when they read: what
+    /// is cloned from here on (each dispatch clones its intent) is the parsed map.
+    pub fn settle(&mut self) {
+        if self.map().is_ok() {
+            self.text = None;
+        }
+    }
+
+    /// Read already (or never stored as text).
+    pub fn is_parsed(&self) -> bool {
+        self.parsed.get().is_some()
+    }
+}
+
+impl From<Attrs> for Attributes {
+    fn from(attrs: Attrs) -> Attributes {
+        Attributes::parsed(attrs)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Compliance {
@@ -108,7 +186,7 @@ pub struct Intent {
     pub type_name: String,
     pub agent: String,
     pub hash: String,
-    pub attributes: Attrs,
+    pub attributes: Attributes,
     pub requires: Vec<String>,
     pub undefined: bool,
 }
@@ -545,6 +623,61 @@ pub struct Finished {
 mod tests {
     use super::*;
 
+    #[test]
+    fn stored_attributes_are_read_when_first_used_and_once() {
+        let text = r#"{"path": "/etc/motd", "send_event": true, "mode": 644}"#;
+        let stored = Attributes::stored(text.to_string());
+        assert!(!stored.is_parsed(), "nothing is parsed before it is read");
+        let copy = stored.clone();
+        assert_eq!(stored.get("send_event"), Some(&Value::Bool(true)));
+        assert!(stored.is_parsed());
+        // the same map as the whole object parsed at once, keys in the stored order
+        let whole: Attrs = serde_json::from_str(text).unwrap();
+        assert_eq!(stored.map().unwrap(), &whole);
+        assert_eq!(
+            stored.map().unwrap().keys().collect::<Vec<_>>(),
+            ["path", "send_event", "mode"]
+        );
+        // a clone made before is read on its own
+        assert!(!copy.is_parsed());
+        let mut settled = copy;
+        settled.settle();
+        assert!(settled.is_parsed() && settled.text.is_none());
+        assert_eq!(settled.map().unwrap(), &whole);
+        let mut changed = Attributes::stored(text.to_string());
+        changed
+            .make_mut()
+            .insert("purged".into(), Value::Bool(true));
+        assert_eq!(changed.get("purged"), Some(&Value::Bool(true)));
+        assert_eq!(changed.get("path"), Some(&Value::from("/etc/motd")));
+        assert!(
+            Intent {
+                attributes: changed,
+                ..intent("a", "h", &[], false)
+            }
+            .flag("send_event", false)
+        );
+    }
+
+    #[test]
+    fn stored_attributes_that_do_not_read_say_so_and_are_never_taken_as_empty() {
+        for bad in ["[1, 2]", "{\"a\": ", "null"] {
+            let stored = Attributes::stored(bad.to_string());
+            let err = stored.map().expect_err(bad);
+            assert!(err.contains("do not read as an object"), "{err}");
+            assert_eq!(stored.get("send_event"), None);
+            // a flag falls back to its default, as for an absent attribute
+            let i = Intent {
+                attributes: stored.clone(),
+                ..intent("a", "h", &[], false)
+            };
+            assert!(!i.flag("send_event", false));
+            let mut kept = stored;
+            kept.settle();
+            assert!(kept.map().is_err(), "settling keeps the error");
+        }
+    }
+
     fn intent(id: &str, hash: &str, requires: &[&str], undefined: bool) -> Intent {
         let mut attributes = Attrs::new();
         attributes.insert("send_event".into(), Value::Bool(true));
@@ -553,7 +686,7 @@ mod tests {
             type_name: "t".into(),
             agent: "a".into(),
             hash: hash.into(),
-            attributes,
+            attributes: attributes.into(),
             requires: requires.iter().map(|s| s.to_string()).collect(),
             undefined,
         }

@@ -452,23 +452,40 @@ pub async fn attributes_by_hash(
     Ok(rows.into_iter().collect())
 }
 
-/// The attributes of `hashes` as maps: those just handed over by a store in this process
-/// ([`hand_over`]) taken out of memory, the others read. For one reader that builds
+/// A resource's attributes as [`take_attributes`] gives them.
+#[derive(Debug)]
+pub enum StoredAttributes {
+    /// Handed over by a store in this process, parsed already.
+    Map(fresh::AttributeMap),
+    /// Read from the database: the JSON text of the object, for the reader to parse when it
+    /// needs it (a scheduler restoring 100,000 resources deploys few of them soon, and
+    /// parsing them all was most of its start).
+    Text(String),
+}
+
+/// The attributes of `hashes`: those just handed over by a store in this process
+/// ([`hand_over`]) taken out of memory, the others read as text. For one reader that builds
 /// intents from them (the scheduler); what it takes is gone for others, who read it.
 pub async fn take_attributes(
     e: impl PgExecutor<'_>,
     mut hashes: Vec<String>,
-) -> Result<HashMap<String, fresh::AttributeMap>> {
-    let mut found = fresh::take(&mut hashes);
+) -> Result<HashMap<String, StoredAttributes>> {
+    let mut found: HashMap<String, StoredAttributes> = fresh::take(&mut hashes)
+        .into_iter()
+        .map(|(h, a)| (h, StoredAttributes::Map(a)))
+        .collect();
     if hashes.is_empty() {
         return Ok(found);
     }
-    let rows: Vec<(String, sqlx::types::Json<fresh::AttributeMap>)> =
-        sqlx::query_as("SELECT hash, attributes FROM resource_blobs WHERE hash = ANY($1)")
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT hash, attributes::text FROM resource_blobs WHERE hash = ANY($1)")
             .bind(&hashes)
             .fetch_all(e)
             .await?;
-    found.extend(rows.into_iter().map(|(h, a)| (h, a.0)));
+    found.extend(
+        rows.into_iter()
+            .map(|(h, a)| (h, StoredAttributes::Text(a))),
+    );
     Ok(found)
 }
 

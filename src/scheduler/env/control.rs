@@ -177,7 +177,7 @@ impl EnvScheduler {
                 type_name: r.resource_type,
                 agent: r.agent,
                 hash: String::new(),
-                attributes: r.attributes.as_object().cloned().unwrap_or_default(),
+                attributes: r.attributes.as_object().cloned().unwrap_or_default().into(),
                 requires: Vec::new(),
                 undefined: false,
             })

@@ -116,6 +116,7 @@ impl EnvScheduler {
         let (kind, intent, version, r, code) = match &key {
             TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
                 (Some(r), _) => {
+                    self.model.intents[r].attributes.settle();
                     let intent = self.model.intents[r].clone();
                     let code = self.handlers.get(&intent.type_name).cloned();
                     (
@@ -141,6 +142,7 @@ impl EnvScheduler {
             // facts of the resource as the model has it now; gone from the model: dropped
             TaskKey::Facts(id) => match self.model.get(id) {
                 Some(r) => {
+                    self.model.intents[r].attributes.settle();
                     let intent = self.model.intents[r].clone();
                     let code = self.handlers.get(&intent.type_name).cloned();
                     let v = self.model.version.unwrap_or(0);
@@ -223,6 +225,22 @@ impl EnvScheduler {
                 }
             },
         };
+        let attributes = match intent.attributes.map() {
+            Ok(a) => a.clone(),
+            Err(e) => {
+                let msg = format!("resource {} can not be deployed: {e}", intent.id);
+                tracing::error!(environment = %self.env, resource = %intent.id, "{msg}");
+                self.finish_at_once(
+                    key,
+                    action_id,
+                    version,
+                    (kind, label),
+                    Outcome::Unavailable,
+                    &msg,
+                );
+                return;
+            }
+        };
         let item = WorkItem {
             action_id,
             kind,
@@ -230,7 +248,7 @@ impl EnvScheduler {
                 id: ResourceId(intent.id.clone()),
                 type_name: intent.type_name.clone(),
                 agent: intent.agent.clone(),
-                attributes: intent.attributes.clone(),
+                attributes,
                 requires: intent
                     .requires
                     .iter()

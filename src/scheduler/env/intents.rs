@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::EnvScheduler;
-use crate::scheduler::model::{Blocked, Intent, Model};
+use crate::scheduler::model::{Attributes, Blocked, Intent, Model};
 use crate::scheduler::queue::{Priority, TaskKey};
 use crate::store;
 
@@ -56,7 +56,11 @@ impl EnvScheduler {
                 Some(i) if take => std::mem::take(&mut self.model.intents[i].attributes),
                 Some(i) => self.model.intents[i].attributes.clone(),
                 // a hash covers the resource's id: no two rows share one
-                None => blobs.remove(&r.hash).unwrap_or_default(),
+                None => match blobs.remove(&r.hash) {
+                    Some(store::versions::StoredAttributes::Map(a)) => Attributes::parsed(a),
+                    Some(store::versions::StoredAttributes::Text(t)) => Attributes::stored(t),
+                    None => Attributes::default(),
+                },
             };
             intents.push(Intent {
                 id: r.resource_id,
@@ -135,6 +139,7 @@ impl EnvScheduler {
             if self.settings.delete_removed_resources {
                 let mut t = gone.clone();
                 t.attributes
+                    .make_mut()
                     .insert("purged".into(), serde_json::Value::Bool(true));
                 t.requires.clear();
                 let code = old_handlers.get(&t.type_name).cloned();

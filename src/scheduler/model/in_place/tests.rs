@@ -18,7 +18,7 @@ fn intent(id: &str, hash: &str, requires: &[&str], undefined: bool, agent: &str)
         type_name: "t".into(),
         agent: agent.into(),
         hash: hash.into(),
-        attributes,
+        attributes: attributes.into(),
         requires: requires.iter().map(|s| s.to_string()).collect(),
         undefined,
     }
