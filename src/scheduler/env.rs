@@ -354,10 +354,15 @@ impl EnvScheduler {
         let processed = store::deploy::load_progress(&self.pool, self.env).await?;
         if let Some(v) = processed {
             mark("settings", &mut phases);
-            let intents = self.load_intents(v, true).await?;
-            mark("intents", &mut phases);
-            let rows = store::deploy::load_states(&self.pool, self.env).await?;
-            mark("states read", &mut phases);
+            // the intents and the states are read at once, on two connections: PostgreSQL
+            // works on both while this task decodes whichever comes first
+            let (pool, env) = (self.pool.clone(), self.env);
+            let (intents, rows) = tokio::join!(
+                self.load_intents(v, true),
+                store::deploy::load_states(&pool, env)
+            );
+            let (intents, rows) = (intents?, rows?);
+            mark("intents and states read", &mut phases);
             let states = rows
                 .iter()
                 .map(|(k, r)| (k.clone(), state_from_row(r)))
