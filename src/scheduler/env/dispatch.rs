@@ -197,39 +197,38 @@ impl EnvScheduler {
             }
         }
         let reload = r.is_some_and(|r| self.model.needs_reload(r));
-        // module handler code: on disk for the executor, as this version has it
+        // what the executor needs besides the intent: the module's handler code on disk, as
+        // this version has it, and the attributes read (a resource whose stored attributes do
+        // not read is never sent with others in their place)
         let handler = match &code {
-            None => None,
-            Some(c) => match self.code.ensure(&self.pool, c).await {
-                Ok(dir) => Some(ExternalHandler {
-                    dir,
-                    entry: c.entry.clone(),
-                    digest: c.digest.clone(),
-                    inmanta: c.inmanta.clone(),
-                }),
-                Err(e) => {
-                    let msg = format!(
+            None => Ok(None),
+            Some(c) => self
+                .code
+                .ensure(&self.pool, c)
+                .await
+                .map(|dir| {
+                    Some(ExternalHandler {
+                        dir,
+                        entry: c.entry.clone(),
+                        digest: c.digest.clone(),
+                        inmanta: c.inmanta.clone(),
+                    })
+                })
+                .map_err(|e| {
+                    format!(
                         "the handler code of module {} is not available: {e}",
                         c.module
-                    );
-                    tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
-                    self.finish_at_once(
-                        key,
-                        action_id,
-                        version,
-                        (kind, label),
-                        Outcome::Unavailable,
-                        &msg,
-                    );
-                    return;
-                }
-            },
+                    )
+                }),
         };
-        let attributes = match intent.attributes.map() {
-            Ok(a) => a.clone(),
-            Err(e) => {
-                let msg = format!("resource {} can not be deployed: {e}", intent.id);
-                tracing::error!(environment = %self.env, resource = %intent.id, "{msg}");
+        let prepared = handler.and_then(|handler| match intent.attributes.map() {
+            Ok(a) => Ok((handler, a.clone())),
+            Err(e) => Err(format!("resource {} can not be deployed: {e}", intent.id)),
+        });
+        let (handler, attributes) = match prepared {
+            Ok(p) => p,
+            Err(msg) => {
+                tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
                 self.finish_at_once(
                     key,
                     action_id,
