@@ -62,14 +62,13 @@ impl Attributes {
 
     /// The attributes to change; ones that can not be read become an empty map.
     pub fn make_mut(&mut self) -> &mut Attrs {
-        let _ = self.map();
+        if self.map().is_err() {
+            self.parsed = std::sync::OnceLock::from(Ok(Attrs::new()));
+        }
         self.text = None;
-        let cell = std::mem::take(&mut self.parsed);
-        let attrs = cell.into_inner().and_then(Result::ok).unwrap_or_default();
-        self.parsed = std::sync::OnceLock::from(Ok(attrs));
         match self.parsed.get_mut() {
             Some(Ok(a)) => a,
-            _ => unreachable!("set just above"),
+            _ => unreachable!("read or set just above"),
         }
     }
 
@@ -81,7 +80,8 @@ impl Attributes {
         }
     }
 
-    /// Read already (or never stored as text).
+    /// Read already: parsed, or made from a map.
+    #[cfg(test)]
     pub fn is_parsed(&self) -> bool {
         self.parsed.get().is_some()
     }
