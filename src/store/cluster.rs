@@ -549,6 +549,14 @@ impl PgCluster {
             }
             self.run("initdb", c)?;
         }
+        // one we can not connect to (started by hand on this data dir) is never waited for,
+        // nor stopped
+        if let Some(foreign) = self.foreign_postmaster() {
+            return Err(ClusterError::Command {
+                what: "PostgreSQL start".into(),
+                detail: foreign,
+            });
+        }
         let pending = &self.password_pending;
         if !self.is_secured() || pending.load(std::sync::atomic::Ordering::SeqCst) {
             // a cluster of an older version (trust authentication), or one whose secret was

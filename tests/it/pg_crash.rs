@@ -2,7 +2,8 @@
 //! of its postmaster (the OOM killer, a power cut), the next `steward server` on the same
 //! data dir starts the first time and converges; a postmaster killed under a running server
 //! is started again by it; a start that fails leaves no PostgreSQL behind; `steward deploy`
-//! killed with its database is finished by the next run.
+//! killed with its database is finished by the next run; a PostgreSQL started by hand on the
+//! cluster is named at once, not waited for.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -443,8 +444,12 @@ fn a_postmaster_that_dies_while_the_start_waits_for_it_is_started_again() {
     let (_base, data) = data_dir();
     let cluster = steward::store::cluster::PgCluster::new(&data.join("pg")).unwrap();
     cluster.start(true).unwrap();
-    cluster.stop().unwrap();
     let data_dir = data.join("pg/data");
+    // where the real one listened (port, socket directory): a dying one of ours says the same
+    let real = std::fs::read_to_string(data_dir.join("postmaster.pid")).unwrap();
+    let listens: Vec<&str> = real.lines().skip(3).take(2).collect();
+    let (port, sockets) = (listens[0].to_string(), listens[1].to_string());
+    cluster.stop().unwrap();
     // a process working in the data dir, named ready by the pid file: what a postmaster
     // killed a moment ago looks like until it is gone
     let mut dying = Command::new("sleep")
@@ -453,7 +458,7 @@ fn a_postmaster_that_dies_while_the_start_waits_for_it_is_started_again() {
         .spawn()
         .unwrap();
     let pid_file = format!(
-        "{}\n{}\n0\n5432\n/tmp\nlocalhost\n0 0\nready\n",
+        "{}\n{}\n0\n{port}\n{sockets}\n\n0 0\nready\n",
         dying.id(),
         data_dir.display()
     );
@@ -467,4 +472,141 @@ fn a_postmaster_that_dies_while_the_start_waits_for_it_is_started_again() {
     reaper.join().unwrap().unwrap();
     assert!(cluster.is_running());
     cluster.stop().unwrap();
+}
+
+/// Someone started a PostgreSQL by hand on `steward deploy`'s cluster (to look inside it),
+/// on another port and socket directory. The run can not connect to it and must not stop
+/// it: it says so at once, naming the process, instead of waiting a minute in silence; once
+/// that server is stopped, the next run works.
+#[test]
+fn steward_deploy_says_at_once_when_a_postgresql_it_did_not_start_holds_its_cluster() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path().join("project");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("project.yml"), "name: held\nmodulepath: libs\n").unwrap();
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(
+        dir.join("main.cf"),
+        format!(
+            "import exec\nhost = std::Host(name=\"localhost\", os=std::linux)\n\
+             exec::Run(host=host, command=\"sh -c 'echo ran >> {}/steps'\")\n",
+            out.display()
+        ),
+    )
+    .unwrap();
+    let deploy = || {
+        let started = Instant::now();
+        let o = Command::new(steward_bin())
+            .args(["deploy", "-p"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), text, started.elapsed())
+    };
+    let (ok, text, _) = deploy();
+    assert!(ok, "the first run failed:\n{text}");
+    let data = dir.join("data/deploy");
+    let pid_file = data.join("pg/data/postmaster.pid");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pid_file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the first run left its PostgreSQL running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // the operator's server: the cluster's own binaries, as the user that owns the cluster
+    let Some(bin) = std::fs::read_dir("/usr/lib/postgresql").ok().and_then(|d| {
+        let mut v: Vec<PathBuf> = d
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin/postgres")))
+            .filter(|p| p.is_file())
+            .collect();
+        v.sort();
+        v.pop()
+    }) else {
+        eprintln!("SKIPPED: no /usr/lib/postgresql/*/bin/postgres to start by hand");
+        return;
+    };
+    let sockets = tmp.path().join("sockets");
+    std::fs::create_dir(&sockets).unwrap();
+    let cluster_data = data.join("pg/data").canonicalize().unwrap();
+    let owner = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&cluster_data).unwrap();
+        (m.uid(), m.gid())
+    };
+    std::os::unix::fs::chown(&sockets, Some(owner.0), Some(owner.1)).unwrap();
+    let mut by_hand = Command::new(bin);
+    by_hand
+        .arg("-D")
+        .arg(&cluster_data)
+        .args(["-p", "54999", "-c", "listen_addresses="])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", sockets.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: geteuid(2) has no preconditions
+    if unsafe { libc::geteuid() } == 0 {
+        by_hand.uid(owner.0).gid(owner.1);
+    }
+    struct Reaped(Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            // SAFETY: SIGINT (fast shutdown) to the postmaster this test started
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+            let _ = self.0.wait();
+        }
+    }
+    let mut by_hand = Reaped(by_hand.spawn().unwrap());
+    let pid = by_hand.0.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&pid_file)
+        .is_ok_and(|t| t.lines().next() == Some(&pid.to_string()) && t.contains("ready"))
+    {
+        assert!(
+            by_hand.0.try_wait().unwrap().is_none(),
+            "the PostgreSQL started by hand exited"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the PostgreSQL started by hand is not ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (ok, text, took) = deploy();
+    assert!(
+        !ok,
+        "the run succeeded beside a PostgreSQL it can not reach:\n{text}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the run took {took:?} to fail:\n{text}"
+    );
+    assert!(
+        text.contains("did not start") && text.contains(&format!("pid {pid}")),
+        "the error does not say which PostgreSQL holds the cluster:\n{text}"
+    );
+    eprintln!("the refusal, after {took:?}:\n{text}");
+    assert!(
+        by_hand.0.try_wait().unwrap().is_none() && alive(pid),
+        "the run stopped a PostgreSQL it did not start"
+    );
+
+    drop(by_hand);
+    let (ok, text, _) = deploy();
+    assert!(
+        ok,
+        "the run after the hand-started server stopped failed:\n{text}"
+    );
+    let steps = std::fs::read_to_string(out.join("steps")).unwrap();
+    assert!(steps.lines().count() >= 1, "{steps}");
 }

@@ -75,6 +75,44 @@ impl PgCluster {
         Some((pid, state))
     }
 
+    /// A live postmaster of this data directory that listens where this cluster does not
+    /// (another port, other socket directories): started by hand or by another tool, not by
+    /// us. It holds the data directory, and we can not connect to it. Described for the
+    /// error, so that a start says so at once instead of waiting for connections that can
+    /// not come.
+    pub(super) fn foreign_postmaster(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.data_dir().join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let pid: i32 = lines.first()?.parse().ok()?;
+        if !self.is_our_postmaster(pid) {
+            return None;
+        }
+        // postmaster.pid: pid, data dir, start time, port, first socket directory, ...
+        let port = lines.get(3).copied().unwrap_or_default();
+        let sockets = lines.get(4).copied().unwrap_or_default();
+        let ours = self.socket_dir();
+        let same_sockets = !sockets.is_empty()
+            && (std::path::Path::new(sockets) == ours
+                || std::fs::canonicalize(sockets)
+                    .is_ok_and(|s| ours.canonicalize().is_ok_and(|o| o == s)));
+        if port == self.port.to_string() && same_sockets {
+            return None;
+        }
+        let sockets = if sockets.is_empty() {
+            "no Unix socket".to_string()
+        } else {
+            format!("sockets in {sockets}")
+        };
+        Some(format!(
+            "a PostgreSQL that Steward did not start runs on this cluster's data directory \
+             (pid {pid}, port {port}, {sockets}; Steward's cluster uses port {} with sockets in \
+             {}); stop it (pg_ctl stop -D {}) and run again",
+            self.port,
+            ours.display(),
+            self.data_dir().display()
+        ))
+    }
+
     /// Is `pid` a live postmaster of this cluster? A postmaster works in its data
     /// directory; where its working directory can not be read (another user's process
     /// behind `hidepid`), a live process is taken for it.
