@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// A look at the branch (the mirror's lock and the fetch) longer than this is logged as a
+/// warning: every trigger of the source waits for it.
+const SLOW_FETCH: Duration = Duration::from_secs(10);
+
 impl GitSources {
     pub(super) async fn fetcher(
         self,
@@ -125,7 +129,11 @@ impl GitSources {
             if matches!(kind.as_str(), "webhook" | "hook" | "watch") {
                 last_hint_fetch = Some(Instant::now());
             }
+            let began = Instant::now();
             let r = self.fetch_and_queue(&source, &kind, commit).await;
+            if began.elapsed() > SLOW_FETCH {
+                tracing::warn!(environment = %env, trigger = %kind, took_ms = began.elapsed().as_millis() as u64, waiting = replies.len(), "a trigger took long to answer (fetch, then queueing the compile)");
+            }
             if let Ok(t) = &r
                 && t.status == "queued"
             {
@@ -204,6 +212,7 @@ impl GitSources {
             // the guard goes into the blocking fetch: if this task is aborted (the workers
             // restart), the fetch still runs to its end before another may start
             let guard = self.mirror_lock(&mirror).lock_owned().await;
+            let lock_wait = t.elapsed();
             let (mirror, url, auth, branch) = (
                 mirror.clone(),
                 src.url.clone(),
@@ -211,16 +220,26 @@ impl GitSources {
                 src.branch.clone(),
             );
             let refused = self.refused(&url);
-            tokio::task::spawn_blocking(move || -> Result<Option<String>, git::GitError> {
-                let _guard = guard;
-                if let Some(e) = refused {
-                    return Err(e);
-                }
-                git::ensure_mirror(&mirror, &url, &auth)?;
-                git::resolve_branch(&mirror, &branch)
-            })
-            .await
-            .map_err(|e| git::GitError::Other(format!("fetch crashed: {e}")))?
+            let fetched =
+                tokio::task::spawn_blocking(move || -> Result<Option<String>, git::GitError> {
+                    let _guard = guard;
+                    if let Some(e) = refused {
+                        return Err(e);
+                    }
+                    git::ensure_mirror(&mirror, &url, &auth)?;
+                    git::resolve_branch(&mirror, &branch)
+                })
+                .await
+                .map_err(|e| git::GitError::Other(format!("fetch crashed: {e}")))?;
+            // a trigger is answered only after this: say where a slow one spent its time
+            // (waiting for the mirror another fetch or a preview held, or the fetch itself)
+            let took = t.elapsed();
+            if took > SLOW_FETCH {
+                tracing::warn!(environment = %env, trigger = kind, lock_wait_ms = lock_wait.as_millis() as u64, fetch_ms = (took - lock_wait).as_millis() as u64, "looking at the branch took long");
+            } else {
+                tracing::debug!(environment = %env, trigger = kind, lock_wait_ms = lock_wait.as_millis() as u64, fetch_ms = (took - lock_wait).as_millis() as u64, "looked at the branch");
+            }
+            fetched
         };
         let tip = match fetched {
             Ok(Some(tip)) => tip,
