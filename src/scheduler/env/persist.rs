@@ -89,9 +89,11 @@ pub(super) async fn writer(
         let mut delay = Duration::from_millis(200);
         let mut refused = 0;
         loop {
+            let began = std::time::Instant::now();
             let r = write_fenced(&pool, env, epoch, fence, &batch).await;
             match r {
                 Ok(facts) => {
+                    tracing::debug!(environment = %env, states = batch.states.len(), actions = batch.actions.len(), took_ms = began.elapsed().as_secs_f64() * 1000.0, "deploy state written");
                     // facts are told once stored: a recompile may follow them
                     if !facts.changed.is_empty() || !facts.resolved_versions.is_empty() {
                         notifier.send(crate::events::Event::facts(
