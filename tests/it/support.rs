@@ -749,6 +749,19 @@ impl Operated {
 
 impl Drop for Operated {
     fn drop(&mut self) {
+        // a failing test shows what the server said last (the harness prints a failing
+        // test's output): a request that got no answer is otherwise a mystery
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(80)..];
+            eprintln!(
+                "--- the last {} lines of the server's log ({}):\n{}\n---",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
         // a server of its own user is asked to stop first: it then stops its private
         // PostgreSQL, which nobody else could (the test's root would leave it running)
         if self.base.is_some() {
