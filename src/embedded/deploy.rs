@@ -95,6 +95,7 @@ impl Runtime {
             path: data_dir.display().to_string(),
             source,
         })?;
+        let began = std::time::Instant::now();
         let lock = DirLock::take(data_dir)?;
         let root = data_dir.join("pg");
         let lock_path = lock.path.clone();
@@ -105,6 +106,7 @@ impl Runtime {
         })
         .await
         .expect("cluster start task")?;
+        let cluster_ms = began.elapsed().as_secs_f64() * 1000.0;
         let watchdog = stop_cluster_when_gone(&cluster, std::process::id(), &lock_path);
         let supervisor = cluster.supervise(true);
         // the database is there after the first run: connecting says so, without the `psql`
@@ -120,7 +122,9 @@ impl Runtime {
                 store::connect(&url, 8).await?
             }
         };
+        let connected_ms = began.elapsed().as_secs_f64() * 1000.0;
         store::migrate(&pool).await?;
+        let migrated_ms = began.elapsed().as_secs_f64() * 1000.0;
         let (token, secret) = store::tokens::create(
             &pool,
             &format!("steward deploy (pid {})", std::process::id()),
@@ -156,6 +160,13 @@ impl Runtime {
             let app = crate::server::router(state);
             let _ = crate::server::listen::serve(listener, app, std::future::pending()).await;
         });
+        tracing::debug!(
+            cluster_ms,
+            connected_ms,
+            migrated_ms,
+            serving_ms = began.elapsed().as_secs_f64() * 1000.0,
+            "the private runtime is up (times since its start)"
+        );
         Ok(Runtime {
             cluster,
             _supervisor: supervisor,
