@@ -183,16 +183,25 @@ impl Runtime {
     /// Stop the scheduler (executors finish their action and exit), the server and the
     /// cluster. What was not done is done by the next run.
     pub async fn stop(self) {
+        let began = std::time::Instant::now();
         // each scheduler ends its executors (their input closes, they exit) and hands its
         // last states to the writer
         self.schedulers
             .stop_all_and_wait(std::time::Duration::from_secs(1))
             .await;
+        let schedulers_ms = began.elapsed().as_secs_f64() * 1000.0;
         let _ = store::tokens::revoke(&self.pool, self.token).await;
         self.server.abort();
         self.pool.close().await;
+        let closed_ms = began.elapsed().as_secs_f64() * 1000.0;
         let cluster = self.cluster;
         let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
+        tracing::debug!(
+            schedulers_ms,
+            closed_ms,
+            cluster_ms = began.elapsed().as_secs_f64() * 1000.0,
+            "the private runtime stopped (times since the stop began)"
+        );
         match stopped {
             // stopped: the watchdog has nothing left to do. Left alone it would wake within
             // a second, take the data dir's lock (creating the lock file again in a data
