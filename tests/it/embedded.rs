@@ -30,11 +30,7 @@ fn deploy(dir: &Path, extra: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    crate::support::output_text(o)
 }
 
 fn mtime(p: &Path) -> SystemTime {

@@ -581,13 +581,7 @@ async fn source_and_compile_reports_from_the_command_line() {
             .output()
             .unwrap()
     };
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
+    let text = crate::support::output_text;
     let o = cli(&[
         "source",
         "set",

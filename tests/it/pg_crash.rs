@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use steward::client::Client;
 
-use crate::support::{free_port, null_export, steward_bin, wait_deployed};
+use crate::support::{free_port, null_export, output_text, steward_bin, wait_deployed};
 
 /// A `steward server` of a test. When the test fails (panics) it is killed, and the
 /// PostgreSQL its data dir names with it: a failing test otherwise left both running, with
@@ -351,11 +351,7 @@ fn steward_deploy_killed_with_its_postgresql_is_finished_by_the_next_run() {
         .arg(dir)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&again.stdout),
-        String::from_utf8_lossy(&again.stderr)
-    );
+    let text = output_text(&again);
     assert!(again.status.success(), "the next run failed:\n{text}");
     let all = std::fs::read_to_string(out.join("steps")).unwrap();
     for i in 0..6 {
@@ -503,12 +499,7 @@ fn steward_deploy_says_at_once_when_a_postgresql_it_did_not_start_holds_its_clus
             .arg(&dir)
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status.success(), text, started.elapsed())
+        (o.status.success(), output_text(&o), started.elapsed())
     };
     let (ok, text, _) = deploy();
     assert!(ok, "the first run failed:\n{text}");

@@ -17,11 +17,7 @@ fn is_root() -> bool {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    crate::support::output_text(o)
 }
 
 /// `psql` on the cluster's socket, `as_user` (`None`: as ourselves), with `password` in its

@@ -534,15 +534,20 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// A finished command's stdout and stderr together, as text.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// Run a command that must succeed; its stdout and stderr together (in the panic message
 /// when it fails).
 pub fn run_ok(command: &mut std::process::Command) -> String {
     let o = command.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let text = output_text(&o);
     assert!(o.status.success(), "{command:?} failed:\n{text}");
     text
 }

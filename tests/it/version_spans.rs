@@ -866,11 +866,7 @@ async fn steward_export_and_deploy_send_only_what_changed() {
             .arg(project.path())
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let text = crate::support::output_text(&o);
         assert!(o.status.success(), "{text}");
         text
     };
