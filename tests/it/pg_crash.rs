@@ -470,6 +470,71 @@ fn a_postmaster_that_dies_while_the_start_waits_for_it_is_started_again() {
     cluster.stop().unwrap();
 }
 
+/// What a start makes of a pid file naming a live process in the data dir, by what it says
+/// about where that postmaster listens: one of ours that is just starting (its socket line
+/// still empty, no status yet) is waited for, never refused; one that is up and listens
+/// elsewhere (another port, or no Unix socket) is refused at once.
+#[test]
+fn a_start_tells_a_postmaster_just_starting_from_one_listening_elsewhere() {
+    let (_base, data) = data_dir();
+    let cluster = steward::store::cluster::PgCluster::new(&data.join("pg")).unwrap();
+    cluster.start(true).unwrap();
+    let data_dir = data.join("pg/data");
+    let real = std::fs::read_to_string(data_dir.join("postmaster.pid")).unwrap();
+    let lines: Vec<&str> = real.lines().collect();
+    let (port, sockets) = (lines[3].to_string(), lines[4].to_string());
+    cluster.stop().unwrap();
+    let holder = |secs: &str| {
+        Command::new("sleep")
+            .arg(secs)
+            .current_dir(&data_dir)
+            .spawn()
+            .unwrap()
+    };
+    let write_pid_file = |pid: u32, rest: &str| {
+        let text = format!("{pid}\n{}\n0\n{rest}", data_dir.display());
+        std::fs::write(data_dir.join("postmaster.pid"), text).unwrap();
+    };
+
+    // up, and listening where we can not reach it: refused at once, left running
+    for (what, rest) in [
+        ("another port", format!("54998\n{sockets}\n\n0 0\nready\n")),
+        ("no Unix socket", format!("{port}\n\n\n0 0\nready\n")),
+    ] {
+        let mut other = holder("30");
+        write_pid_file(other.id(), &rest);
+        let started = Instant::now();
+        let err = cluster
+            .start(true)
+            .expect_err(&format!("a start beside a postmaster with {what} worked"));
+        assert!(
+            started.elapsed() < Duration::from_secs(5)
+                && err.to_string().contains("did not start")
+                && err.to_string().contains(&format!("pid {}", other.id())),
+            "{what}: after {:?}: {err}",
+            started.elapsed()
+        );
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "{what}: the start stopped it"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+    }
+
+    // one of ours in its first moments: our port, the socket line not written yet, no
+    // status. Waited for (here it never takes connections and goes away), then ours starts
+    let mut starting = holder("1.5");
+    write_pid_file(starting.id(), &format!("{port}\n\n"));
+    let reaper = std::thread::spawn(move || starting.wait());
+    cluster
+        .start(true)
+        .expect("a postmaster just starting is waited for, not refused");
+    reaper.join().unwrap().unwrap();
+    assert!(cluster.is_running());
+    cluster.stop().unwrap();
+}
+
 /// Someone started a PostgreSQL by hand on `steward deploy`'s cluster (to look inside it),
 /// on another port and socket directory. The run can not connect to it and must not stop
 /// it: it says so at once, naming the process, instead of waiting a minute in silence; once

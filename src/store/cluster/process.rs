@@ -87,15 +87,22 @@ impl PgCluster {
         if !self.is_our_postmaster(pid) {
             return None;
         }
-        // postmaster.pid: pid, data dir, start time, port, first socket directory, ...
+        // postmaster.pid: pid, data dir, start time, port, first socket directory, listen
+        // addresses, shared memory key, status. A postmaster writes the first five at once,
+        // with the socket directory empty until its sockets exist, and the status after them:
+        // without a status its sockets are not known yet (one of ours just starting)
         let port = lines.get(3).copied().unwrap_or_default();
         let sockets = lines.get(4).copied().unwrap_or_default();
         let ours = self.socket_dir();
+        let same_port = port == self.port.to_string();
+        if same_port && lines.get(7).is_none_or(|status| status.is_empty()) {
+            return None;
+        }
         let same_sockets = !sockets.is_empty()
             && (std::path::Path::new(sockets) == ours
                 || std::fs::canonicalize(sockets)
                     .is_ok_and(|s| ours.canonicalize().is_ok_and(|o| o == s)));
-        if port == self.port.to_string() && same_sockets {
+        if same_port && same_sockets {
             return None;
         }
         let sockets = if sockets.is_empty() {
