@@ -61,18 +61,34 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// What `postmaster.pid` says: the pid, the port, the first socket directory and the state
+/// (lines 1, 4, 5 and 8). A postmaster writes the first five lines at once, the socket
+/// directory empty until its sockets exist, and its state after them.
+struct PidFile {
+    pid: i32,
+    port: String,
+    sockets: String,
+    /// `starting`, `ready`, `standby`, `stopping`; empty before the postmaster wrote it
+    state: String,
+}
+
 impl PgCluster {
+    fn read_pid_file(&self) -> Option<PidFile> {
+        let text = std::fs::read_to_string(self.data_dir().join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let line = |i: usize| lines.get(i).copied().unwrap_or_default().to_string();
+        Some(PidFile {
+            pid: lines.first()?.parse().ok()?,
+            port: line(3),
+            sockets: line(4),
+            state: line(7),
+        })
+    }
+
     /// The postmaster's pid and state (`ready`, `standby`, `starting`, `stopping`) from
     /// `postmaster.pid`.
     pub(super) fn pid_file(&self) -> Option<(i32, String)> {
-        let text = std::fs::read_to_string(self.data_dir().join("postmaster.pid")).ok()?;
-        let mut lines = text.lines();
-        let pid = lines.next()?.trim().parse().ok()?;
-        let state = lines
-            .nth(6)
-            .map(|l| l.trim().to_string())
-            .unwrap_or_default();
-        Some((pid, state))
+        self.read_pid_file().map(|f| (f.pid, f.state))
     }
 
     /// A live postmaster of this data directory that listens where this cluster does not
@@ -81,26 +97,24 @@ impl PgCluster {
     /// error, so that a start says so at once instead of waiting for connections that can
     /// not come.
     pub(super) fn foreign_postmaster(&self) -> Option<String> {
-        let text = std::fs::read_to_string(self.data_dir().join("postmaster.pid")).ok()?;
-        let lines: Vec<&str> = text.lines().map(str::trim).collect();
-        let pid: i32 = lines.first()?.parse().ok()?;
+        let PidFile {
+            pid,
+            port,
+            sockets,
+            state,
+        } = self.read_pid_file()?;
         if !self.is_our_postmaster(pid) {
             return None;
         }
-        // postmaster.pid: pid, data dir, start time, port, first socket directory, listen
-        // addresses, shared memory key, status. A postmaster writes the first five at once,
-        // with the socket directory empty until its sockets exist, and the status after them:
-        // without a status its sockets are not known yet (one of ours just starting)
-        let port = lines.get(3).copied().unwrap_or_default();
-        let sockets = lines.get(4).copied().unwrap_or_default();
         let ours = self.socket_dir();
         let same_port = port == self.port.to_string();
-        if same_port && lines.get(7).is_none_or(|status| status.is_empty()) {
+        // without a state its sockets are not known yet (one of ours just starting)
+        if same_port && state.is_empty() {
             return None;
         }
         let same_sockets = !sockets.is_empty()
-            && (std::path::Path::new(sockets) == ours
-                || std::fs::canonicalize(sockets)
+            && (std::path::Path::new(&sockets) == ours
+                || std::fs::canonicalize(&sockets)
                     .is_ok_and(|s| ours.canonicalize().is_ok_and(|o| o == s)));
         if same_port && same_sockets {
             return None;
