@@ -55,6 +55,15 @@ impl Attributes {
             .map_err(String::as_str)
     }
 
+    /// The attributes, moved out (an error says why they can not be read, as [`Self::map`]).
+    pub fn into_map(self) -> Result<Attrs, String> {
+        self.map().map_err(str::to_string)?;
+        match self.parsed.into_inner() {
+            Some(Ok(a)) => Ok(a),
+            _ => unreachable!("read just above"),
+        }
+    }
+
     /// One attribute (None when absent, or when the attributes can not be read).
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.map().ok()?.get(name)
@@ -675,7 +684,12 @@ mod tests {
             let mut kept = stored;
             kept.settle();
             assert!(kept.map().is_err(), "settling keeps the error");
+            // what a dispatch takes: the error, never an empty map
+            let taken = kept.into_map().expect_err(bad);
+            assert!(taken.contains("do not read as an object"), "{taken}");
         }
+        let good = Attributes::stored("{\"send_event\": false}".into());
+        assert_eq!(good.into_map().unwrap()["send_event"], Value::Bool(false));
     }
 
     fn intent(id: &str, hash: &str, requires: &[&str], undefined: bool) -> Intent {

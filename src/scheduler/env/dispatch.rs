@@ -113,7 +113,7 @@ impl EnvScheduler {
             _ if matches!(priority, Priority::UserRepair | Priority::IntervalRepair) => "repair",
             _ => "deploy",
         };
-        let (kind, intent, version, r, code) = match &key {
+        let (kind, mut intent, version, r, code) = match &key {
             TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
                 (Some(r), _) => {
                     self.model.intents[r].attributes.settle();
@@ -221,8 +221,10 @@ impl EnvScheduler {
                     )
                 }),
         };
-        let prepared = handler.and_then(|handler| match intent.attributes.map() {
-            Ok(a) => Ok((handler, a.clone())),
+        // the intent is this action's own copy: its attributes are moved, not copied again
+        let attributes = std::mem::take(&mut intent.attributes).into_map();
+        let prepared = handler.and_then(|handler| match attributes {
+            Ok(a) => Ok((handler, a)),
             Err(e) => Err(format!("resource {} can not be deployed: {e}", intent.id)),
         });
         let (handler, attributes) = match prepared {
