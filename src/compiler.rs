@@ -75,6 +75,18 @@ pub struct CompileStats {
     pub files: usize,
     pub instances: usize,
     pub resources: usize,
+    /// Where the compile's time went, each phase from its end to the next one's.
+    pub phases: CompilePhases,
+}
+
+/// The wall time of each phase of a compile: loading and parsing every file, defining the
+/// program (types and lowering), evaluating it, and exporting the resources.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompilePhases {
+    pub load: std::time::Duration,
+    pub define: std::time::Duration,
+    pub evaluate: std::time::Duration,
+    pub export: std::time::Duration,
 }
 
 pub struct CompileOutcome {
@@ -351,6 +363,12 @@ pub fn compile(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> C
 fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> CompileOutcome {
     let mut sources = SourceMap::default();
     let mut stats = CompileStats::default();
+    let mut phase_started = std::time::Instant::now();
+    let mut phase_end = |phase: &mut std::time::Duration| {
+        let now = std::time::Instant::now();
+        *phase = now - phase_started;
+        phase_started = now;
+    };
     let project = match project::load_project_with(
         &opts.project_dir,
         opts.main_file.as_deref(),
@@ -392,6 +410,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
         }
     };
     stats.files = loaded.files.len();
+    phase_end(&mut stats.phases.load);
     let mut warnings = loaded.warnings;
     let modules = loaded.modules;
     let mut python = python_of(&project, &modules, &opts.env);
@@ -409,6 +428,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             };
         }
     };
+    phase_end(&mut stats.phases.define);
     let result = {
         let mut env = opts.env.clone();
         if !env.contains_key("STEWARD_PROJECT_DIR") {
@@ -444,6 +464,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             .map_err(|d| vec![d])
             .and_then(|_| rt.run());
         stats.instances = rt.instances.len();
+        phase_end(&mut stats.phases.evaluate);
         let result = match run {
             Err(e) => Err(e),
             Ok(()) if opts.export => {
@@ -451,6 +472,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
                 if let Ok(Some(e)) = &r {
                     stats.resources = e.resources.len();
                 }
+                phase_end(&mut stats.phases.export);
                 r
             }
             Ok(()) => Ok(None),
@@ -466,6 +488,16 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
     if opts.process_ends_after {
         std::mem::forget(program);
     }
+    tracing::debug!(
+        files = stats.files,
+        instances = stats.instances,
+        resources = stats.resources,
+        load_ms = stats.phases.load.as_millis() as u64,
+        define_ms = stats.phases.define.as_millis() as u64,
+        evaluate_ms = stats.phases.evaluate.as_millis() as u64,
+        export_ms = stats.phases.export.as_millis() as u64,
+        "compiled"
+    );
     CompileOutcome {
         sources,
         warnings,
