@@ -35,7 +35,13 @@ impl AsRef<str> for ResourceId {
 
 impl ResourceId {
     pub fn new(type_name: &str, agent: &str, attr: &str, value: &str) -> ResourceId {
-        ResourceId(format!("{type_name}[{agent},{attr}={value}]"))
+        // sized once and appended, not `format!`: every exported resource makes its id
+        let mut id =
+            String::with_capacity(type_name.len() + agent.len() + attr.len() + value.len() + 4);
+        for part in [type_name, "[", agent, ",", attr, "=", value, "]"] {
+            id.push_str(part);
+        }
+        ResourceId(id)
     }
 
     /// Split into (type, agent, attribute, value).

@@ -53,21 +53,43 @@ impl ResourceIds {
     }
 }
 
+/// A dotted attribute path with each name interned once. The export reads the same few
+/// paths of every resource (agent, id, each field, `requires`, `via`): looked up by name,
+/// that was some twenty hash lookups per resource.
+pub(super) struct AttrPath<'a> {
+    text: &'a str,
+    parts: Vec<(&'a str, Option<super::ids::Sym>)>,
+}
+
+impl<'a> AttrPath<'a> {
+    pub(super) fn new(rt: &Runtime, text: &'a str) -> AttrPath<'a> {
+        AttrPath {
+            text,
+            parts: text
+                .split('.')
+                .map(|part| (part, rt.p.syms.get(part)))
+                .collect(),
+        }
+    }
+}
+
 /// The value at a dotted attribute path of an instance.
 fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
+    read_attr_path(rt, inst, &AttrPath::new(rt, path))
+}
+
+/// [`read_path`] of a path resolved once.
+fn read_attr_path(rt: &Runtime, inst: InstId, path: &AttrPath) -> Read {
     let mut cur = Value::Instance(inst);
-    for part in path.split('.') {
+    for &(part, sym) in &path.parts {
         let Value::Instance(i) = cur else {
-            return Read::Missing(format!("{path}: {part} is not reached through an entity"));
-        };
-        let e = rt.inst_entity(i);
-        let Some(sym) = rt.p.syms.get(part) else {
             return Read::Missing(format!(
-                "no attribute {part} on {}",
-                rt.p.entity(e).full_name
+                "{}: {part} is not reached through an entity",
+                path.text
             ));
         };
-        let Some(slot) = rt.p.entity(e).slot(sym) else {
+        let e = rt.inst_entity(i);
+        let Some(slot) = sym.and_then(|sym| rt.p.entity(e).slot(sym)) else {
             return Read::Missing(format!(
                 "no attribute {part} on {}",
                 rt.p.entity(e).full_name
@@ -121,14 +143,42 @@ fn to_json(rt: &Runtime, v: &Value, ids: &ResourceIds) -> Option<serde_json::Val
     })
 }
 
-/// The context an instance (or its host) is to be reached through, when it is not local.
-fn via_route(rt: &Runtime, inst: InstId) -> Option<String> {
-    let ctx = ["via", "host.via"]
-        .iter()
-        .find_map(|path| match read_path(rt, inst, path) {
-            Read::Value(Value::Instance(c)) => Some(c),
-            _ => None,
+/// The route of each resource of one export: the context its instance (or the instance's
+/// host) is reached through, when that is not local. Each context's route is made once.
+struct Routes<'r, 'p> {
+    rt: &'r Runtime<'p>,
+    via: AttrPath<'static>,
+    host_via: AttrPath<'static>,
+    of_context: HashMap<InstId, Option<String>>,
+}
+
+impl<'r, 'p> Routes<'r, 'p> {
+    fn new(rt: &'r Runtime<'p>) -> Routes<'r, 'p> {
+        Routes {
+            rt,
+            via: AttrPath::new(rt, "via"),
+            host_via: AttrPath::new(rt, "host.via"),
+            of_context: HashMap::new(),
+        }
+    }
+
+    fn route(&mut self, inst: InstId) -> Option<String> {
+        let rt = self.rt;
+        let ctx = [&self.via, &self.host_via].iter().find_map(|path| {
+            match read_attr_path(rt, inst, path) {
+                Read::Value(Value::Instance(c)) => Some(c),
+                _ => None,
+            }
         })?;
+        self.of_context
+            .entry(ctx)
+            .or_insert_with(|| context_route(rt, ctx))
+            .clone()
+    }
+}
+
+/// The route of a context instance (`None`: local).
+fn context_route(rt: &Runtime, ctx: InstId) -> Option<String> {
     let text = |path: &str| match read_path(rt, ctx, path) {
         Read::Value(Value::Str(s)) => Some(s.to_string()),
         _ => None,
@@ -204,6 +254,55 @@ fn value_text(rt: &Runtime, v: &Value) -> String {
     }
 }
 
+/// A resource type as the export reads it: its declaration in `module.yml`, with every
+/// path in it resolved once.
+struct Declared<'m> {
+    type_name: &'m str,
+    def: &'m ResourceDef,
+    agent: AttrPath<'m>,
+    id: AttrPath<'m>,
+    skip_unless: Option<AttrPath<'m>>,
+    /// It exports `managed` (see [`export`]: false leaves a `std::ManagedResource` out).
+    exports_managed: bool,
+    fields: Vec<(&'m str, FieldRead<'m>)>,
+}
+
+/// How one exported field is read.
+enum FieldRead<'m> {
+    /// `@fs_content`: [`fs::content`].
+    FsContent,
+    /// `@mitogen_via`: [`mitogen::Vias`].
+    MitogenVia,
+    /// An attribute path: the field's own name, or the one `map` gives it.
+    Path(AttrPath<'m>),
+}
+
+impl<'m> Declared<'m> {
+    fn new(rt: &Runtime, type_name: &'m str, def: &'m ResourceDef) -> Declared<'m> {
+        Declared {
+            type_name,
+            def,
+            agent: AttrPath::new(rt, &def.agent),
+            id: AttrPath::new(rt, &def.id),
+            skip_unless: def.skip_unless.as_deref().map(|f| AttrPath::new(rt, f)),
+            exports_managed: def.fields.iter().any(|f| f == "managed"),
+            fields: def
+                .fields
+                .iter()
+                .map(|field| {
+                    let how = match def.map.get(field).map(String::as_str) {
+                        Some("@fs_content") => FieldRead::FsContent,
+                        Some("@mitogen_via") => FieldRead::MitogenVia,
+                        Some(path) => FieldRead::Path(AttrPath::new(rt, path)),
+                        None => FieldRead::Path(AttrPath::new(rt, field)),
+                    };
+                    (field.as_str(), how)
+                })
+                .collect(),
+        }
+    }
+}
+
 pub fn export(
     rt: &mut Runtime,
     modules: &BTreeMap<String, ModuleInfo>,
@@ -214,7 +313,7 @@ pub fn export(
     let rt = &*rt;
     let p = rt.p;
     // resource type of every entity: its own declaration or the nearest ancestor's
-    let mut declared: HashMap<EntityId, (String, ResourceDef)> = HashMap::new();
+    let mut declared: HashMap<EntityId, Declared> = HashMap::new();
     let mut module_of_type: HashMap<String, &ModuleInfo> = HashMap::new();
     for m in modules.values() {
         for (type_name, def) in &m.yml.resources {
@@ -223,50 +322,56 @@ pub fn export(
             if let Some(nsd) = p.namespaces.iter().find(|n| n.name == ns)
                 && let Some(super::types::TypeRef::Entity(e)) = nsd.types.get(name)
             {
-                declared.insert(*e, (type_name.clone(), def.clone()));
+                declared.insert(*e, Declared::new(rt, type_name, def));
             }
         }
     }
-    let resource_of = |e: EntityId| -> Option<&(String, ResourceDef)> {
+    let resource_of = |e: EntityId| -> Option<&Declared> {
         declared
             .get(&e)
             .or_else(|| p.entity(e).ancestors.iter().find_map(|a| declared.get(a)))
     };
     let managed_resource = entity_named(rt, "std", "ManagedResource");
+    let managed_path = AttrPath::new(rt, "managed");
+    let requires_path = AttrPath::new(rt, "requires");
     let mut errors = Vec::new();
     let mut ids = ResourceIds::new(rt.instances.len());
     let mut seen_ids: foldhash::HashSet<ResourceId> =
         foldhash::HashSet::with_capacity_and_hasher(rt.instances.len(), Default::default());
     // the resource type and its definition borrowed: a clone of each per resource was 5 %
     // of a compile of 10,000
-    let mut order: Vec<(InstId, &str, &ResourceDef, String)> = Vec::new();
+    let mut order: Vec<(InstId, &Declared, String)> = Vec::new();
     for i in 0..rt.instances.len() {
         let inst = InstId(i as u32);
         if py.handled.contains(&inst) {
             continue;
         }
-        let Some((type_name, def)) = resource_of(rt.inst_entity(inst)) else {
+        let Some(declared) = resource_of(rt.inst_entity(inst)) else {
             continue;
         };
+        let (type_name, def) = (declared.type_name, declared.def);
         let span = p.ir.expr(rt.instances[i].site).span;
-        if let Some(flag) = &def.skip_unless
-            && !matches!(read_path(rt, inst, flag), Read::Value(Value::Bool(true)))
+        if let Some(flag) = &declared.skip_unless
+            && !matches!(
+                read_attr_path(rt, inst, flag),
+                Read::Value(Value::Bool(true))
+            )
         {
             continue;
         }
         // std::ManagedResource with managed=false: not exported, as the reference's
         // `ManagedResource.get_managed` ignores it (an unknown `managed` is exported undefined)
         if let Some(m) = managed_resource
-            && def.fields.iter().any(|f| f == "managed")
+            && declared.exports_managed
             && p.is_subtype(rt.inst_entity(inst), m)
             && matches!(
-                read_path(rt, inst, "managed"),
+                read_attr_path(rt, inst, &managed_path),
                 Read::Value(Value::Bool(false))
             )
         {
             continue;
         }
-        let agent = match read_path(rt, inst, &def.agent) {
+        let agent = match read_attr_path(rt, inst, &declared.agent) {
             Read::Value(Value::Str(s)) => s.to_string(),
             Read::Value(other) => {
                 errors.push(
@@ -290,7 +395,7 @@ pub fn export(
                 continue;
             }
         };
-        let idv = match read_path(rt, inst, &def.id) {
+        let idv = match read_attr_path(rt, inst, &declared.id) {
             Read::Value(v) => value_text(rt, &v),
             Read::Unknown => continue,
             Read::Missing(m) => {
@@ -312,7 +417,7 @@ pub fn export(
             continue;
         }
         ids.insert(inst, id.clone());
-        order.push((inst, type_name.as_str(), def, agent));
+        order.push((inst, declared, agent));
     }
     for r in &py.resources {
         let id = ResourceId::new(&r.type_name, &r.agent, &r.attribute, &r.value);
@@ -331,7 +436,11 @@ pub fn export(
     }
     let mut resources = Vec::with_capacity(order.len() + py.resources.len());
     let mut undefined = Vec::new();
-    for (inst, type_name, def, agent) in &order {
+    let mut vias = mitogen::Vias::new(rt);
+    let content_paths = fs::ContentPaths::new(rt);
+    let mut routes = Routes::new(rt);
+    for (inst, declared, agent) in &order {
+        let (type_name, def) = (declared.type_name, declared.def);
         let Some(id) = ids.get(inst).cloned() else {
             continue;
         };
@@ -340,18 +449,17 @@ pub fn export(
         // rehashed about 4 times for 9 attributes (4 % of a compile of 10,000 files)
         let mut attributes = serde_json::Map::with_capacity(def.fields.len() + 1);
         let mut is_undefined = false;
-        for field in &def.fields {
-            let read = match def.map.get(field).map(String::as_str) {
-                Some("@fs_content") => fs::content(rt, *inst),
-                Some("@mitogen_via") => match mitogen::via(rt, *inst) {
+        for (field, how) in &declared.fields {
+            let read = match how {
+                FieldRead::FsContent => fs::content(rt, *inst, &content_paths),
+                FieldRead::MitogenVia => match vias.via(*inst) {
                     Some(j) => {
-                        attributes.insert(field.clone(), j);
+                        attributes.insert(field.to_string(), j);
                         continue;
                     }
                     None => Read::Unknown,
                 },
-                Some(path) => read_path(rt, *inst, path),
-                None => read_path(rt, *inst, field),
+                FieldRead::Path(path) => read_attr_path(rt, *inst, path),
             };
             let json = match read {
                 Read::Value(v) => match to_json(rt, &v, &ids) {
@@ -376,9 +484,9 @@ pub fn export(
                     continue;
                 }
             };
-            attributes.insert(field.clone(), json);
+            attributes.insert(field.to_string(), json);
         }
-        let mut requires: Vec<ResourceId> = match read_path(rt, *inst, "requires") {
+        let mut requires: Vec<ResourceId> = match read_attr_path(rt, *inst, &requires_path) {
             Read::Value(Value::List(items)) => items
                 .iter()
                 .filter_map(|v| v.as_instance().and_then(|i| ids.get(&i).cloned()))
@@ -390,7 +498,7 @@ pub fn export(
         if is_undefined {
             undefined.push(id.clone());
         }
-        if let Some(route) = via_route(rt, *inst) {
+        if let Some(route) = routes.route(*inst) {
             attributes.insert(
                 crate::model::ROUTE_ATTRIBUTE.into(),
                 serde_json::Value::String(route),
@@ -408,7 +516,7 @@ pub fn export(
         let Some(id) = ids.get(&r.inst).cloned() else {
             continue;
         };
-        let mut requires: Vec<ResourceId> = match read_path(rt, r.inst, "requires") {
+        let mut requires: Vec<ResourceId> = match read_attr_path(rt, r.inst, &requires_path) {
             Read::Value(Value::List(items)) => items
                 .iter()
                 .filter_map(|v| v.as_instance().and_then(|i| ids.get(&i).cloned()))

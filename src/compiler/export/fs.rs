@@ -3,27 +3,54 @@
 //! the file's text), and the `dir_before_file` requires edges from everything in a directory
 //! to that `fs::Directory`.
 
-use super::{Read, read_path};
+use super::{AttrPath, Read, read_attr_path, read_path};
 use crate::compiler::eval::Runtime;
 use crate::compiler::value::{InstId, Value};
+
+/// The paths [`content`] reads, resolved once per export.
+pub(super) struct ContentPaths {
+    content: AttrPath<'static>,
+    separator: AttrPath<'static>,
+    prefix: AttrPath<'static>,
+    suffix: AttrPath<'static>,
+    value: AttrPath<'static>,
+    sorting_key: AttrPath<'static>,
+}
+
+impl ContentPaths {
+    pub(super) fn new(rt: &Runtime) -> ContentPaths {
+        ContentPaths {
+            content: AttrPath::new(rt, "content"),
+            separator: AttrPath::new(rt, "content_separator"),
+            prefix: AttrPath::new(rt, "prefix_content"),
+            suffix: AttrPath::new(rt, "suffix_content"),
+            value: AttrPath::new(rt, "value"),
+            sorting_key: AttrPath::new(rt, "sorting_key"),
+        }
+    }
+}
 
 /// `fs::File` content, as the reference's `store_file`: the content (the module file's text
 /// when it is a marker made by `fs::file`/`std::file`), after the sorted prefix blocks and
 /// before the sorted suffix blocks, joined by `content_separator`.
-pub(super) fn content(rt: &Runtime, inst: InstId) -> Read {
-    let content = match read_path(rt, inst, "content") {
-        Read::Value(Value::Str(s)) => rt.host.remembered_file(&s).unwrap_or_else(|| s.to_string()),
-        Read::Value(_) => String::new(),
+pub(super) fn content(rt: &Runtime, inst: InstId, paths: &ContentPaths) -> Read {
+    let content = match read_attr_path(rt, inst, &paths.content) {
+        Read::Value(Value::Str(s)) => match rt.host.remembered_file(&s) {
+            Some(text) => Value::string(text),
+            None => Value::Str(s),
+        },
+        Read::Value(_) => Value::string(String::new()),
         other => return other,
     };
-    let sep = match read_path(rt, inst, "content_separator") {
-        Read::Value(Value::Str(s)) => s.to_string(),
+    let sep = match read_attr_path(rt, inst, &paths.separator) {
+        Read::Value(Value::Str(s)) => Some(s),
         Read::Unknown => return Read::Unknown,
-        _ => "\n".into(),
+        _ => None,
     };
+    let sep = sep.as_deref().unwrap_or("\n");
     // the blocks of a relation, joined; None when one is unknown
-    let blocks = |rel: &str| -> Option<Option<String>> {
-        let Read::Value(Value::List(items)) = read_path(rt, inst, rel) else {
+    let blocks = |rel: &AttrPath| -> Option<Option<String>> {
+        let Read::Value(Value::List(items)) = read_attr_path(rt, inst, rel) else {
             return Some(None);
         };
         if items.is_empty() {
@@ -32,11 +59,11 @@ pub(super) fn content(rt: &Runtime, inst: InstId) -> Read {
         let mut parts: Vec<(String, String)> = Vec::new();
         for i in items.iter() {
             let Value::Instance(b) = i else { continue };
-            let value = match read_path(rt, *b, "value") {
+            let value = match read_attr_path(rt, *b, &paths.value) {
                 Read::Value(Value::Str(s)) => s.to_string(),
                 _ => return None,
             };
-            let key = match read_path(rt, *b, "sorting_key") {
+            let key = match read_attr_path(rt, *b, &paths.sorting_key) {
                 Read::Value(Value::Str(s)) => s.to_string(),
                 Read::Value(Value::Null) => value.clone(),
                 _ => return None,
@@ -50,20 +77,25 @@ pub(super) fn content(rt: &Runtime, inst: InstId) -> Read {
                 .into_iter()
                 .map(|(_, v)| v)
                 .collect::<Vec<_>>()
-                .join(&sep),
+                .join(sep),
         ))
     };
-    let (Some(prefix), Some(suffix)) = (blocks("prefix_content"), blocks("suffix_content")) else {
+    let (Some(prefix), Some(suffix)) = (blocks(&paths.prefix), blocks(&paths.suffix)) else {
         return Read::Unknown;
     };
+    // most files have no blocks: their content is exported as it is, without a copy
+    if prefix.is_none() && suffix.is_none() {
+        return Read::Value(content);
+    }
+    let content = content.as_str().unwrap_or_default();
     let mut out = String::new();
     if let Some(prefix) = prefix {
         out.push_str(&prefix);
-        out.push_str(&sep);
+        out.push_str(sep);
     }
-    out.push_str(&content);
+    out.push_str(content);
     if let Some(suffix) = suffix {
-        out.push_str(&sep);
+        out.push_str(sep);
         out.push_str(&suffix);
     }
     Read::Value(Value::string(out))
