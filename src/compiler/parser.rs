@@ -932,14 +932,15 @@ impl<'a> Parser<'a> {
 
     fn primary(&mut self) -> PResult<Expr> {
         let span = self.span();
-        let kind = match self.peek().clone() {
+        // matched by reference: a clone of the token copied every name and string once more
+        let kind = match self.peek() {
             Tok::Int(i) => {
                 self.bump();
-                ExprKind::Int(i)
+                ExprKind::Int(i.clone())
             }
             Tok::Float(f) => {
                 self.bump();
-                ExprKind::Float(f)
+                ExprKind::Float(*f)
             }
             Tok::Kw(Kw::True) => {
                 self.bump();
@@ -955,15 +956,15 @@ impl<'a> Parser<'a> {
             }
             Tok::Str(s) | Tok::Mls(s) => {
                 self.bump();
-                super::strings::interpolation(&s, span)
+                super::strings::interpolation(s, span)
             }
             Tok::RStr(s) => {
                 self.bump();
-                ExprKind::Str(s)
+                ExprKind::Str(s.clone())
             }
             Tok::FStr(s) => {
                 self.bump();
-                ExprKind::FString(super::strings::parse_fstring(&s, span)?)
+                ExprKind::FString(super::strings::parse_fstring(s, span)?)
             }
             Tok::LParen => {
                 self.bump();
