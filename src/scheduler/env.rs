@@ -363,11 +363,22 @@ impl EnvScheduler {
             );
             let (intents, rows) = (intents?, rows?);
             mark("intents and states read", &mut phases);
-            let states = rows
-                .iter()
-                .map(|(k, r)| (k.clone(), state_from_row(r)))
-                .collect();
-            self.model = Model::restore(v, intents, states);
+            // Built on a thread of its own: at 100,000 resources this is 200 ms of work
+            // without a wait in it, and on a runtime worker it held up the other tasks there
+            // (`steward deploy`'s first request to its private server waited for it)
+            self.model = tokio::task::spawn_blocking(move || {
+                let states = rows
+                    .iter()
+                    .map(|(k, r)| (k.clone(), state_from_row(r)))
+                    .collect();
+                Model::restore(v, intents, states)
+            })
+            .await
+            .map_err(|e| match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // the runtime is shutting down
+                Err(e) => store::StoreError::Database(format!("building the model: {e}")),
+            })?;
             mark("model", &mut phases);
             self.load_wanted_facts().await;
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
