@@ -489,12 +489,6 @@ pub async fn take_attributes(
     Ok(found)
 }
 
-/// A store of this process handed attributes over that no reader took yet (a scheduler
-/// merging the version just stored takes them from memory: see [`take_attributes`]).
-pub fn attributes_handed_over() -> bool {
-    fresh::holds_any()
-}
-
 /// The resources of version `number` with their attributes, in one read: what a scheduler
 /// that holds none of them reads when it starts. One join: the digests first and then the
 /// attributes by hash probed the blobs' index once per resource (100,000 resources: about

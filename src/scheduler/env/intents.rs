@@ -19,9 +19,8 @@ impl EnvScheduler {
         take: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
         let t0 = std::time::Instant::now();
-        if self.model.is_empty() && !store::versions::attributes_handed_over() {
-            // nothing to take from the model or from the store's memory (a start): digests
-            // and attributes in one read
+        if self.model.is_empty() {
+            // nothing to take from the model (a start): digests and attributes in one read
             let rows =
                 store::versions::resources_with_attributes(&self.pool, self.env, version).await?;
             let intents: Vec<Intent> = rows
