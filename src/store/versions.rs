@@ -489,57 +489,6 @@ pub async fn take_attributes(
     Ok(found)
 }
 
-/// The resources of version `number` with their attributes, in one read: what a scheduler
-/// that holds none of them reads when it starts. One join: the digests first and then the
-/// attributes by hash probed the blobs' index once per resource (100,000 resources: about
-/// 290 ms for the attributes after 50 ms for the digests, against about 200 ms for the join).
-/// Attributes a store of this process handed over are taken from memory, as
-/// [`take_attributes`] does.
-pub async fn resources_with_attributes(
-    pool: &sqlx::PgPool,
-    env: Uuid,
-    number: i32,
-) -> Result<Vec<(ResourceDigestRow, Option<StoredAttributes>)>> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        #[sqlx(flatten)]
-        digest: ResourceDigestRow,
-        attributes: Option<String>,
-    }
-    // one process: parallel workers made it no faster on a machine of few cores, and took
-    // them from a compile running beside it (`steward deploy`)
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL max_parallel_workers_per_gather = 0")
-        .execute(&mut *tx)
-        .await?;
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT s.resource_id, s.resource_type, s.agent, s.hash, s.requires, s.undefined, \
-         b.attributes::text AS attributes FROM resource_spans s LEFT JOIN resource_blobs b ON b.hash = s.hash \
-         WHERE s.environment_id = $1 AND s.first_version <= $2 AND s.last_version >= $2 ORDER BY s.resource_id",
-    )
-    .bind(env)
-    .bind(number)
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    let mut handed = if fresh::holds_any() {
-        let mut hashes: Vec<String> = rows.iter().map(|r| r.digest.hash.clone()).collect();
-        fresh::take(&mut hashes)
-    } else {
-        HashMap::new()
-    };
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let attributes = match handed.remove(&r.digest.hash) {
-                Some(map) => Some(StoredAttributes::Map(map)),
-                None => r.attributes.map(StoredAttributes::Text),
-            };
-            (r.digest, attributes)
-        })
-        .collect())
-}
-
 /// The whole version as an export file (what was uploaded, modulo key order).
 pub async fn export_of(c: &mut PgConnection, env: Uuid, number: i32) -> Result<ExportFile> {
     let info = get(&mut *c, env, number).await?;

@@ -19,21 +19,6 @@ impl EnvScheduler {
         take: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
         let t0 = std::time::Instant::now();
-        if self.model.is_empty() {
-            // nothing to take from the model (a start): digests and attributes in one read
-            let rows =
-                store::versions::resources_with_attributes(&self.pool, self.env, version).await?;
-            let intents: Vec<Intent> = rows
-                .into_iter()
-                .map(|(r, attributes)| intent_of(r, attributes))
-                .collect();
-            tracing::debug!(
-                environment = %self.env, version, resources = intents.len(),
-                total_ms = t0.elapsed().as_secs_f64() * 1e3,
-                "intents loaded with their attributes"
-            );
-            return Ok(intents);
-        }
         let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
         let t_digests = t0.elapsed();
         let intents = self.intents_of(rows, take).await?;
@@ -67,24 +52,25 @@ impl EnvScheduler {
         let mut blobs = store::versions::take_attributes(&self.pool, missing).await?;
         let mut intents = Vec::with_capacity(rows.len());
         for r in rows {
-            match held(&self.model, &r) {
-                Some(i) => {
-                    let attributes = if take {
-                        std::mem::take(&mut self.model.intents[i].attributes)
-                    } else {
-                        self.model.intents[i].attributes.clone()
-                    };
-                    intents.push(Intent {
-                        attributes,
-                        ..intent_of(r, None)
-                    });
-                }
+            let attributes = match held(&self.model, &r) {
+                Some(i) if take => std::mem::take(&mut self.model.intents[i].attributes),
+                Some(i) => self.model.intents[i].attributes.clone(),
                 // a hash covers the resource's id: no two rows share one
-                None => {
-                    let stored = blobs.remove(&r.hash);
-                    intents.push(intent_of(r, stored));
-                }
-            }
+                None => match blobs.remove(&r.hash) {
+                    Some(store::versions::StoredAttributes::Map(a)) => Attributes::parsed(a),
+                    Some(store::versions::StoredAttributes::Text(t)) => Attributes::stored(t),
+                    None => Attributes::default(),
+                },
+            };
+            intents.push(Intent {
+                id: r.resource_id,
+                type_name: r.resource_type,
+                agent: r.agent,
+                hash: r.hash,
+                attributes,
+                requires: r.requires,
+                undefined: r.undefined,
+            });
         }
         Ok(intents)
     }
@@ -232,25 +218,5 @@ impl EnvScheduler {
             total_ms = t0.elapsed().as_secs_f64() * 1e3, "version merged"
         );
         Ok(())
-    }
-}
-
-/// The intent of a row of a version, with the attributes read for it (none: empty).
-fn intent_of(
-    r: store::versions::ResourceDigestRow,
-    attributes: Option<store::versions::StoredAttributes>,
-) -> Intent {
-    Intent {
-        attributes: match attributes {
-            Some(store::versions::StoredAttributes::Map(a)) => Attributes::parsed(a),
-            Some(store::versions::StoredAttributes::Text(t)) => Attributes::stored(t),
-            None => Attributes::default(),
-        },
-        id: r.resource_id,
-        type_name: r.resource_type,
-        agent: r.agent,
-        hash: r.hash,
-        requires: r.requires,
-        undefined: r.undefined,
     }
 }

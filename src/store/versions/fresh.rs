@@ -72,13 +72,6 @@ pub fn hand_over(resources: &mut [Resource], stored: Vec<(usize, String)>) {
 
 /// Take out the attributes of those of `hashes` that were handed over; the hashes not
 /// found are left in `hashes`.
-/// Attributes are held (handed over, not taken yet, not expired).
-pub fn holds_any() -> bool {
-    let mut h = held();
-    expire(&mut h);
-    !h.is_empty()
-}
-
 pub fn take(hashes: &mut Vec<String>) -> HashMap<String, AttributeMap> {
     let mut found = HashMap::new();
     let mut h = held();
