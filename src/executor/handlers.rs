@@ -1,5 +1,6 @@
 //! The built-in handlers, by resource type.
 
+mod accounts;
 pub mod exec;
 pub mod fs;
 

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::accounts::{GROUPS, USERS};
 use crate::executor::context::{Attrs, Context};
 use crate::executor::handler::{CrudHandler, HResult, HandlerError};
 use crate::model::diff::AttributeChange;
@@ -52,42 +53,25 @@ pub fn mode_to_model(mode: u32) -> Value {
     json!(s.parse::<u64>().unwrap_or(0))
 }
 
-fn lookup(file: &str, by_name: Option<&str>, by_id: Option<u32>) -> Option<(String, u32)> {
-    let text = std::fs::read_to_string(file).ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        if f.len() < 3 {
-            return None;
-        }
-        let id: u32 = f[2].parse().ok()?;
-        let hit = by_name.is_some_and(|n| n == f[0]) || by_id == Some(id);
-        hit.then(|| (f[0].to_string(), id))
-    })
-}
-
 pub fn user_name(uid: u32) -> String {
-    lookup("/etc/passwd", None, Some(uid))
-        .map(|x| x.0)
-        .unwrap_or_else(|| uid.to_string())
+    USERS.name_of(uid).unwrap_or_else(|| uid.to_string())
 }
 
 pub fn group_name(gid: u32) -> String {
-    lookup("/etc/group", None, Some(gid))
-        .map(|x| x.0)
-        .unwrap_or_else(|| gid.to_string())
+    GROUPS.name_of(gid).unwrap_or_else(|| gid.to_string())
 }
 
 fn uid_of(name: &str) -> HResult<u32> {
     name.parse::<u32>()
         .ok()
-        .or_else(|| lookup("/etc/passwd", Some(name), None).map(|x| x.1))
+        .or_else(|| USERS.id_of(name))
         .ok_or_else(|| HandlerError::Failed(format!("no such user: {name}")))
 }
 
 fn gid_of(name: &str) -> HResult<u32> {
     name.parse::<u32>()
         .ok()
-        .or_else(|| lookup("/etc/group", Some(name), None).map(|x| x.1))
+        .or_else(|| GROUPS.id_of(name))
         .ok_or_else(|| HandlerError::Failed(format!("no such group: {name}")))
 }
 
@@ -98,23 +82,46 @@ fn read_meta(meta: &std::fs::Metadata, current: &mut Attrs) {
     current.insert("permissions".into(), mode_to_model(meta.mode()));
 }
 
-/// Apply owner, group and permissions where desired (not null).
-fn apply_meta(ctx: &mut Context, path: &str, desired: &Attrs, follow: bool) -> HResult<()> {
-    if let Some(mode) = mode_from_model(desired.get("permissions").unwrap_or(&Value::Null))? {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-        ctx.debug(
-            "permissions set",
-            &[("path", json!(path)), ("mode", json!(format!("{mode:o}")))],
-        );
-    }
+/// Which of a resource's metadata [`apply_meta`] sets.
+#[derive(Clone, Copy, PartialEq)]
+enum Meta {
+    /// owner, group and permissions
+    All,
+    /// owner and group: the file was just written with its permissions (set again only
+    /// when a change of owner cleared its set-user-id or set-group-id bit)
+    Ownership,
+}
+
+/// Apply owner, group and permissions where desired (not null). The owner first: the
+/// kernel clears the set-user-id and set-group-id bits of a file whose owner changes.
+fn apply_meta(
+    ctx: &mut Context,
+    path: &str,
+    desired: &Attrs,
+    follow: bool,
+    which: Meta,
+) -> HResult<()> {
     let uid = attr_str(desired, "owner").map(uid_of).transpose()?;
     let gid = attr_str(desired, "group").map(gid_of).transpose()?;
-    if uid.is_some() || gid.is_some() {
+    let chowned = uid.is_some() || gid.is_some();
+    if chowned {
         if follow {
             std::os::unix::fs::chown(path, uid, gid)?;
         } else {
             std::os::unix::fs::lchown(path, uid, gid)?;
         }
+    }
+    let mode = mode_from_model(desired.get("permissions").unwrap_or(&Value::Null))?;
+    let mode = match which {
+        Meta::All => mode,
+        Meta::Ownership => mode.filter(|m| chowned && m & 0o6000 != 0),
+    };
+    if let Some(mode) = mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        ctx.debug(
+            "permissions set",
+            &[("path", json!(path)), ("mode", json!(format!("{mode:o}")))],
+        );
     }
     Ok(())
 }
@@ -133,25 +140,35 @@ fn shown(content: &str) -> Value {
     }
 }
 
+/// This process's id, asked of the kernel once (it names temporary files).
+fn process_id() -> u32 {
+    static ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ID.get_or_init(std::process::id)
+}
+
 /// Write a file atomically: a temporary file in the same directory, renamed over it.
 fn write_atomically(path: &str, content: &[u8], mode: Option<u32>) -> HResult<()> {
     let p = Path::new(path);
     let dir = p
         .parent()
         .ok_or_else(|| HandlerError::Failed(format!("{path} has no parent directory")))?;
-    if !dir.is_dir() {
-        return Err(HandlerError::Failed(format!(
-            "can not write {path}: directory {} does not exist",
-            dir.display()
-        )));
-    }
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.steward-{}", std::process::id()));
+    let tmp = dir.join(format!(".{name}.steward-{}", process_id()));
     let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = match std::fs::File::create(&tmp) {
+            Ok(f) => f,
+            // asked only when the write failed: one stat less for every file written
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.is_dir() => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("directory {} does not exist", dir.display()),
+                ));
+            }
+            Err(e) => return Err(e),
+        };
         f.write_all(content)?;
         if let Some(m) = mode {
             f.set_permissions(std::fs::Permissions::from_mode(m))?;
@@ -229,7 +246,7 @@ impl CrudHandler for FileHandler {
         let content = attr_str(desired, "content").unwrap_or("");
         let mode = mode_from_model(desired.get("permissions").unwrap_or(&Value::Null))?;
         write_atomically(&path, content.as_bytes(), mode)?;
-        apply_meta(ctx, &path, desired, true)?;
+        apply_meta(ctx, &path, desired, true, Meta::Ownership)?;
         ctx.info(
             "file created",
             &[("path", json!(path)), ("bytes", json!(content.len()))],
@@ -248,16 +265,18 @@ impl CrudHandler for FileHandler {
         desired: &Attrs,
     ) -> HResult<()> {
         let path = path_of(desired, "path")?;
+        let mut which = Meta::All;
         if changes.contains_key("content") {
             let content = attr_str(desired, "content").unwrap_or("");
             let mode = mode_from_model(desired.get("permissions").unwrap_or(&Value::Null))?;
             write_atomically(&path, content.as_bytes(), mode)?;
+            which = Meta::Ownership;
             ctx.info(
                 "file content updated",
                 &[("path", json!(path)), ("bytes", json!(content.len()))],
             );
         }
-        apply_meta(ctx, &path, desired, true)?;
+        apply_meta(ctx, &path, desired, true, which)?;
         ctx.set_updated();
         if ctx.want_facts && changes.contains_key("content") {
             file_facts(ctx, &path)?;
@@ -297,7 +316,7 @@ impl CrudHandler for DirectoryHandler {
         let path = path_of(desired, "path")?;
         // parents too: a model need not declare every directory above its own
         std::fs::create_dir_all(&path)?;
-        apply_meta(ctx, &path, desired, true)?;
+        apply_meta(ctx, &path, desired, true, Meta::All)?;
         ctx.info("directory created", &[("path", json!(path))]);
         ctx.set_created();
         Ok(())
@@ -310,7 +329,7 @@ impl CrudHandler for DirectoryHandler {
         desired: &Attrs,
     ) -> HResult<()> {
         let path = path_of(desired, "path")?;
-        apply_meta(ctx, &path, desired, true)?;
+        apply_meta(ctx, &path, desired, true, Meta::All)?;
         ctx.info("directory updated", &[("path", json!(path))]);
         ctx.set_updated();
         Ok(())
@@ -387,5 +406,73 @@ impl CrudHandler for SymlinkHandler {
         ctx.info("symlink removed", &[("dst", json!(dst))]);
         ctx.set_purged();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::cache::Cache;
+
+    fn attrs(v: Value) -> Attrs {
+        v.as_object().unwrap().clone()
+    }
+
+    /// The file is written with its permissions and not chmod-ed again; a change of owner
+    /// (which clears set-user-id) still ends with the permissions asked for.
+    #[test]
+    fn created_and_updated_files_have_their_owner_and_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f").to_string_lossy().to_string();
+        let mut cache = Cache::default();
+        let mut ctx = Context::new("fs::File[a,path=f]", false, false, 1, &mut cache);
+        let desired = attrs(json!({"path": path, "content": "x\n", "permissions": 640,
+            "owner": null, "group": null}));
+        FileHandler.create(&mut ctx, &desired).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o640);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "x\n");
+
+        let mut current = attrs(json!({"path": path}));
+        assert!(FileHandler.read(&mut ctx, &mut current).unwrap());
+        assert_eq!(current["permissions"], json!(640));
+        assert_eq!(current["owner"], json!(user_name(meta.uid())));
+        assert_eq!(current["group"], json!(group_name(meta.gid())));
+
+        // SAFETY: geteuid(2) can not fail and touches no memory
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: a change of owner needs root (this test runs as another user)");
+            return;
+        }
+        let desired = attrs(json!({"path": path, "content": "y\n", "permissions": 4755,
+            "owner": "65534", "group": "65534"}));
+        let changes = FileHandler.diff(&mut ctx, &current, &desired);
+        FileHandler.update(&mut ctx, &changes, &desired).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+        assert_eq!(
+            meta.mode() & 0o7777,
+            0o4755,
+            "set-user-id kept after the chown"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "y\n");
+    }
+
+    #[test]
+    fn a_file_in_a_missing_directory_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope/f").to_string_lossy().to_string();
+        let mut cache = Cache::default();
+        let mut ctx = Context::new("fs::File[a,path=f]", false, false, 1, &mut cache);
+        let desired = attrs(json!({"path": path, "content": "x", "permissions": null}));
+        let err = FileHandler
+            .create(&mut ctx, &desired)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("can not write {path}: directory"))
+                && err.contains("does not exist"),
+            "{err}"
+        );
     }
 }
