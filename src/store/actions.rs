@@ -59,9 +59,12 @@ pub fn validate(r: &ActionRecord) -> Result<()> {
 /// Insert or complete an action record (the same id is written at start and at the end).
 pub async fn upsert(e: impl PgExecutor<'_>, r: &ActionRecord) -> Result<()> {
     validate(r)?;
+    // the environment's row locked as a foreign key would (resource_actions has none: see
+    // migrations/0022): a deleted environment gets no record, one being deleted waits
     let done = sqlx::query(
         "INSERT INTO resource_actions (id, environment_id, version, resource_id, action, started_at, finished_at, \
-         status, change, changes, messages) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         status, change, changes, messages) \
+         SELECT $1, e.id, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM environments e WHERE e.id = $2 FOR KEY SHARE \
          ON CONFLICT (id) DO UPDATE SET finished_at = EXCLUDED.finished_at, status = EXCLUDED.status, \
          change = EXCLUDED.change, changes = EXCLUDED.changes, messages = EXCLUDED.messages \
          WHERE resource_actions.environment_id = EXCLUDED.environment_id \
@@ -80,7 +83,8 @@ pub async fn upsert(e: impl PgExecutor<'_>, r: &ActionRecord) -> Result<()> {
     .bind(&r.messages)
     .execute(e)
     .await?;
-    // an id of another environment's (or resource's) action: never overwritten
+    // an id of another environment's (or resource's) action: never overwritten (or the
+    // environment was deleted since the caller looked it up)
     if done.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!(
             "action {} belongs to another environment or resource",

@@ -26,6 +26,7 @@ mod deploy;
 mod deploy_changes;
 mod deploy_cli;
 mod deploy_faults;
+mod deploy_records;
 mod embedded;
 mod facts_api;
 mod facts_builtin;
