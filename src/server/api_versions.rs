@@ -91,6 +91,7 @@ pub async fn upload(
         uploader: &caller.name,
         origin: "push",
         provenance,
+        attributes_beside: Some(&state.pool),
     };
     let mut stored = match &body.base {
         None => versions::store(&mut tx, env.id, nv).await?,

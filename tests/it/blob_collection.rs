@@ -68,6 +68,7 @@ async fn store(c: &mut sqlx::PgConnection, env: Uuid, content: &str) -> i32 {
             uploader: "test",
             origin: "push",
             provenance: json!({}),
+            attributes_beside: None,
         },
     )
     .await
@@ -430,4 +431,147 @@ async fn stores_retention_and_the_pass_over_twenty_seconds_keep_exactly_what_ver
     .await
     .unwrap();
     assert_eq!(dangling, 0);
+}
+
+/// A version of `n` files whose contents are `tag` and their number.
+fn large_export(n: usize, tag: &str) -> ExportFile {
+    ExportFile {
+        format: EXPORT_FORMAT,
+        resources: (0..n)
+            .map(|i| {
+                let path = format!("/f{i}");
+                Resource {
+                    id: ResourceId::new("fs::File", "a", "path", &path),
+                    type_name: "fs::File".into(),
+                    agent: "a".into(),
+                    attributes: json!({"path": path, "content": format!("{tag} {i}")})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                    requires: vec![],
+                }
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Every resource of version `number` of `env` has the attributes of `export`.
+async fn assert_stored_as(pool: &PgPool, env: Uuid, number: i32, export: &ExportFile) {
+    let dangling: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM resource_spans s WHERE NOT EXISTS \
+         (SELECT 1 FROM resource_blobs b WHERE b.hash = s.hash)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(dangling, 0, "spans refer to attributes that are not there");
+    let mut read = versions::resources(pool, env, number).await.unwrap();
+    read.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
+    let mut sent: Vec<&Resource> = export.resources.iter().collect();
+    sent.sort_by(|a, b| a.id.0.cmp(&b.id.0));
+    assert_eq!(read.len(), sent.len(), "version {number} lost resources");
+    for (r, s) in read.iter().zip(sent) {
+        assert_eq!(r.resource_id, s.id.0);
+        assert_eq!(
+            r.attributes,
+            serde_json::Value::Object(s.attributes.clone()),
+            "{}",
+            r.resource_id
+        );
+    }
+}
+
+/// A large version's attributes are written from a second connection, each statement
+/// committed, while its transaction writes its spans (`attributes_beside`). Until that
+/// transaction commits nothing refers to them, and a collector that runs then takes them:
+/// the transaction must write them again. The test stops the transaction at its spans (a
+/// lock on their table), lets the attributes arrive beside it, runs the retention pass,
+/// which takes every one of them, and then lets the version be stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn attributes_written_beside_a_version_and_collected_meanwhile_are_written_again() {
+    let pool = steward::store::connect(&new_database(), 8).await.unwrap();
+    steward::store::migrate(&pool).await.unwrap();
+    let env = environment(&pool, "p", "large").await;
+    // enough resources for the version's attributes to be written beside it
+    let n = 6_000;
+    let export = large_export(n, "first");
+
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE resource_spans IN SHARE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let storing = tokio::spawn({
+        let (pool, export) = (pool.clone(), export.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let stored = versions::store(
+                &mut tx,
+                env,
+                versions::NewVersion {
+                    export: &export,
+                    uploader: "test",
+                    origin: "push",
+                    provenance: json!({}),
+                    attributes_beside: Some(&pool),
+                },
+            )
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+            stored.info.number
+        }
+    });
+    // the attributes arrive beside the transaction, which waits for the spans' table
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let blobs: i64 = sqlx::query_scalar("SELECT count(*) FROM resource_blobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if blobs == n as i64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the attributes were not written beside the version's transaction ({blobs} of {n})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !storing.is_finished(),
+        "the version was stored before its spans' table was free"
+    );
+    // nothing refers to them yet: the collector takes them all
+    let pruned = steward::store::retention::prune_global(&pool, 90)
+        .await
+        .unwrap();
+    assert_eq!(pruned.resource_blobs, n as u64, "{pruned:?}");
+    holder.commit().await.unwrap();
+    let number = tokio::time::timeout(Duration::from_secs(60), storing)
+        .await
+        .expect("the version to be stored")
+        .unwrap();
+    assert_stored_as(&pool, env, number, &export).await;
+
+    // undisturbed, the next version (every content changed) is stored the same way
+    let next = large_export(n, "second");
+    let mut tx = pool.begin().await.unwrap();
+    let stored = versions::store(
+        &mut tx,
+        env,
+        versions::NewVersion {
+            export: &next,
+            uploader: "test",
+            origin: "push",
+            provenance: json!({}),
+            attributes_beside: Some(&pool),
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_stored_as(&pool, env, stored.info.number, &next).await;
+    assert_stored_as(&pool, env, number, &export).await;
 }

@@ -772,6 +772,7 @@ async fn versions_in_the_old_layout_read_the_same_after_the_migration() {
             uploader: "t",
             origin: "push",
             provenance: json!({}),
+            attributes_beside: None,
         },
     )
     .await

@@ -142,6 +142,7 @@ async fn store_in_tx(
         uploader: "git",
         origin: "git",
         provenance,
+        attributes_beside: Some(pool),
     };
     let env = job.environment_id;
     let s = match how {

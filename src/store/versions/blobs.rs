@@ -17,16 +17,112 @@ use crate::store::{Result, StoreError};
 /// and one it deleted before this lock was taken is inserted again here.
 /// (The spans' foreign key did this per row, at half the cost of inserting them:
 /// migration 0021.)
+///
+/// `first`: what is tried first. [`Hold::Insert`] when most of them are new (one statement
+/// per chunk then), [`Hold::Lock`] when most of them were written already
+/// ([`write_beside`]: the insert would send and parse every one for nothing).
 pub(super) async fn hold_blobs(
     c: &mut PgConnection,
     hashes: &[&str],
     attributes: &[sqlx::types::Json<&AttributeMap>],
+    first: Hold,
 ) -> Result<()> {
     let rows = crate::store::ROWS_PER_STATEMENT;
     for (h, a) in hashes.chunks(rows).zip(attributes.chunks(rows)) {
-        hold_blob_chunk(&mut *c, h, a).await?;
+        if first == Hold::Lock {
+            let held = lock_existing(&mut *c, h).await?;
+            let (h, a): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) = h
+                .iter()
+                .zip(a)
+                .filter(|(hash, _)| !held.contains(**hash))
+                .map(|(hash, a)| (*hash, sqlx::types::Json(a.0)))
+                .unzip();
+            hold_blob_chunk(&mut *c, &h, &a).await?;
+        } else {
+            hold_blob_chunk(&mut *c, h, a).await?;
+        }
     }
     Ok(())
+}
+
+/// What [`hold_blobs`] tries first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hold {
+    Insert,
+    Lock,
+}
+
+/// Take a key-share lock on those of `hashes` that exist; the ones locked.
+async fn lock_existing(c: &mut PgConnection, hashes: &[&str]) -> Result<HashSet<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT hash FROM resource_blobs WHERE hash = ANY($1) ORDER BY hash FOR KEY SHARE",
+    )
+    .bind(hashes)
+    .fetch_all(&mut *c)
+    .await?
+    .into_iter()
+    .collect())
+}
+
+/// A connection for [`write_beside`], if `pool` has one to spare soon (else the version's
+/// transaction writes the blobs itself, rather than wait for one). Taken before the
+/// version's work starts: in the same task, that work would hold up the connecting.
+pub(super) async fn connection_beside(
+    pool: &sqlx::PgPool,
+) -> Option<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+    tokio::time::timeout(std::time::Duration::from_millis(100), pool.acquire())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Write the blobs among `hashes` that do not exist yet, on connection `c`, each
+/// statement committed on its own: beside a version's transaction, which writes its spans
+/// meanwhile (on the other core) and then holds these blobs with [`hold_blobs`] and
+/// [`Hold::Lock`]. Nothing depends on this: a blob the collector takes before that lock,
+/// or one this did not write (an error, a deadlock with another writer), is written by the
+/// transaction. One that no version comes to use (the version was refused after this) is
+/// collected by the retention pass, as any blob nothing refers to.
+pub(super) async fn write_beside(
+    mut c: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    hashes: &[&str],
+    attributes: &[&AttributeMap],
+) -> Result<u64> {
+    let rows = crate::store::ROWS_PER_STATEMENT;
+    let mut written = 0;
+    for (h, a) in hashes.chunks(rows).zip(attributes.chunks(rows)) {
+        let existing: HashSet<String> =
+            sqlx::query_scalar("SELECT hash FROM resource_blobs WHERE hash = ANY($1)")
+                .bind(h)
+                .fetch_all(&mut *c)
+                .await?
+                .into_iter()
+                .collect();
+        // in hash order, as every writer of blobs: two that write the same ones do not wait
+        // for each other crosswise
+        let mut missing: Vec<(&str, sqlx::types::Json<&AttributeMap>)> = h
+            .iter()
+            .zip(a)
+            .filter(|(hash, _)| !existing.contains(**hash))
+            .map(|(hash, a)| (*hash, sqlx::types::Json(*a)))
+            .collect();
+        if missing.is_empty() {
+            continue;
+        }
+        missing.sort_unstable_by_key(|m| m.0);
+        let (h, a): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) =
+            missing.into_iter().unzip();
+        written += sqlx::query(
+            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
+             ON CONFLICT (hash) DO NOTHING",
+        )
+        .bind(&h)
+        .bind(&a)
+        .execute(&mut *c)
+        .await?
+        .rows_affected();
+    }
+    Ok(written)
 }
 
 async fn hold_blob_chunk(
@@ -58,14 +154,7 @@ async fn hold_blob_chunk(
         if existing.is_empty() {
             return Ok(());
         }
-        let held: HashSet<String> = sqlx::query_scalar(
-            "SELECT hash FROM resource_blobs WHERE hash = ANY($1) ORDER BY hash FOR KEY SHARE",
-        )
-        .bind(&existing)
-        .fetch_all(&mut *c)
-        .await?
-        .into_iter()
-        .collect();
+        let held = lock_existing(&mut *c, &existing).await?;
         todo.retain(|&i| !inserted.contains(hashes[i]) && !held.contains(hashes[i]));
     }
     if todo.is_empty() {
