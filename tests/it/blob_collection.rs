@@ -493,8 +493,9 @@ async fn attributes_written_beside_a_version_and_collected_meanwhile_are_written
     let pool = steward::store::connect(&new_database(), 8).await.unwrap();
     steward::store::migrate(&pool).await.unwrap();
     let env = environment(&pool, "p", "large").await;
-    // enough resources for the version's attributes to be written beside it
-    let n = 6_000;
+    // enough resources for the version's attributes to be written beside it, in several
+    // statements
+    let n = 20_000;
     let export = large_export(n, "first");
 
     let mut holder = pool.begin().await.unwrap();
@@ -574,4 +575,32 @@ async fn attributes_written_beside_a_version_and_collected_meanwhile_are_written
     tx.commit().await.unwrap();
     assert_stored_as(&pool, env, stored.info.number, &next).await;
     assert_stored_as(&pool, env, number, &export).await;
+
+    // one changed, sent whole: the transaction has almost nothing to write and reaches its
+    // blobs long before the connection beside it has looked at all of them. It must not
+    // insert the new one itself meanwhile (that connection would wait for its commit, and
+    // the commit for that connection: a version that never stores)
+    let mut third = next.clone();
+    // the last: the connection beside comes to it last
+    third.resources[n - 1].attributes["content"] = json!("changed");
+    let mut tx = pool.begin().await.unwrap();
+    let stored = tokio::time::timeout(
+        Duration::from_secs(60),
+        versions::store(
+            &mut tx,
+            env,
+            versions::NewVersion {
+                export: &third,
+                uploader: "test",
+                origin: "push",
+                provenance: json!({}),
+                attributes_beside: Some(&pool),
+            },
+        ),
+    )
+    .await
+    .expect("a version changing one of many, sent whole, to be stored")
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_stored_as(&pool, env, stored.info.number, &third).await;
 }

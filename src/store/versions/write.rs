@@ -157,14 +157,23 @@ pub async fn store_hashed(
         None => None,
     };
     let Some(connection) = connection else {
-        return store_in(c, env_id, &nv, hashes, Hold::Insert).await;
+        return store_in(c, env_id, &nv, hashes, None).await;
     };
     let blob_hashes: Vec<&str> = hashes.iter().map(String::as_str).collect();
     let blob_attrs: Vec<&AttributeMap> =
         nv.export.resources.iter().map(|r| &r.attributes).collect();
+    // the transaction holds its blobs only once these are written: a blob it inserted
+    // itself first would hold up this connection's insert of it until the transaction
+    // commits, which waits for this connection (the two in this one task)
+    let (done, written_beside) = tokio::sync::oneshot::channel();
+    let beside = async {
+        let written = super::blobs::write_beside(connection, &blob_hashes, &blob_attrs).await;
+        let _ = done.send(());
+        written
+    };
     let (written, stored) = tokio::join!(
-        super::blobs::write_beside(connection, &blob_hashes, &blob_attrs),
-        store_in(c, env_id, &nv, hashes.clone(), Hold::Lock)
+        beside,
+        store_in(c, env_id, &nv, hashes.clone(), Some(written_beside))
     );
     match written {
         Ok(n) => {
@@ -178,13 +187,14 @@ pub async fn store_hashed(
     stored
 }
 
-/// [`store_hashed`] in the version's transaction, its blobs held as `hold` says.
+/// [`store_hashed`] in the version's transaction; `beside`: the blobs are being written
+/// beside it, and this says when that is over.
 async fn store_in(
     c: &mut PgConnection,
     env_id: Uuid,
     nv: &NewVersion<'_>,
     hashes: Vec<String>,
-    hold: Hold,
+    beside: Option<tokio::sync::oneshot::Receiver<()>>,
 ) -> Result<Stored> {
     let undefined: HashSet<&str> = nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
     let manifest: Manifest = nv
@@ -216,17 +226,18 @@ async fn store_in(
         Against::Whole(base),
         Checks {
             content_hash: None,
-            blobs: hold,
+            blobs_beside: beside,
         },
     )
     .await
 }
 
 /// How [`write`] checks what it writes: the content hash the sender expects (a version sent
-/// as changes), and how it makes sure the version's blobs exist.
+/// as changes), and whether its blobs are written beside it.
 struct Checks<'a> {
     content_hash: Option<&'a str>,
-    blobs: Hold,
+    /// the blobs are written beside the transaction: it holds them once that is over
+    blobs_beside: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// What a new version is compared with to find what changed.
@@ -387,7 +398,7 @@ pub async fn store_delta(
         Against::Touched(&touched),
         Checks {
             content_hash: expect,
-            blobs: Hold::Insert,
+            blobs_beside: None,
         },
     )
     .await
@@ -563,7 +574,16 @@ async fn write(
     let t_spans = t0.elapsed();
     // after the spans (no key ties them: migration 0021), so that blobs written beside
     // this transaction ([`store_hashed`]) were written meanwhile
-    hold_blobs(&mut *c, &blob_hashes, &blob_attrs, checks.blobs).await?;
+    let hold = match checks.blobs_beside {
+        Some(written) => {
+            // over, or given up (its sender dropped): either way they are held, and what
+            // is missing written, now
+            let _ = written.await;
+            Hold::Lock
+        }
+        None => Hold::Insert,
+    };
+    hold_blobs(&mut *c, &blob_hashes, &blob_attrs, hold).await?;
     let t_blobs = t0.elapsed();
     super::super::code::store_version_code(&mut *c, env_id, number, nv.export).await?;
     super::super::facts::record_unknowns(&mut *c, env_id, number, &nv.export.unknowns).await?;
