@@ -148,20 +148,37 @@ pub async fn store_hashed(
     }
     // a large version: its attributes are written from a second connection while this
     // transaction writes its spans, the two on two cores (100,000 resources: 1.2 s each,
-    // one after the other before)
-    let beside = nv
+    // one after the other before). Only the attributes the newest version (as kept in
+    // memory) does not have: a version sent whole that changes a few has nothing worth a
+    // second connection (and would wait for it to look at every one).
+    let Some(pool) = nv
         .attributes_beside
-        .filter(|_| nv.export.resources.len() >= crate::store::ROWS_PER_STATEMENT);
-    let connection = match beside {
-        Some(pool) => super::blobs::connection_beside(pool).await,
-        None => None,
+        .filter(|_| nv.export.resources.len() >= crate::store::ROWS_PER_STATEMENT)
+    else {
+        return store_in(c, env_id, &nv, hashes, None).await;
+    };
+    let known = newest_cached(env_id);
+    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<&AttributeMap>) = nv
+        .export
+        .resources
+        .iter()
+        .zip(&hashes)
+        .filter(|(r, hash)| {
+            known
+                .as_ref()
+                .and_then(|m| m.get(&r.id.0))
+                .is_none_or(|e| e.hash != **hash)
+        })
+        .map(|(r, hash)| (hash.as_str(), &r.attributes))
+        .unzip();
+    drop(known);
+    let connection = match blob_hashes.len() >= crate::store::ROWS_PER_STATEMENT {
+        true => super::blobs::connection_beside(pool).await,
+        false => None,
     };
     let Some(connection) = connection else {
         return store_in(c, env_id, &nv, hashes, None).await;
     };
-    let blob_hashes: Vec<&str> = hashes.iter().map(String::as_str).collect();
-    let blob_attrs: Vec<&AttributeMap> =
-        nv.export.resources.iter().map(|r| &r.attributes).collect();
     // the transaction holds its blobs only once these are written: a blob it inserted
     // itself first would hold up this connection's insert of it until the transaction
     // commits, which waits for this connection (the two in this one task)
@@ -813,6 +830,16 @@ fn cached(
         .iter_mut()
         .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
         .map(|m| (m.manifest.clone(), m.tree.take()))
+}
+
+/// The environment's newest manifest this process kept, whatever its number (a hint: it is
+/// not checked against the database).
+fn newest_cached(env: Uuid) -> Option<Arc<Manifest>> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .iter()
+        .find(|m| m.env == env)
+        .map(|m| m.manifest.clone())
 }
 
 /// Drop the environment's manifest from the cache (it is being made the next version's).
