@@ -78,15 +78,15 @@ pub(super) async fn connection_beside(
 
 /// Write the blobs among `hashes` that do not exist yet, on connection `c`, each
 /// statement committed on its own: beside a version's transaction, which writes its spans
-/// meanwhile (on the other core) and then holds these blobs with [`hold_blobs`] and
-/// [`Hold::Lock`]. Nothing depends on this: a blob the collector takes before that lock,
+/// meanwhile (on the other core) and, once this is over, holds these blobs with
+/// [`hold_blobs`] and [`Hold::Lock`]. Nothing depends on this: a blob the collector takes before that lock,
 /// or one this did not write (an error, a deadlock with another writer), is written by the
 /// transaction. One that no version comes to use (the version was refused after this) is
 /// collected by the retention pass, as any blob nothing refers to.
 pub(super) async fn write_beside(
     mut c: sqlx::pool::PoolConnection<sqlx::Postgres>,
     hashes: &[&str],
-    attributes: &[&AttributeMap],
+    attributes: &[sqlx::types::Json<&AttributeMap>],
 ) -> Result<u64> {
     let rows = crate::store::ROWS_PER_STATEMENT;
     let mut written = 0;
@@ -104,7 +104,7 @@ pub(super) async fn write_beside(
             .iter()
             .zip(a)
             .filter(|(hash, _)| !existing.contains(**hash))
-            .map(|(hash, a)| (*hash, sqlx::types::Json(*a)))
+            .map(|(hash, a)| (*hash, sqlx::types::Json(a.0)))
             .collect();
         if missing.is_empty() {
             continue;

@@ -146,73 +146,6 @@ pub async fn store_hashed(
             nv.export.resources.len()
         )));
     }
-    // a large version: its attributes are written from a second connection while this
-    // transaction writes its spans, the two on two cores (100,000 resources: 1.2 s each,
-    // one after the other before). Only the attributes the newest version (as kept in
-    // memory) does not have: a version sent whole that changes a few has nothing worth a
-    // second connection (and would wait for it to look at every one).
-    let Some(pool) = nv
-        .attributes_beside
-        .filter(|_| nv.export.resources.len() >= crate::store::ROWS_PER_STATEMENT)
-    else {
-        return store_in(c, env_id, &nv, hashes, None).await;
-    };
-    let known = newest_cached(env_id);
-    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<&AttributeMap>) = nv
-        .export
-        .resources
-        .iter()
-        .zip(&hashes)
-        .filter(|(r, hash)| {
-            known
-                .as_ref()
-                .and_then(|m| m.get(&r.id.0))
-                .is_none_or(|e| e.hash != **hash)
-        })
-        .map(|(r, hash)| (hash.as_str(), &r.attributes))
-        .unzip();
-    drop(known);
-    let connection = match blob_hashes.len() >= crate::store::ROWS_PER_STATEMENT {
-        true => super::blobs::connection_beside(pool).await,
-        false => None,
-    };
-    let Some(connection) = connection else {
-        return store_in(c, env_id, &nv, hashes, None).await;
-    };
-    // the transaction holds its blobs only once these are written: a blob it inserted
-    // itself first would hold up this connection's insert of it until the transaction
-    // commits, which waits for this connection (the two in this one task)
-    let (done, written_beside) = tokio::sync::oneshot::channel();
-    let beside = async {
-        let written = super::blobs::write_beside(connection, &blob_hashes, &blob_attrs).await;
-        let _ = done.send(());
-        written
-    };
-    let (written, stored) = tokio::join!(
-        beside,
-        store_in(c, env_id, &nv, hashes.clone(), Some(written_beside))
-    );
-    match written {
-        Ok(n) => {
-            tracing::debug!(environment = %env_id, written = n, "attributes written beside the version's transaction")
-        }
-        // the transaction wrote them itself
-        Err(e) => {
-            tracing::debug!(environment = %env_id, error = %e, "attributes not written beside the version's transaction")
-        }
-    }
-    stored
-}
-
-/// [`store_hashed`] in the version's transaction; `beside`: the blobs are being written
-/// beside it, and this says when that is over.
-async fn store_in(
-    c: &mut PgConnection,
-    env_id: Uuid,
-    nv: &NewVersion<'_>,
-    hashes: Vec<String>,
-    beside: Option<tokio::sync::oneshot::Receiver<()>>,
-) -> Result<Stored> {
     let undefined: HashSet<&str> = nv.export.undefined.iter().map(|u| u.0.as_str()).collect();
     let manifest: Manifest = nv
         .export
@@ -237,24 +170,13 @@ async fn store_in(
     write(
         c,
         env_id,
-        nv,
+        &nv,
         &mut lock,
         manifest,
         Against::Whole(base),
-        Checks {
-            content_hash: None,
-            blobs_beside: beside,
-        },
+        None,
     )
     .await
-}
-
-/// How [`write`] checks what it writes: the content hash the sender expects (a version sent
-/// as changes), and whether its blobs are written beside it.
-struct Checks<'a> {
-    content_hash: Option<&'a str>,
-    /// the blobs are written beside the transaction: it holds them once that is over
-    blobs_beside: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// What a new version is compared with to find what changed.
@@ -413,10 +335,7 @@ pub async fn store_delta(
         &mut lock,
         manifest,
         Against::Touched(&touched),
-        Checks {
-            content_hash: expect,
-            blobs_beside: None,
-        },
+        expect,
     )
     .await
 }
@@ -468,7 +387,7 @@ async fn write(
     lock: &mut Locked,
     manifest: Manifest,
     against: Against<'_>,
-    checks: Checks<'_>,
+    expect: Option<&str>,
 ) -> Result<Stored> {
     let t0 = std::time::Instant::now();
     let prev = lock.newest.as_ref().map(|(n, _, _)| *n);
@@ -539,7 +458,7 @@ async fn write(
     };
     debug_assert_eq!(tree.len(), manifest.len());
     let content_hash = content::with_handlers(tree.root(), &nv.export.handlers);
-    if let Some(expected) = checks.content_hash
+    if let Some(expected) = expect
         && expected != content_hash
     {
         return Err(StoreError::BaseMoved(format!(
@@ -570,35 +489,56 @@ async fn write(
         .unzip();
     let summary = summary(&changes, manifest.len());
     let metadata = serde_json::to_value(&nv.export.metadata).unwrap_or_default();
-    sqlx::query(
-        "INSERT INTO versions (environment_id, number, uploader, origin, content_hash, provenance, metadata, \
-         resource_count, diff_base, diff_summary) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    )
-    .bind(env_id)
-    .bind(number)
-    .bind(nv.uploader)
-    .bind(nv.origin)
-    .bind(&content_hash)
-    .bind(&nv.provenance)
-    .bind(&metadata)
-    .bind(manifest.len() as i32)
-    .bind(prev)
-    .bind(&summary)
-    .execute(&mut *c)
-    .await?;
-    let t_diffed = t0.elapsed();
-    spans::advance(&mut *c, env_id, prev, number, &closed, &opened).await?;
-    let t_spans = t0.elapsed();
-    // after the spans (no key ties them: migration 0021), so that blobs written beside
-    // this transaction ([`store_hashed`]) were written meanwhile
-    let hold = match checks.blobs_beside {
-        Some(written) => {
-            // over, or given up (its sender dropped): either way they are held, and what
-            // is missing written, now
-            let _ = written.await;
-            Hold::Lock
+    let rows = async {
+        sqlx::query(
+            "INSERT INTO versions (environment_id, number, uploader, origin, content_hash, provenance, metadata, \
+             resource_count, diff_base, diff_summary) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(env_id)
+        .bind(number)
+        .bind(nv.uploader)
+        .bind(nv.origin)
+        .bind(&content_hash)
+        .bind(&nv.provenance)
+        .bind(&metadata)
+        .bind(manifest.len() as i32)
+        .bind(prev)
+        .bind(&summary)
+        .execute(&mut *c)
+        .await?;
+        let t_diffed = t0.elapsed();
+        spans::advance(&mut *c, env_id, prev, number, &closed, &opened).await?;
+        Ok::<_, StoreError>((t_diffed, t0.elapsed()))
+    };
+    // many new attributes: written from a second connection, each statement committed,
+    // while this transaction writes the version's spans, the two on two cores (100,000:
+    // 1.2 s each, one after the other before); then held here like any others. Held only
+    // once that connection is done: a blob this transaction inserted first would hold up
+    // its insert of it until a commit that waits for it.
+    let beside = match nv.attributes_beside {
+        Some(pool) if blob_hashes.len() >= crate::store::ROWS_PER_STATEMENT => {
+            super::blobs::connection_beside(pool).await
         }
-        None => Hold::Insert,
+        _ => None,
+    };
+    let (hold, (t_diffed, t_spans)) = match beside {
+        Some(connection) => {
+            let (written, rows) = tokio::join!(
+                super::blobs::write_beside(connection, &blob_hashes, &blob_attrs),
+                rows
+            );
+            match written {
+                Ok(n) => {
+                    tracing::debug!(environment = %env_id, version = number, written = n, "attributes written beside the version's transaction")
+                }
+                // held and written below instead
+                Err(e) => {
+                    tracing::debug!(environment = %env_id, version = number, error = %e, "attributes not written beside the version's transaction")
+                }
+            }
+            (Hold::Lock, rows?)
+        }
+        None => (Hold::Insert, rows.await?),
     };
     hold_blobs(&mut *c, &blob_hashes, &blob_attrs, hold).await?;
     let t_blobs = t0.elapsed();
@@ -830,16 +770,6 @@ fn cached(
         .iter_mut()
         .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
         .map(|m| (m.manifest.clone(), m.tree.take()))
-}
-
-/// The environment's newest manifest this process kept, whatever its number (a hint: it is
-/// not checked against the database).
-fn newest_cached(env: Uuid) -> Option<Arc<Manifest>> {
-    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    cache
-        .iter()
-        .find(|m| m.env == env)
-        .map(|m| m.manifest.clone())
 }
 
 /// Drop the environment's manifest from the cache (it is being made the next version's).
