@@ -17,27 +17,15 @@ use uuid::Uuid;
 use crate::support::*;
 
 async fn database() -> PgPool {
-    let pool = steward::store::connect(&new_database(), 4).await.unwrap();
-    steward::store::migrate(&pool).await.unwrap();
-    pool
+    migrated_pool(4).await
 }
 
 async fn environment(pool: &PgPool, project: &str, name: &str) -> Uuid {
-    let p = match environments::create_project(pool, project).await {
-        Ok(p) => p.id,
-        Err(_) => sqlx::query_scalar("SELECT id FROM projects WHERE name = $1")
-            .bind(project)
-            .fetch_one(pool)
-            .await
-            .unwrap(),
-    };
     let settings = EnvSettings {
         auto_release: false,
         ..Default::default()
     };
-    environments::create_environment(pool, p, name, &settings)
-        .await
-        .unwrap()
+    environment_in(pool, project, name, &settings).await
 }
 
 /// One file resource with `content`.
@@ -456,6 +444,27 @@ fn large_export(n: usize, tag: &str) -> ExportFile {
     }
 }
 
+/// Store `export` as the next version of `env`, its attributes written beside its
+/// transaction when there are enough of them; its number.
+async fn store_beside(pool: &PgPool, env: Uuid, export: &ExportFile) -> i32 {
+    let mut tx = pool.begin().await.unwrap();
+    let stored = versions::store(
+        &mut tx,
+        env,
+        versions::NewVersion {
+            export,
+            uploader: "test",
+            origin: "push",
+            provenance: json!({}),
+            attributes_beside: Some(pool),
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    stored.info.number
+}
+
 /// Every resource of version `number` of `env` has the attributes of `export`.
 async fn assert_stored_as(pool: &PgPool, env: Uuid, number: i32, export: &ExportFile) {
     let dangling: i64 = sqlx::query_scalar(
@@ -490,12 +499,11 @@ async fn assert_stored_as(pool: &PgPool, env: Uuid, number: i32, export: &Export
 /// which takes every one of them, and then lets the version be stored.
 #[tokio::test(flavor = "multi_thread")]
 async fn attributes_written_beside_a_version_and_collected_meanwhile_are_written_again() {
-    let pool = steward::store::connect(&new_database(), 8).await.unwrap();
-    steward::store::migrate(&pool).await.unwrap();
+    let pool = migrated_pool(8).await;
     let env = environment(&pool, "p", "large").await;
     // enough resources for the version's attributes to be written beside it, in several
     // statements
-    let n = 20_000;
+    let n = 12_000;
     let export = large_export(n, "first");
 
     let mut holder = pool.begin().await.unwrap();
@@ -505,24 +513,7 @@ async fn attributes_written_beside_a_version_and_collected_meanwhile_are_written
         .unwrap();
     let storing = tokio::spawn({
         let (pool, export) = (pool.clone(), export.clone());
-        async move {
-            let mut tx = pool.begin().await.unwrap();
-            let stored = versions::store(
-                &mut tx,
-                env,
-                versions::NewVersion {
-                    export: &export,
-                    uploader: "test",
-                    origin: "push",
-                    provenance: json!({}),
-                    attributes_beside: Some(&pool),
-                },
-            )
-            .await
-            .unwrap();
-            tx.commit().await.unwrap();
-            stored.info.number
-        }
+        async move { store_beside(&pool, env, &export).await }
     });
     // the attributes arrive beside the transaction, which waits for the spans' table
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -558,47 +549,17 @@ async fn attributes_written_beside_a_version_and_collected_meanwhile_are_written
 
     // undisturbed, the next version (every content changed) is stored the same way
     let next = large_export(n, "second");
-    let mut tx = pool.begin().await.unwrap();
-    let stored = versions::store(
-        &mut tx,
-        env,
-        versions::NewVersion {
-            export: &next,
-            uploader: "test",
-            origin: "push",
-            provenance: json!({}),
-            attributes_beside: Some(&pool),
-        },
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    assert_stored_as(&pool, env, stored.info.number, &next).await;
+    let second = store_beside(&pool, env, &next).await;
+    assert_stored_as(&pool, env, second, &next).await;
     assert_stored_as(&pool, env, number, &export).await;
 
     // one changed, sent whole: one new blob, held by the transaction alone (a version that
     // changes a few has nothing worth a second connection)
     let mut third = next.clone();
-    // the last: the connection beside comes to it last
     third.resources[n - 1].attributes["content"] = json!("changed");
-    let mut tx = pool.begin().await.unwrap();
-    let stored = tokio::time::timeout(
-        Duration::from_secs(60),
-        versions::store(
-            &mut tx,
-            env,
-            versions::NewVersion {
-                export: &third,
-                uploader: "test",
-                origin: "push",
-                provenance: json!({}),
-                attributes_beside: Some(&pool),
-            },
-        ),
-    )
-    .await
-    .expect("a version changing one of many, sent whole, to be stored")
-    .unwrap();
-    tx.commit().await.unwrap();
-    assert_stored_as(&pool, env, stored.info.number, &third).await;
+    let third_number =
+        tokio::time::timeout(Duration::from_secs(60), store_beside(&pool, env, &third))
+            .await
+            .expect("a version changing one of many, sent whole, to be stored");
+    assert_stored_as(&pool, env, third_number, &third).await;
 }

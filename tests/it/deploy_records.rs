@@ -17,23 +17,11 @@ use uuid::Uuid;
 use crate::support::*;
 
 async fn database() -> PgPool {
-    let pool = steward::store::connect(&new_database(), 4).await.unwrap();
-    steward::store::migrate(&pool).await.unwrap();
-    pool
+    migrated_pool(4).await
 }
 
 async fn environment(pool: &PgPool, project: &str, name: &str) -> Uuid {
-    let p = match environments::create_project(pool, project).await {
-        Ok(p) => p.id,
-        Err(_) => sqlx::query_scalar("SELECT id FROM projects WHERE name = $1")
-            .bind(project)
-            .fetch_one(pool)
-            .await
-            .unwrap(),
-    };
-    environments::create_environment(pool, p, name, &EnvSettings::default())
-        .await
-        .unwrap()
+    environment_in(pool, project, name, &EnvSettings::default()).await
 }
 
 /// What a scheduler writes after deploying `rid`.

@@ -84,6 +84,36 @@ pub fn new_database() -> String {
     c.url(&name)
 }
 
+/// A new database with the schema, through a pool of at most `connections`.
+pub async fn migrated_pool(connections: u32) -> sqlx::PgPool {
+    let pool = steward::store::connect(&new_database(), connections)
+        .await
+        .unwrap();
+    steward::store::migrate(&pool).await.unwrap();
+    pool
+}
+
+/// Environment `name` of project `project` (the project made if it is not there yet).
+pub async fn environment_in(
+    pool: &sqlx::PgPool,
+    project: &str,
+    name: &str,
+    settings: &steward::model::settings::EnvSettings,
+) -> uuid::Uuid {
+    use steward::store::environments;
+    let p = match environments::create_project(pool, project).await {
+        Ok(p) => p.id,
+        Err(_) => sqlx::query_scalar("SELECT id FROM projects WHERE name = $1")
+            .bind(project)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+    };
+    environments::create_environment(pool, p, name, settings)
+        .await
+        .unwrap()
+}
+
 /// A server in this process on 127.0.0.1:0, with a migrated database of its own.
 #[allow(dead_code)]
 pub struct TestServer {

@@ -65,8 +65,9 @@ async fn lock_existing(c: &mut PgConnection, hashes: &[&str]) -> Result<HashSet<
 }
 
 /// A connection for [`write_beside`], if `pool` has one to spare soon (else the version's
-/// transaction writes the blobs itself, rather than wait for one). Taken before the
-/// version's work starts: in the same task, that work would hold up the connecting.
+/// transaction writes the blobs itself, rather than wait for one). Taken before it is
+/// joined with the transaction's work: polled in one task with that work, the connecting
+/// would wait for it.
 pub(super) async fn connection_beside(
     pool: &sqlx::PgPool,
 ) -> Option<sqlx::pool::PoolConnection<sqlx::Postgres>> {
@@ -79,10 +80,10 @@ pub(super) async fn connection_beside(
 /// Write the blobs among `hashes` that do not exist yet, on connection `c`, each
 /// statement committed on its own: beside a version's transaction, which writes its spans
 /// meanwhile (on the other core) and, once this is over, holds these blobs with
-/// [`hold_blobs`] and [`Hold::Lock`]. Nothing depends on this: a blob the collector takes before that lock,
-/// or one this did not write (an error, a deadlock with another writer), is written by the
-/// transaction. One that no version comes to use (the version was refused after this) is
-/// collected by the retention pass, as any blob nothing refers to.
+/// [`hold_blobs`] and [`Hold::Lock`]. Nothing depends on this: a blob the collector takes
+/// before that lock, or one this did not write (an error, a deadlock with another writer),
+/// is written by the transaction. One that no version comes to use (the version was
+/// refused after this) is collected by the retention pass, as any blob nothing refers to.
 pub(super) async fn write_beside(
     mut c: sqlx::pool::PoolConnection<sqlx::Postgres>,
     hashes: &[&str],
