@@ -77,8 +77,8 @@ async fn blob_exists(pool: &PgPool, hash: &str) -> bool {
         .unwrap()
 }
 
-/// Every span refers to a blob that exists, and the version reads back with its attributes.
-async fn assert_readable(pool: &PgPool, env: Uuid, number: i32, content: &str) {
+/// Every span of every environment refers to a blob that exists.
+async fn assert_no_span_without_its_blob(pool: &PgPool) {
     let dangling: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM resource_spans s WHERE NOT EXISTS \
          (SELECT 1 FROM resource_blobs b WHERE b.hash = s.hash)",
@@ -86,7 +86,12 @@ async fn assert_readable(pool: &PgPool, env: Uuid, number: i32, content: &str) {
     .fetch_one(pool)
     .await
     .unwrap();
-    assert_eq!(dangling, 0, "spans refer to attributes that were deleted");
+    assert_eq!(dangling, 0, "spans refer to attributes that are not there");
+}
+
+/// Every span refers to a blob that exists, and the version reads back with its attributes.
+async fn assert_readable(pool: &PgPool, env: Uuid, number: i32, content: &str) {
+    assert_no_span_without_its_blob(pool).await;
     let read = versions::resources(pool, env, number).await.unwrap();
     assert_eq!(read.len(), 1, "version {number} lost its resource");
     assert_eq!(read[0].attributes["content"], content);
@@ -467,14 +472,7 @@ async fn store_beside(pool: &PgPool, env: Uuid, export: &ExportFile) -> i32 {
 
 /// Every resource of version `number` of `env` has the attributes of `export`.
 async fn assert_stored_as(pool: &PgPool, env: Uuid, number: i32, export: &ExportFile) {
-    let dangling: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM resource_spans s WHERE NOT EXISTS \
-         (SELECT 1 FROM resource_blobs b WHERE b.hash = s.hash)",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    assert_eq!(dangling, 0, "spans refer to attributes that are not there");
+    assert_no_span_without_its_blob(pool).await;
     let mut read = versions::resources(pool, env, number).await.unwrap();
     read.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
     let mut sent: Vec<&Resource> = export.resources.iter().collect();
