@@ -90,9 +90,10 @@ pub struct NewVersion<'a> {
     /// push | git | rollback
     pub origin: &'a str,
     pub provenance: serde_json::Value,
-    /// Where a large version sent whole may take a second connection from, to write its
-    /// attributes beside its own transaction while that writes the version's spans (the
-    /// two in parallel). `None`: all in the transaction.
+    /// Where a version with many new attribute sets (5,000 or more, whole or sent as
+    /// changes) may take a second connection from, to write them beside its own transaction
+    /// while that writes the version's spans (the two in parallel). `None`: all in the
+    /// transaction.
     pub attributes_beside: Option<&'a sqlx::PgPool>,
 }
 
