@@ -3,8 +3,10 @@
 //! Pipeline (LANGUAGE.md §1): load and parse `main.cf` and every imported module file
 //! ([`project`]), define the type system ([`define`]), lower code to IR ([`lower`]), evaluate
 //! with the dataflow scheduler ([`eval`]), then export resources ([`export`]). The compiler does
-//! no I/O except reading module files and printing `std::print` output through a callback; it
-//! knows nothing of the server. Diagnostics are data ([`diagnostics`]); the CLI renders them.
+//! no I/O except reading module files and printing `std::print` output through a callback, and,
+//! when asked to compile incrementally ([`incremental`]), reading and writing its memory of
+//! the last compile; it knows nothing of the server. Diagnostics are data ([`diagnostics`]); the
+//! CLI renders them.
 //!
 //! Layers, each using only those before it: [`source`], [`diagnostics`]; [`value`] (values and
 //! their Python text); the front end ([`lexer`], [`ast`], [`strings`], [`parser`]); [`ids`],
@@ -12,7 +14,8 @@
 //! owns its interfaces to the evaluator ([`plugins::Caller`]) and to the world
 //! ([`plugins::Host`]), and runs Inmanta modules' Python plugins in a plugin host
 //! ([`plugins::python`], [`plugins::pyhost`]); [`names`], [`lower`] and [`define`], which builds the program and drives
-//! lowering; [`project`] (loading); [`eval`]; [`handler_code`], [`export`].
+//! lowering; [`project`] (loading); [`eval`]; [`handler_code`], [`export`]; [`incremental`]
+//! (what of an export a next compile may patch, and its memory).
 //! `scripts/module-edges` prints the edges and reports any cycle between these modules.
 
 pub mod ast;
@@ -22,6 +25,7 @@ pub mod eval;
 pub mod export;
 pub mod handler_code;
 pub mod ids;
+pub mod incremental;
 pub mod ir;
 pub mod lexer;
 pub mod lower;
@@ -36,7 +40,7 @@ pub mod types;
 pub mod value;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use diagnostics::Diagnostic;
 use source::SourceMap;
@@ -68,6 +72,9 @@ pub struct CompileOptions {
     /// N=20,000 some hundred megabytes unmapped page by page). Never set where the process
     /// goes on (the server, `steward deploy`).
     pub process_ends_after: bool,
+    /// Find what an incremental compile needs to patch the next one
+    /// ([`CompileOutcome::memory`], [`incremental`]).
+    pub remember: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -95,6 +102,12 @@ pub struct CompileOutcome {
     /// `Ok(Some(export))` when exporting, `Ok(None)` for a plain compile.
     pub result: Result<Option<ExportFile>, Vec<Diagnostic>>,
     pub stats: CompileStats,
+    /// With [`CompileOptions::remember`], after an export that read nothing a memory can
+    /// not check: what the next compile may patch.
+    pub memory: Option<incremental::Remembered>,
+    /// The export was patched from the last compile's memory ([`incremental::compile`]):
+    /// how many resources changed.
+    pub patched: Option<usize>,
 }
 
 impl CompileOutcome {
@@ -128,14 +141,32 @@ struct CompileHost<'a> {
     python_resources: std::collections::HashSet<String>,
     /// Resource ids of instances computed so far.
     resource_ids: std::collections::HashMap<value::InstId, String>,
+    /// What the model read of the world, for the incremental compile
+    /// ([`incremental::cache::Inputs`]).
+    world: WorldReads,
+}
+
+/// What a compile read besides its files: the incremental compile's memory holds it, and a
+/// compile that read what a later one could see changed (facts, Python, data files) is not
+/// remembered.
+#[derive(Default)]
+struct WorldReads {
+    /// It read something no memory can check.
+    unchecked: std::cell::Cell<bool>,
+    env: std::cell::RefCell<Vec<(String, Option<String>)>>,
+    /// The files of modules (and of the project) read, as templates and file contents.
+    files: std::cell::RefCell<Vec<PathBuf>>,
+    prints: Vec<String>,
 }
 
 impl plugins::Host for CompileHost<'_> {
     fn print(&mut self, text: &str) {
+        self.world.prints.push(text.to_string());
         (self.print)(text)
     }
 
     fn fact(&mut self, resource_id: &str, name: &str, span: source::Span) -> Option<String> {
+        self.world.unchecked.set(true);
         match self.facts {
             Some(facts) => facts.get(resource_id, name).map(str::to_string),
             None => {
@@ -203,17 +234,32 @@ impl plugins::Host for CompileHost<'_> {
     }
 
     fn module_file(&self, module: &str, dir: &str, path: &str) -> Result<(String, String), String> {
-        project::module_file(self.project, self.modules, module, dir, path)
+        let read = project::module_file(self.project, self.modules, module, dir, path);
+        // the file read (its path as shown: absolute for a file on disk), for the memory
+        // to check; a failed read or one of another kind is not checked
+        match &read {
+            Ok((_, shown)) if Path::new(shown).is_absolute() => {
+                self.world.files.borrow_mut().push(PathBuf::from(shown))
+            }
+            _ => self.world.unchecked.set(true),
+        }
+        read
     }
 
     fn env_var(&self, name: &str) -> Option<String> {
-        self.env
-            .get(name)
-            .cloned()
-            .or_else(|| std::env::var(name).ok())
+        if let Some(v) = self.env.get(name) {
+            return Some(v.clone());
+        }
+        let value = std::env::var(name).ok();
+        self.world
+            .env
+            .borrow_mut()
+            .push((name.to_string(), value.clone()));
+        value
     }
 
     fn take_python(&mut self) -> Result<plugins::pyhost::PyHost, String> {
+        self.world.unchecked.set(true);
         self.python.take()
     }
 
@@ -235,10 +281,12 @@ impl plugins::Host for CompileHost<'_> {
         dir: &str,
         path: &str,
     ) -> Result<Vec<String>, String> {
+        self.world.unchecked.set(true);
         project::list_module_files(self.project, self.modules, module, dir, path)
     }
 
     fn read_data_file(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+        self.world.unchecked.set(true);
         let path = self.project.dir.join("data").join(namespace).join(name);
         if !path.exists() {
             return Ok(None);
@@ -249,6 +297,7 @@ impl plugins::Host for CompileHost<'_> {
     }
 
     fn write_data_file(&mut self, namespace: &str, name: &str, text: &str) -> Result<(), String> {
+        self.world.unchecked.set(true);
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let target = self.project.dir.join("data").join(namespace).join(name);
@@ -381,6 +430,8 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
                 warnings: Vec::new(),
                 result: Err(vec![d]),
                 stats,
+                memory: None,
+                patched: None,
             };
         }
     };
@@ -406,6 +457,8 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
                 warnings: Vec::new(),
                 result: Err(errors),
                 stats,
+                memory: None,
+                patched: None,
             };
         }
     };
@@ -425,10 +478,13 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
                 warnings,
                 result: Err(errors),
                 stats,
+                memory: None,
+                patched: None,
             };
         }
     };
     phase_end(&mut stats.phases.define);
+    let mut memory = None;
     let result = {
         let mut env = opts.env.clone();
         if !env.contains_key("STEWARD_PROJECT_DIR") {
@@ -454,6 +510,7 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
                 .flat_map(|m| m.resources.iter().cloned())
                 .collect(),
             resource_ids: Default::default(),
+            world: WorldReads::default(),
         };
         if calls_python(&program) {
             host.python.prestart();
@@ -468,9 +525,20 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
         let result = match run {
             Err(e) => Err(e),
             Ok(()) if opts.export => {
-                let r = export::export(&mut rt, &modules, &project.name, &python.modules).map(Some);
+                let mut fields = opts.remember.then(Vec::new);
+                let r = export::export(
+                    &mut rt,
+                    &modules,
+                    &project.name,
+                    &python.modules,
+                    fields.as_mut(),
+                )
+                .map(Some);
                 if let Ok(Some(e)) = &r {
                     stats.resources = e.resources.len();
+                    if let Some(fields) = &fields {
+                        memory = remembered(&rt, &sources, fields, &project, &modules);
+                    }
                 }
                 phase_end(&mut stats.phases.export);
                 r
@@ -483,6 +551,19 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
             drop(rt);
         }
         warnings.append(&mut host.warnings);
+        // a compile that read what no memory can check, or that warned (a patched compile
+        // would not), is not remembered
+        if host.world.unchecked.get() || !host.files.is_empty() || !warnings.is_empty() {
+            memory = None;
+        }
+        if let Some(m) = &mut memory {
+            let m: &mut incremental::Remembered = m;
+            m.inputs.env_reads = host.world.env.take();
+            for file in host.world.files.take() {
+                m.inputs.add(&file);
+            }
+            m.inputs.prints = std::mem::take(&mut host.world.prints);
+        }
         result
     };
     if opts.process_ends_after {
@@ -503,5 +584,71 @@ fn compile_here(opts: &CompileOptions, print: &mut (dyn FnMut(&str) + Send)) -> 
         warnings,
         result,
         stats,
+        memory,
+        patched: None,
     }
+}
+
+/// What the incremental compile remembers of a full compile ([`incremental::cache`]).
+fn remembered(
+    rt: &eval::Runtime,
+    sources: &SourceMap,
+    fields: &[export::ExportedField],
+    project: &project::Project,
+    modules: &BTreeMap<String, project::ModuleInfo>,
+) -> Option<incremental::Remembered> {
+    let (main, main_file) = sources.files().find(|(_, f)| f.name == project.main_file)?;
+    let started = std::time::Instant::now();
+    let sites = incremental::collect(rt, fields, sources, main);
+    tracing::debug!(
+        sites = sites.sites.len(),
+        fields = fields.len(),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "found the literals a next compile may patch"
+    );
+    // what the load read: the project's files, each module's model and Python (the
+    // handlers' code is exported), and the directories modules are found in (a module
+    // added there may be the one an import finds next time); the templates and files the
+    // model read are added by the host
+    let mut inputs = incremental::cache::Inputs::default();
+    for name in ["project.yml", "requirements.txt"] {
+        inputs.add(&project.root.join(name));
+    }
+    for dir in &project.module_paths {
+        inputs.add(&project.root.join(dir));
+    }
+    for m in modules.values() {
+        if let project::ModuleRoot::Dir(dir) = &m.root {
+            let dir = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+            if let Some(parent) = dir.parent() {
+                inputs.add(parent);
+            }
+            for name in [
+                "module.yml",
+                "setup.cfg",
+                "pyproject.toml",
+                "requirements.txt",
+            ] {
+                inputs.add(&dir.join(name));
+            }
+            inputs.add_tree(&dir.join("model"));
+        }
+        if let Some(python) = &m.python {
+            inputs.add_tree(python);
+        }
+        for (_, extra) in &m.extra_python {
+            inputs.add_tree(extra);
+        }
+    }
+    Some(incremental::Remembered {
+        sites,
+        inputs,
+        main_path: project.root.join(&project.main_file),
+        // the loader appends a line end to each file
+        main_text: main_file
+            .text
+            .strip_suffix('\n')
+            .unwrap_or(&main_file.text)
+            .to_string(),
+    })
 }

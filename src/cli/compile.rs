@@ -52,6 +52,12 @@ pub struct ExportArgs {
     /// Comment recorded with the release (-d).
     #[arg(long, short = 'm', default_value = "")]
     pub comment: String,
+    /// Compile the whole model. Without it, when the last export of this project changed
+    /// only in literals since (a string or number given to a constructor, whose value no
+    /// code reads), that export is patched instead of compiling again; the memory for this
+    /// is PROJECT/.steward/compile/.
+    #[arg(long)]
+    pub full: bool,
     #[command(flatten)]
     pub remote: super::remote::RemoteArgs,
 }
@@ -71,7 +77,6 @@ pub(super) fn compile_once(
     if process_ends_after {
         crate::alloc::tune_for_a_one_shot_compile();
     }
-    let mut out = std::io::BufWriter::new(std::io::stdout());
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
         main_file: Some(file.to_string()),
@@ -80,13 +85,50 @@ pub(super) fn compile_once(
         process_ends_after,
         ..Default::default()
     };
-    let outcome = compiler::compile(&opts, &mut |line| {
+    let outcome = with_prints_to_stdout(|print| compiler::compile(&opts, print));
+    report(&outcome, json);
+    outcome
+}
+
+/// [`compile_once`] of an export through the incremental compile's memory
+/// ([`compiler::incremental::compile`]); `full` compiles in full (and remembers that).
+pub(super) fn compile_remembering(
+    project: &Path,
+    file: &str,
+    json: bool,
+    facts: Option<Facts>,
+    process_ends_after: bool,
+    full: bool,
+) -> (CompileOutcome, compiler::incremental::Pending) {
+    if process_ends_after {
+        crate::alloc::tune_for_a_one_shot_compile();
+    }
+    let opts = CompileOptions {
+        project_dir: project.to_path_buf(),
+        main_file: Some(file.to_string()),
+        export: true,
+        facts,
+        process_ends_after,
+        ..Default::default()
+    };
+    let memory = compiler::incremental::cache::path(project, file);
+    if full {
+        let _ = std::fs::remove_file(&memory);
+    }
+    let (outcome, pending) =
+        with_prints_to_stdout(|print| compiler::incremental::compile(&opts, &memory, print));
+    report(&outcome, json);
+    (outcome, pending)
+}
+
+/// Run `compile` with its `std::print` lines going to stdout.
+fn with_prints_to_stdout<R>(compile: impl FnOnce(&mut (dyn FnMut(&str) + Send)) -> R) -> R {
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    let result = compile(&mut |line| {
         let _ = writeln!(out, "{line}");
     });
     let _ = out.flush();
-    drop(out);
-    report(&outcome, json);
-    outcome
+    result
 }
 
 /// Diagnostics (and warnings) a `--json` report lists at most: the report is one line that
@@ -200,16 +242,35 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
-    let outcome = compile_once(
+    let (outcome, memory) = compile_remembering(
         &args.project,
         &args.file,
-        true,
         args.remote.json,
         facts,
         true,
+        args.full,
     );
+    // the memory is written while the export is written or uploaded
+    std::thread::scope(|s| {
+        let export = outcome.result.as_ref().ok().and_then(Option::as_ref);
+        let writing = export.map(|export| s.spawn(move || memory.write(export)));
+        let done = export_or_upload(&args, &outcome, &rt, &remote);
+        if let Some(w) = writing {
+            let _ = w.join();
+        }
+        done
+    })
+}
+
+/// The rest of `steward export`: the export to its file, or to the server.
+fn export_or_upload(
+    args: &ExportArgs,
+    outcome: &CompileOutcome,
+    rt: &tokio::runtime::Runtime,
+    remote: &super::remote::Remote,
+) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.json_file {
-        write_export(&outcome, path)?;
+        write_export(outcome, path)?;
         if outcome.is_ok() {
             eprintln!(
                 "exported {} resources to {}",

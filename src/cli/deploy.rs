@@ -34,6 +34,12 @@ pub struct DeployArgs {
     /// Where the run keeps its state [default: PROJECT/data/deploy].
     #[arg(long, env = "STEWARD_DEPLOY_DATA")]
     pub data_dir: Option<PathBuf>,
+    /// Compile the whole model. Without it, when the model changed only in literals since
+    /// the last compile (a string or number given to a constructor, whose value no code
+    /// reads), the last export is patched instead of compiling again; the memory for this
+    /// is PROJECT/.steward/compile/.
+    #[arg(long)]
+    pub full: bool,
 }
 
 use crate::store::state::FAILED;
@@ -77,14 +83,15 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     };
     let started = Instant::now();
     // without facts first: a model that asks for no fact is compiled once
-    let outcome = super::compile::compile_once(
+    let (outcome, compile_memory) = super::compile::compile_remembering(
         &project,
         &args.file,
-        true,
         false,
         Some(crate::model::Facts::new()),
         false,
+        args.full,
     );
+    let patched = outcome.patched;
     let Ok(Some(export)) = outcome.result else {
         if let Some(starting) = early
             && let Ok(Ok(runtime)) = rt.block_on(starting)
@@ -95,11 +102,19 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     };
     eprintln!(
-        "compiled {} in {} ms: {} resources",
+        "compiled {} in {} ms: {} resources{}",
         project.display(),
         started.elapsed().as_millis(),
-        export.resources.len()
+        export.resources.len(),
+        match patched {
+            Some(0) => " (as the last compile: the model did not change)".to_string(),
+            Some(n) => format!(" (the last compile's export, {n} patched)"),
+            None => String::new(),
+        }
     );
+    // the compile's memory is written while the version deploys
+    let compile_memory = compile_memory.detach(&export);
+    let compile_memory = std::thread::spawn(move || compile_memory.write());
     rt.block_on(async move {
         let runtime = match early {
             Some(starting) => starting.await.context("starting the private server")?,
@@ -122,6 +137,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         };
         memory.saved().await;
         runtime.stop().await;
+        let _ = compile_memory.join();
         result
     })
 }

@@ -179,6 +179,7 @@ impl<'p> Runtime<'p> {
                 slot: 0,
                 kind: RvKind::Var,
                 set_by: NONE,
+                marks: Default::default(),
             });
         }
         self.ahead.rvs.after_push(&self.rvs);
@@ -237,6 +238,7 @@ impl<'p> Runtime<'p> {
                 slot: slot as u16,
                 kind,
                 set_by: NONE,
+                marks: Default::default(),
             });
         }
         self.ahead.rvs.after_push(&self.rvs);
@@ -474,6 +476,7 @@ impl<'p> Runtime<'p> {
     pub fn frozen_attr(&self, inst: InstId, slot: u16) -> Option<Value> {
         let rv = self.attr_rv(inst, slot);
         let r = &self.rvs[rv.0 as usize];
+        r.mark(state::READ);
         let frozen = match r.kind {
             RvKind::Var | RvKind::Single => true,
             RvKind::Optional | RvKind::List => self.dl(rv).frozen,
@@ -491,6 +494,7 @@ impl<'p> Runtime<'p> {
     /// Is the attribute an optional relation frozen without a value (or assigned null)?
     pub fn is_empty_relation(&self, inst: InstId, slot: u16) -> bool {
         let rv = self.attr_rv(inst, slot);
+        self.rvs[rv.0 as usize].mark(state::READ);
         matches!(self.rvs[rv.0 as usize].state, RvState::FrozenNull)
     }
 

@@ -78,8 +78,20 @@ fn read_path(rt: &Runtime, inst: InstId, path: &str) -> Read {
     read_attr_path(rt, inst, &AttrPath::new(rt, path))
 }
 
-/// [`read_path`] of a path resolved once.
+/// [`read_path`] of a path resolved once. Each value read on the way is marked read (see
+/// [`read_own_field`]).
 fn read_attr_path(rt: &Runtime, inst: InstId, path: &AttrPath) -> Read {
+    read_attr_path_marking(rt, inst, path, true)
+}
+
+/// A resource's field that is one of its own attributes, as [`read_attr_path`] but not
+/// marked read: the value goes into this field and nowhere else, so an incremental compile
+/// may patch it there (`super::incremental`). Every other read of the export marks.
+fn read_own_field(rt: &Runtime, inst: InstId, path: &AttrPath) -> Read {
+    read_attr_path_marking(rt, inst, path, path.parts.len() > 1)
+}
+
+fn read_attr_path_marking(rt: &Runtime, inst: InstId, path: &AttrPath, mark: bool) -> Read {
     let mut cur = Value::Instance(inst);
     for &(part, sym) in &path.parts {
         let Value::Instance(i) = cur else {
@@ -96,6 +108,9 @@ fn read_attr_path(rt: &Runtime, inst: InstId, path: &AttrPath) -> Read {
             ));
         };
         let rv = rt.attr_rv(i, slot);
+        if mark {
+            rt.rvs[rv.0 as usize].mark(super::eval::state::READ);
+        }
         cur = match &rt.rvs[rv.0 as usize].state {
             RvState::Set(v) => v.clone(),
             RvState::FrozenNull => Value::Null,
@@ -303,11 +318,39 @@ impl<'m> Declared<'m> {
     }
 }
 
-pub fn export(
+/// A field of an exported resource that is exactly one attribute of its instance, read
+/// for this field only (the incremental compile's candidates, `super::incremental`).
+pub struct ExportedField<'m> {
+    /// The resource's place in the export's resources.
+    pub resource: u32,
+    pub field: &'m str,
+    pub inst: InstId,
+    pub slot: u16,
+}
+
+/// Is the value of `slot` of `inst` a constant its constructor was given? (Only those
+/// fields are listed as [`ExportedField`]: a resource has about ten fields.)
+fn from_constructor_constant(rt: &Runtime, inst: InstId, slot: u16) -> bool {
+    let instance = &rt.instances[inst.0 as usize];
+    if rt.rvs[(instance.rv_base + slot as u32) as usize].set_by != instance.site.0 {
+        return false;
+    }
+    let super::ir::ExprKind::Construct(c) = &rt.p.ir.expr(instance.site).kind else {
+        return false;
+    };
+    c.args.iter().any(|a| {
+        a.slot == slot && matches!(rt.p.ir.expr(a.value).kind, super::ir::ExprKind::Const(_))
+    })
+}
+
+/// Export the evaluated model. With `fields`, also list the fields that are plain
+/// attributes of their instance ([`ExportedField`]).
+pub fn export<'m>(
     rt: &mut Runtime,
-    modules: &BTreeMap<String, ModuleInfo>,
+    modules: &'m BTreeMap<String, ModuleInfo>,
     project: &str,
     python: &BTreeMap<String, super::plugins::python::ModulePython>,
+    mut fields: Option<&mut Vec<ExportedField<'m>>>,
 ) -> Result<ExportFile, Vec<Diagnostic>> {
     let py = python::build(rt, python)?;
     let rt = &*rt;
@@ -451,7 +494,20 @@ pub fn export(
         let mut is_undefined = false;
         for (field, how) in &declared.fields {
             let read = match how {
-                FieldRead::FsContent => fs::content(rt, *inst, &content_paths),
+                FieldRead::FsContent => {
+                    let (read, own) = fs::content(rt, *inst, &content_paths);
+                    if let (Some(out), Some(slot)) = (fields.as_deref_mut(), own)
+                        && from_constructor_constant(rt, *inst, slot)
+                    {
+                        out.push(ExportedField {
+                            resource: resources.len() as u32,
+                            field,
+                            inst: *inst,
+                            slot,
+                        });
+                    }
+                    read
+                }
                 FieldRead::MitogenVia => match vias.via(*inst) {
                     Some(j) => {
                         attributes.insert(field.to_string(), j);
@@ -459,7 +515,20 @@ pub fn export(
                     }
                     None => Read::Unknown,
                 },
-                FieldRead::Path(path) => read_attr_path(rt, *inst, path),
+                FieldRead::Path(path) => {
+                    if let (Some(out), [(_, Some(sym))]) = (fields.as_deref_mut(), &path.parts[..])
+                        && let Some(slot) = p.entity(rt.inst_entity(*inst)).slot(*sym)
+                        && from_constructor_constant(rt, *inst, slot)
+                    {
+                        out.push(ExportedField {
+                            resource: resources.len() as u32,
+                            field,
+                            inst: *inst,
+                            slot,
+                        });
+                    }
+                    read_own_field(rt, *inst, path)
+                }
             };
             let json = match read {
                 Read::Value(v) => match to_json(rt, &v, &ids) {
@@ -603,7 +672,26 @@ pub fn export(
     if !errors.is_empty() {
         return Err(errors);
     }
-    resources.sort_by(|a, b| a.id.cmp(&b.id));
+    match fields {
+        // the fields name resources by place: each moves with its resource
+        Some(fields) => {
+            let mut order: Vec<u32> = (0..resources.len() as u32).collect();
+            order.sort_by(|a, b| resources[*a as usize].id.cmp(&resources[*b as usize].id));
+            let mut place = vec![0u32; resources.len()];
+            for (new, old) in order.iter().enumerate() {
+                place[*old as usize] = new as u32;
+            }
+            for f in fields.iter_mut() {
+                f.resource = place[f.resource as usize];
+            }
+            let mut taken: Vec<Option<Resource>> = resources.into_iter().map(Some).collect();
+            resources = order
+                .iter()
+                .map(|old| taken[*old as usize].take().expect("each place once"))
+                .collect();
+        }
+        None => resources.sort_by(|a, b| a.id.cmp(&b.id)),
+    }
     undefined.sort();
     Ok(ExportFile {
         unknowns: rt.host.unknowns(),

@@ -250,6 +250,31 @@ pub fn tokenize_builtin(
     tokenize_checked(file, src, warnings, false)
 }
 
+/// Tokenize a few bytes (a literal): as [`tokenize`], without reserving the address space
+/// a file's tokens get (a mapping made and unmade per call).
+pub fn tokenize_snippet(
+    src: &str,
+    warnings: &mut Vec<Diagnostic>,
+) -> Result<Vec<Token>, Diagnostic> {
+    let mut lx = Lexer {
+        file: FileId(0),
+        src,
+        b: src.as_bytes(),
+        pos: 0,
+        warnings,
+        check_regexes: true,
+    };
+    let mut out = Vec::with_capacity(2);
+    loop {
+        let t = lx.next()?;
+        let eof = t.tok == Tok::Eof;
+        out.push(t);
+        if eof {
+            return Ok(out);
+        }
+    }
+}
+
 fn tokenize_checked(
     file: FileId,
     src: &str,

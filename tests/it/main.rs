@@ -43,6 +43,7 @@ mod gitops_faults;
 mod gitops_feedback;
 mod gitops_support;
 mod handler_client;
+mod incremental;
 pub mod integration;
 mod layout;
 mod openapi;

@@ -189,6 +189,7 @@ impl Runtime<'_> {
         let r = &self.rvs[rv.0 as usize];
         if let RvState::Set(old) = &r.state {
             if py_eq(old, &value) {
+                r.mark(super::state::SET_AGAIN);
                 return Ok(());
             }
             return Err(SetError::Plain(

@@ -167,6 +167,7 @@ impl Caller for PluginCall<'_, '_> {
         let mut out = Vec::with_capacity(ent.slots.len());
         for (slot, aid) in ent.slots.iter().enumerate() {
             let rv = rt.attr_rv(inst, slot as u16);
+            rt.rvs[rv.0 as usize].mark(super::state::READ);
             let value = match &rt.rvs[rv.0 as usize].state {
                 RvState::Set(v) => v.clone(),
                 RvState::FrozenNull => Value::Null,

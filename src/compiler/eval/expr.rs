@@ -198,7 +198,12 @@ impl Runtime<'_> {
         };
         let e = self.inst_entity(inst);
         match self.p.entity(e).slot(sym) {
-            Some(slot) => Ok(Some(self.attr_rv(inst, slot))),
+            Some(slot) => {
+                // every read by name (and every assignment through one): conservatively a read
+                let rv = self.attr_rv(inst, slot);
+                self.rvs[rv.0 as usize].mark(super::state::READ);
+                Ok(Some(rv))
+            }
             None => Err(err(
                 "unknown-attribute",
                 format!(

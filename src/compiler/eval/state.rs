@@ -52,6 +52,26 @@ pub struct Rv {
     pub kind: RvKind,
     /// The expression whose evaluation set the value (for "set at" in messages).
     pub set_by: u32,
+    /// What happened to the value besides its first set ([`READ`], [`SET_AGAIN`]): the
+    /// incremental compile patches only literals whose value nothing but the export read.
+    /// A cell: reads go through `&Runtime`.
+    pub marks: std::cell::Cell<u8>,
+}
+
+/// [`Rv::marks`]: model code (or a plugin, or the export beyond a resource's own plain
+/// field) read the value.
+pub const READ: u8 = 1;
+/// [`Rv::marks`]: a second assignment gave the value again (equal, so no error).
+pub const SET_AGAIN: u8 = 2;
+
+impl Rv {
+    pub fn mark(&self, what: u8) {
+        self.marks.set(self.marks.get() | what);
+    }
+
+    pub fn is_marked(&self, what: u8) -> bool {
+        self.marks.get() & what != 0
+    }
 }
 
 // one per attribute of every instance and per block variable, the largest arena of a

@@ -3,7 +3,7 @@
 //! the file's text), and the `dir_before_file` requires edges from everything in a directory
 //! to that `fs::Directory`.
 
-use super::{AttrPath, Read, read_attr_path, read_path};
+use super::{AttrPath, Read, read_attr_path, read_own_field, read_path};
 use crate::compiler::eval::Runtime;
 use crate::compiler::value::{InstId, Value};
 
@@ -32,19 +32,57 @@ impl ContentPaths {
 
 /// `fs::File` content, as the reference's `store_file`: the content (the module file's text
 /// when it is a marker made by `fs::file`/`std::file`), after the sorted prefix blocks and
-/// before the sorted suffix blocks, joined by `content_separator`.
-pub(super) fn content(rt: &Runtime, inst: InstId, paths: &ContentPaths) -> Read {
-    let content = match read_attr_path(rt, inst, &paths.content) {
+/// before the sorted suffix blocks, joined by `content_separator`. With it, the slot of
+/// `content` when the content is that attribute's string as it is (no marker, no blocks):
+/// then it is read for this field only, and not marked read.
+pub(super) fn content(rt: &Runtime, inst: InstId, paths: &ContentPaths) -> (Read, Option<u16>) {
+    let mut plain = false;
+    let content = match read_own_field(rt, inst, &paths.content) {
         Read::Value(Value::Str(s)) => match rt.host.remembered_file(&s) {
             Some(text) => Value::string(text),
-            None => Value::Str(s),
+            None => {
+                plain = true;
+                Value::Str(s)
+            }
         },
         Read::Value(_) => Value::string(String::new()),
-        other => return other,
+        other => return (mark(rt, inst, &paths.content, other), None),
     };
+    let (read, as_is) = content_around(rt, inst, paths, content);
+    // the slot, when its value went into the field as it is; else it counts as read
+    let own = if plain && as_is {
+        paths
+            .content
+            .parts
+            .first()
+            .and_then(|p| p.1)
+            .and_then(|sym| rt.p.entity(rt.inst_entity(inst)).slot(sym))
+    } else {
+        None
+    };
+    if own.is_none() {
+        mark(rt, inst, &paths.content, Read::Unknown);
+    }
+    (read, own)
+}
+
+/// Mark `path` of `inst` read (the content went into something else than the field as it
+/// is); gives `read` back.
+fn mark(rt: &Runtime, inst: InstId, path: &AttrPath, read: Read) -> Read {
+    let _ = read_attr_path(rt, inst, path);
+    read
+}
+
+/// The content with the blocks around it; true when there are none (the content as it is).
+fn content_around(
+    rt: &Runtime,
+    inst: InstId,
+    paths: &ContentPaths,
+    content: Value,
+) -> (Read, bool) {
     let sep = match read_attr_path(rt, inst, &paths.separator) {
         Read::Value(Value::Str(s)) => Some(s),
-        Read::Unknown => return Read::Unknown,
+        Read::Unknown => return (Read::Unknown, false),
         _ => None,
     };
     let sep = sep.as_deref().unwrap_or("\n");
@@ -81,11 +119,11 @@ pub(super) fn content(rt: &Runtime, inst: InstId, paths: &ContentPaths) -> Read 
         ))
     };
     let (Some(prefix), Some(suffix)) = (blocks(&paths.prefix), blocks(&paths.suffix)) else {
-        return Read::Unknown;
+        return (Read::Unknown, false);
     };
     // most files have no blocks: their content is exported as it is, without a copy
     if prefix.is_none() && suffix.is_none() {
-        return Read::Value(content);
+        return (Read::Value(content), true);
     }
     let content = content.as_str().unwrap_or_default();
     let mut out = String::new();
@@ -98,7 +136,7 @@ pub(super) fn content(rt: &Runtime, inst: InstId, paths: &ContentPaths) -> Read 
         out.push_str(sep);
         out.push_str(&suffix);
     }
-    Read::Value(Value::string(out))
+    (Read::Value(Value::string(out)), false)
 }
 
 /// Python's `os.path.normpath` on a POSIX path (`posixpath.normpath`, step by step).

@@ -1,0 +1,626 @@
+//! The incremental compile's memory: one file per project and main file, holding the last
+//! full (or patched) compile's export, its main file, its [`PatchSites`], and what else it
+//! read, so that the next compile can tell whether only a site changed.
+//!
+//! ```text
+//! steward-compile-cache 1
+//! {header: key, input stamps, prints, environment variables read, lengths}
+//! <the main file's bytes><the sites, binary><the export, one resource per line>
+//! ```
+//!
+//! The file is replaced whole (written beside, renamed), so a reader sees one compile's
+//! memory or another's, never a mix. It is a cache: any doubt (another binary, options,
+//! a module's file touched, a project file that appeared) and the compile runs in full.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{PatchSites, Site, SiteType, Target, field_json, literal_value};
+use crate::model::{ExportFile, export_lines};
+
+const MAGIC: &[u8] = b"steward-compile-cache 1\n";
+
+/// Fixed size of a site's record: start, end, type and padding, first target, targets.
+const SITE_RECORD: usize = 20;
+const TARGET_RECORD: usize = 8;
+
+/// What must be the same for a memory to be used: the compiler and how it was asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    /// This program's version and its file's size and time (another build: another key).
+    pub compiler: String,
+    pub project_dir: PathBuf,
+    pub main_file: String,
+    /// The variables given to the compile (`CompileOptions::env`), as `name=value`.
+    pub env: Vec<String>,
+    pub python: Option<PathBuf>,
+}
+
+impl Key {
+    /// The key of a compile of `main_file` in `project_dir` with these options.
+    pub fn new(
+        project_dir: &Path,
+        main_file: &str,
+        env: &std::collections::BTreeMap<String, String>,
+        python: Option<&Path>,
+    ) -> Key {
+        let exe = std::env::current_exe()
+            .ok()
+            .and_then(|p| Stamp::of(&p))
+            .map(|s| format!("{}.{}.{}", s.len, s.mtime_ns, s.ino))
+            .unwrap_or_default();
+        Key {
+            compiler: format!("steward {} {exe}", env!("CARGO_PKG_VERSION")),
+            project_dir: project_dir.to_path_buf(),
+            main_file: main_file.to_string(),
+            env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            python: python.map(Path::to_path_buf),
+        }
+    }
+}
+
+/// A file or directory as `stat` saw it (a directory's time changes when an entry is added,
+/// removed or renamed in it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    pub len: u64,
+    pub mtime_ns: i128,
+    pub ino: u64,
+}
+
+impl Stamp {
+    pub fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stamp {
+            len: if m.is_dir() { 0 } else { m.len() },
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            ino: m.ino(),
+        })
+    }
+}
+
+/// What a compile read besides its main file, for the next one to check: each file and
+/// directory with its stamp (`None`: it did not exist), the environment variables the model
+/// asked for, and what it printed (printed again when the memory is used).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Inputs {
+    pub paths: Vec<(PathBuf, Option<Stamp>)>,
+    pub env_reads: Vec<(String, Option<String>)>,
+    pub prints: Vec<String>,
+}
+
+impl Inputs {
+    /// Stamp `path` (and, for a directory, everything under it but Python's caches).
+    pub fn add_tree(&mut self, path: &Path) {
+        let stamp = Stamp::of(path);
+        self.paths.push((path.to_path_buf(), stamp));
+        if stamp.is_some() && path.is_dir() {
+            let Ok(entries) = std::fs::read_dir(path) else {
+                return;
+            };
+            let mut entries: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            entries.sort();
+            for e in entries {
+                if e.file_name()
+                    .is_some_and(|n| n == "__pycache__" || n == ".git")
+                {
+                    continue;
+                }
+                self.add_tree(&e);
+            }
+        }
+    }
+
+    /// Stamp `path` only.
+    pub fn add(&mut self, path: &Path) {
+        self.paths.push((path.to_path_buf(), Stamp::of(path)));
+    }
+
+    /// Is every input as it was?
+    fn unchanged(&self) -> Result<(), String> {
+        for (path, stamp) in &self.paths {
+            if Stamp::of(path) != *stamp {
+                return Err(format!("{} changed", path.display()));
+            }
+        }
+        for (name, value) in &self.env_reads {
+            if std::env::var(name).ok() != *value {
+                return Err(format!("${name} changed"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    key: Key,
+    inputs: Inputs,
+    /// The field names targets refer to.
+    fields: Vec<String>,
+    main_len: usize,
+    sites_len: usize,
+    export_len: usize,
+}
+
+/// A compile to remember: its key, inputs, main file, sites and export.
+pub struct Memory<'a> {
+    pub key: Key,
+    pub inputs: Inputs,
+    pub main: &'a [u8],
+    pub sites: &'a PatchSites,
+    /// The export in [`export_lines`]' layout.
+    pub export: &'a [u8],
+}
+
+/// Where the memory of compiles of `main_file` in `project_dir` lives.
+pub fn path(project_dir: &Path, main_file: &str) -> PathBuf {
+    let name: String = main_file
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    project_dir
+        .join(".steward")
+        .join("compile")
+        .join(format!("{name}.memory"))
+}
+
+/// Write `memory` to `path` (replaced whole).
+pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
+    let mut records = Vec::with_capacity(4 + memory.sites.sites.len() * SITE_RECORD);
+    let mut target_records = Vec::new();
+    let mut ntargets: u32 = 0;
+    records.extend_from_slice(&(memory.sites.sites.len() as u32).to_le_bytes());
+    for site in &memory.sites.sites {
+        records.extend_from_slice(&site.start.to_le_bytes());
+        records.extend_from_slice(&site.end.to_le_bytes());
+        records.extend_from_slice(&[site.ty as u8, 0, 0, 0]);
+        records.extend_from_slice(&ntargets.to_le_bytes());
+        records.extend_from_slice(&(site.targets.len() as u32).to_le_bytes());
+        for t in &site.targets {
+            target_records.extend_from_slice(&t.resource.to_le_bytes());
+            target_records.extend_from_slice(&t.field.to_le_bytes());
+            ntargets += 1;
+        }
+    }
+    records.extend_from_slice(&target_records);
+    let header = Header {
+        key: memory.key.clone(),
+        inputs: memory.inputs.clone(),
+        fields: memory.sites.fields.clone(),
+        main_len: memory.main.len(),
+        sites_len: records.len(),
+        export_len: memory.export.len(),
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    {
+        let mut w = std::io::BufWriter::new(tmp.as_file_mut());
+        w.write_all(MAGIC)?;
+        serde_json::to_writer(&mut w, &header)?;
+        w.write_all(b"\n")?;
+        w.write_all(memory.main)?;
+        w.write_all(&records)?;
+        w.write_all(memory.export)?;
+        w.flush()?;
+    }
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// A memory read back.
+struct Loaded {
+    header: Header,
+    bytes: Vec<u8>,
+    main_at: usize,
+}
+
+impl Loaded {
+    fn main(&self) -> &[u8] {
+        &self.bytes[self.main_at..self.main_at + self.header.main_len]
+    }
+
+    fn sites(&self) -> &[u8] {
+        let at = self.main_at + self.header.main_len;
+        &self.bytes[at..at + self.header.sites_len]
+    }
+
+    fn export(&self) -> &[u8] {
+        let at = self.main_at + self.header.main_len + self.header.sites_len;
+        &self.bytes[at..at + self.header.export_len]
+    }
+
+    fn site_count(&self) -> usize {
+        u32_at(self.sites(), 0) as usize
+    }
+
+    fn site(&self, i: usize) -> (u32, u32, u8, u32, u32) {
+        let s = &self.sites()[4 + i * SITE_RECORD..];
+        (
+            u32_at(s, 0),
+            u32_at(s, 4),
+            s[8],
+            u32_at(s, 12),
+            u32_at(s, 16),
+        )
+    }
+
+    fn targets(&self, first: u32, n: u32) -> Vec<Target> {
+        let at = 4 + self.site_count() * SITE_RECORD;
+        let t = &self.sites()[at..];
+        (first..first + n)
+            .map(|i| {
+                let r = &t[i as usize * TARGET_RECORD..];
+                Target {
+                    resource: u32_at(r, 0),
+                    field: u32_at(r, 4),
+                }
+            })
+            .collect()
+    }
+
+    /// Every site, decoded (the memory written after a patch).
+    fn all_sites(&self) -> PatchSites {
+        PatchSites {
+            sites: (0..self.site_count())
+                .filter_map(|i| {
+                    let (start, end, ty, first, n) = self.site(i);
+                    Some(Site {
+                        start,
+                        end,
+                        ty: SiteType::from_u8(ty)?,
+                        targets: self.targets(first, n),
+                    })
+                })
+                .collect(),
+            fields: self.header.fields.clone(),
+        }
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("four bytes"))
+}
+
+fn load(path: &Path) -> Result<Loaded, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("no memory ({e})"))?;
+    let rest = bytes
+        .strip_prefix(MAGIC)
+        .ok_or("a memory of another format")?;
+    let line = rest
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or("a memory cut short")?;
+    let header: Header = serde_json::from_slice(&rest[..line])
+        .map_err(|e| format!("a memory that does not read ({e})"))?;
+    let main_at = MAGIC.len() + line + 1;
+    if bytes.len() != main_at + header.main_len + header.sites_len + header.export_len {
+        return Err("a memory of the wrong length".into());
+    }
+    let loaded = Loaded {
+        header,
+        bytes,
+        main_at,
+    };
+    let sites = loaded.sites();
+    if sites.len() < 4 {
+        return Err("a memory cut short".into());
+    }
+    let n = loaded.site_count();
+    let targets_at = 4 + n * SITE_RECORD;
+    if sites.len() < targets_at || !(sites.len() - targets_at).is_multiple_of(TARGET_RECORD) {
+        return Err("a memory with broken sites".into());
+    }
+    let ntargets = (sites.len() - targets_at) / TARGET_RECORD;
+    for i in 0..n {
+        let (start, end, _, first, count) = loaded.site(i);
+        if start >= end
+            || end as usize > loaded.header.main_len
+            || first as usize + count as usize > ntargets
+        {
+            return Err("a memory with broken sites".into());
+        }
+    }
+    Ok(loaded)
+}
+
+/// What the memory gives for the current project.
+pub struct Patched {
+    pub export: ExportFile,
+    /// What the model printed (the same as in the compile remembered).
+    pub prints: Vec<String>,
+    /// Resources whose fields changed (0: the main file is as it was).
+    pub changed: usize,
+    next: NextMemory,
+}
+
+impl Patched {
+    /// The export, and the memory for the next compile.
+    pub fn into_parts(self) -> (ExportFile, NextMemory) {
+        (self.export, self.next)
+    }
+}
+
+/// The memory after a patch, to be written with [`NextMemory::save`] (nothing when the
+/// project was as remembered).
+pub struct NextMemory(Option<(Header, Vec<u8>, PatchSites, Vec<u8>)>);
+
+impl NextMemory {
+    /// The memory of a full compile.
+    pub fn new(
+        key: Key,
+        inputs: Inputs,
+        main: Vec<u8>,
+        sites: PatchSites,
+        export: Vec<u8>,
+    ) -> NextMemory {
+        let header = Header {
+            key,
+            inputs,
+            fields: Vec::new(),
+            main_len: 0,
+            sites_len: 0,
+            export_len: 0,
+        };
+        NextMemory(Some((header, main, sites, export)))
+    }
+
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let Some((header, main, sites, export)) = &self.0 else {
+            return Ok(());
+        };
+        save(
+            path,
+            &Memory {
+                key: header.key.clone(),
+                inputs: header.inputs.clone(),
+                main,
+                sites,
+                export,
+            },
+        )
+    }
+}
+
+/// The export of the project's current state from the memory at `path`, when the compile
+/// it remembers was made with `key` and the project differs from it at most inside one
+/// site. `Err` says why not (the caller compiles in full).
+pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String> {
+    let started = std::time::Instant::now();
+    let loaded = load(path)?;
+    let read = started.elapsed();
+    if loaded.header.key != *key {
+        return Err("the memory is of another compiler or other options".into());
+    }
+    loaded.header.inputs.unchanged()?;
+    let new_main = std::fs::read(main_path).map_err(|e| format!("{}: {e}", main_path.display()))?;
+    let old_main = loaded.main();
+    if new_main == old_main {
+        let export = parse(loaded.export())?;
+        return Ok(Patched {
+            export,
+            prints: loaded.header.inputs.prints.clone(),
+            changed: 0,
+            next: NextMemory(None),
+        });
+    }
+    let edit = Edit::between(old_main, &new_main);
+    // the site the edit is in: the last one starting at or before it
+    let n = loaded.site_count();
+    let (mut lo, mut hi) = (0usize, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if loaded.site(mid).0 as usize <= edit.at {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo == 0 {
+        return Err("the change is not inside a literal that can be patched".into());
+    }
+    let index = lo - 1;
+    let (start, end, ty, first, count) = loaded.site(index);
+    let (start, end) = (start as usize, end as usize);
+    let ty = SiteType::from_u8(ty).ok_or("a memory with broken sites")?;
+    if edit.old_end > end {
+        return Err("the change is not inside a literal that can be patched".into());
+    }
+    // the first byte decides where the token before it ends: unchanged, or a digit for a
+    // digit
+    if edit.at == start
+        && !(old_main[start].is_ascii_digit()
+            && new_main.get(start).is_some_and(u8::is_ascii_digit))
+    {
+        return Err("the change is not inside a literal that can be patched".into());
+    }
+    let new_end = (end as isize + edit.delta()) as usize;
+    // what follows decides where the literal ends: it must end the token for any literal
+    if !new_main.get(new_end).is_none_or(|b| {
+        matches!(
+            b,
+            b' ' | b'\t' | b'\r' | b'\n' | b',' | b')' | b']' | b'}' | b'#'
+        )
+    }) {
+        return Err("the literal is not followed by a separator".into());
+    }
+    let text = std::str::from_utf8(&new_main[start..new_end])
+        .map_err(|_| "the literal is not UTF-8".to_string())?;
+    let value = literal_value(text).ok_or("the change is not a literal any more")?;
+    if !ty.accepts(&value) {
+        return Err("the new value is not of the attribute's type".into());
+    }
+    let json = field_json(&value);
+    let targets = loaded.targets(first, count);
+    // the export with the targets' fields set
+    let lines = match export_lines::split(loaded.export()) {
+        Some(Ok(lines)) => lines,
+        _ => return Err("the memory's export does not read".into()),
+    };
+    let mut replaced: std::collections::HashMap<usize, Vec<u8>> = Default::default();
+    for t in &targets {
+        let at = t.resource as usize;
+        let line = lines
+            .resources
+            .get(at)
+            .ok_or("the memory's sites name a resource it does not have")?;
+        let mut resource = match replaced.get(&at) {
+            Some(l) => export_lines::Lines::resource(l),
+            None => export_lines::Lines::resource(line),
+        }
+        .map_err(|e| format!("the memory's export does not read ({e})"))?;
+        let field = loaded
+            .header
+            .fields
+            .get(t.field as usize)
+            .ok_or("a memory with broken sites")?;
+        match resource.attributes.get_mut(field) {
+            Some(v) => *v = json.clone(),
+            None => return Err("the memory's sites name a field the resource has not".into()),
+        }
+        replaced.insert(
+            at,
+            serde_json::to_vec(&resource).map_err(|e| e.to_string())?,
+        );
+    }
+    let mut export_lines = Vec::with_capacity(loaded.export().len() + 64);
+    rebuild(
+        loaded.export(),
+        &lines.resources,
+        &replaced,
+        &mut export_lines,
+    );
+    drop(lines);
+    let patched = started.elapsed();
+    let export = parse(&export_lines)?;
+    tracing::debug!(
+        read_ms = read.as_secs_f64() * 1e3,
+        patched_ms = patched.as_secs_f64() * 1e3,
+        parsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        "memory patched"
+    );
+    // the sites after this one moved with the edit; this one has its new end
+    let mut sites = loaded.all_sites();
+    let delta = edit.delta();
+    for (i, s) in sites.sites.iter_mut().enumerate() {
+        if i == index {
+            s.end = new_end as u32;
+        } else if i > index {
+            s.start = (s.start as isize + delta) as u32;
+            s.end = (s.end as isize + delta) as u32;
+        }
+    }
+    let prints = loaded.header.inputs.prints.clone();
+    let Loaded { header, .. } = loaded;
+    Ok(Patched {
+        export,
+        prints,
+        changed: replaced.len(),
+        next: NextMemory(Some((header, new_main, sites, export_lines))),
+    })
+}
+
+fn parse(export_lines: &[u8]) -> Result<ExportFile, String> {
+    match export_lines::split(export_lines) {
+        Some(Ok(lines)) => lines
+            .parse_all()
+            .map_err(|e| format!("the memory's export does not read ({e})")),
+        _ => Err("the memory's export does not read".into()),
+    }
+}
+
+/// `original` (an export in lines) with the resources' lines in `replaced` swapped.
+fn rebuild(
+    original: &[u8],
+    lines: &[&[u8]],
+    replaced: &std::collections::HashMap<usize, Vec<u8>>,
+    out: &mut Vec<u8>,
+) {
+    let base = original.as_ptr() as usize;
+    let mut copied = 0;
+    let mut order: Vec<&usize> = replaced.keys().collect();
+    order.sort();
+    for &at in order {
+        let line = lines[at];
+        let from = line.as_ptr() as usize - base;
+        out.extend_from_slice(&original[copied..from]);
+        out.extend_from_slice(&replaced[&at]);
+        copied = from + line.len();
+    }
+    out.extend_from_slice(&original[copied..]);
+}
+
+/// Where two texts differ: from `at` to `old_end` in the old one, to `new_end` in the new.
+#[derive(Debug, PartialEq, Eq)]
+struct Edit {
+    at: usize,
+    old_end: usize,
+    new_end: usize,
+}
+
+impl Edit {
+    fn between(old: &[u8], new: &[u8]) -> Edit {
+        let at = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+        let room = old.len().min(new.len()) - at;
+        let tail = old[at..]
+            .iter()
+            .rev()
+            .zip(new[at..].iter().rev())
+            .take(room)
+            .take_while(|(a, b)| a == b)
+            .count();
+        Edit {
+            at,
+            old_end: old.len() - tail,
+            new_end: new.len() - tail,
+        }
+    }
+
+    fn delta(&self) -> isize {
+        self.new_end as isize - self.old_end as isize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edit_is_the_bytes_between_what_both_texts_begin_and_end_with() {
+        assert_eq!(
+            Edit::between(b"a=\"file 1\"\n", b"a=\"file 12\"\n"),
+            Edit {
+                at: 9,
+                old_end: 9,
+                new_end: 10
+            }
+        );
+        assert_eq!(
+            Edit::between(b"x=644)", b"x=755)"),
+            Edit {
+                at: 2,
+                old_end: 5,
+                new_end: 5
+            }
+        );
+        // a repeated character: the tail does not overlap the head
+        assert_eq!(
+            Edit::between(b"aaa", b"aaaa"),
+            Edit {
+                at: 3,
+                old_end: 3,
+                new_end: 4
+            }
+        );
+    }
+}
