@@ -32,7 +32,7 @@ use super::eval::state::{READ, SET_AGAIN};
 use super::export::ExportedField;
 use super::ids::ExprId;
 use super::ir::ExprKind;
-use super::lexer::{self, IntLit, Tok};
+use super::lexer::{IntLit, Tok};
 use super::source::{FileId, SourceMap};
 use super::types::{AttrKind, BaseType, Prim};
 use super::value::Value;
@@ -251,22 +251,10 @@ pub struct PatchSites {
     pub fields: Vec<String>,
 }
 
-/// The value of a literal's text, as the parser and lowering make it: a string without
-/// interpolation, an integer that fits 64 bits, a float. `None` for anything else (another
-/// token, more than one token, a warning from the lexer).
-pub fn literal_value(text: &str) -> Option<Value> {
-    let mut warnings = Vec::new();
-    let tokens = lexer::tokenize_snippet(text, &mut warnings).ok()?;
-    if !warnings.is_empty() {
-        return None;
-    }
-    let [token, eof] = &tokens[..] else {
-        return None;
-    };
-    if eof.tok != Tok::Eof || token.span.start != 0 || token.span.end as usize != text.len() {
-        return None;
-    }
-    match &token.tok {
+/// The value a literal token has in the model, as the parser and lowering make it: a string
+/// without interpolation, an integer that fits 64 bits, a float; `None` for anything else.
+pub fn token_value(tok: &Tok) -> Option<Value> {
+    match tok {
         Tok::Str(s) | Tok::Mls(s) if !super::strings::has_interpolation(s) => {
             Some(Value::string(s.clone()))
         }

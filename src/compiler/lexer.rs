@@ -250,29 +250,20 @@ pub fn tokenize_builtin(
     tokenize_checked(file, src, warnings, false)
 }
 
-/// Tokenize a few bytes (a literal): as [`tokenize`], without reserving the address space
-/// a file's tokens get (a mapping made and unmade per call).
-pub fn tokenize_snippet(
-    src: &str,
-    warnings: &mut Vec<Diagnostic>,
-) -> Result<Vec<Token>, Diagnostic> {
+/// The first token of `src` (after any space and comments) and where it ends, as
+/// [`tokenize`] would lex it there; `None` when that is an error or warns.
+pub fn first_token(src: &str) -> Option<Token> {
+    let mut warnings = Vec::new();
     let mut lx = Lexer {
         file: FileId(0),
         src,
         b: src.as_bytes(),
         pos: 0,
-        warnings,
+        warnings: &mut warnings,
         check_regexes: true,
     };
-    let mut out = Vec::with_capacity(2);
-    loop {
-        let t = lx.next()?;
-        let eof = t.tok == Tok::Eof;
-        out.push(t);
-        if eof {
-            return Ok(out);
-        }
-    }
+    let t = lx.next().ok()?;
+    warnings.is_empty().then_some(t)
 }
 
 fn tokenize_checked(

@@ -163,7 +163,13 @@ fn edit(rng: &mut Rng, text: &str, step: usize, files: &Path) -> (String, String
         n => {
             let mut text = text.to_string();
             let mut what = Vec::new();
-            for _ in 0..(if n == 2 { 2 } else { 1 }) {
+            // one literal mostly, sometimes two or four (several sites patched at once)
+            let count = match n {
+                2..=4 => 2,
+                5 => 4,
+                _ => 1,
+            };
+            for _ in 0..count {
                 let lits = literals(&text);
                 // half the time one of the contents and modes (most of them patch)
                 let favoured: Vec<(usize, usize)> = lits
@@ -314,6 +320,27 @@ fn a_literal_is_patched_only_when_nothing_but_its_field_reads_it() {
             );
         }
     }
+    // two sites in one edit: both patched
+    std::fs::write(dir.join("main.cf"), &model).unwrap();
+    let _ = std::fs::remove_file(&memory);
+    assert!(remembering(&dir, &memory).0.is_ok());
+    let two = model
+        .replacen("content=\"plain a\"", "content=\"first\"", 1)
+        .replacen("content=\"cfg body\"", "content=\"second one\"", 1)
+        .replacen("mode=700", "mode=7", 1);
+    std::fs::write(dir.join("main.cf"), &two).unwrap();
+    let (inc, _) = remembering(&dir, &memory);
+    assert_eq!(inc.patched, Some(3));
+    assert_eq!(export_json(&inc), export_json(&full(&dir).0));
+    // and then one of them again, from the memory the patch left
+    std::fs::write(
+        dir.join("main.cf"),
+        two.replacen("\"second one\"", "\"2\"", 1),
+    )
+    .unwrap();
+    let (inc, _) = remembering(&dir, &memory);
+    assert_eq!(inc.patched, Some(1));
+    assert_eq!(export_json(&inc), export_json(&full(&dir).0));
 }
 
 /// The memory notices what the model read besides its main file: a module's file, and an

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PatchSites, Site, SiteType, Target, field_json, literal_value};
+use super::{PatchSites, Site, SiteType, Target, field_json};
 use crate::model::{ExportFile, export_lines};
 
 const MAGIC: &[u8] = b"steward-compile-cache 1\n";
@@ -414,61 +414,21 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
             next: NextMemory(None),
         });
     }
-    let edit = Edit::between(old_main, &new_main);
-    // the site the edit is in: the last one starting at or before it
-    let n = loaded.site_count();
-    let (mut lo, mut hi) = (0usize, n);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if loaded.site(mid).0 as usize <= edit.at {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    if lo == 0 {
-        return Err("the change is not inside a literal that can be patched".into());
-    }
-    let index = lo - 1;
-    let (start, end, ty, first, count) = loaded.site(index);
-    let (start, end) = (start as usize, end as usize);
-    let ty = SiteType::from_u8(ty).ok_or("a memory with broken sites")?;
-    if edit.old_end > end {
-        return Err("the change is not inside a literal that can be patched".into());
-    }
-    // the first byte decides where the token before it ends: unchanged, or a digit for a
-    // digit
-    if edit.at == start
-        && !(old_main[start].is_ascii_digit()
-            && new_main.get(start).is_some_and(u8::is_ascii_digit))
-    {
-        return Err("the change is not inside a literal that can be patched".into());
-    }
-    let new_end = (end as isize + edit.delta()) as usize;
-    // what follows decides where the literal ends: it must end the token for any literal
-    if !new_main.get(new_end).is_none_or(|b| {
-        matches!(
-            b,
-            b' ' | b'\t' | b'\r' | b'\n' | b',' | b')' | b']' | b'}' | b'#'
-        )
-    }) {
-        return Err("the literal is not followed by a separator".into());
-    }
-    let text = std::str::from_utf8(&new_main[start..new_end])
-        .map_err(|_| "the literal is not UTF-8".to_string())?;
-    let value = literal_value(text).ok_or("the change is not a literal any more")?;
-    if !ty.accepts(&value) {
-        return Err("the new value is not of the attribute's type".into());
-    }
-    let json = field_json(&value);
-    let targets = loaded.targets(first, count);
+    let edits = edits(&loaded, old_main, &new_main)?;
     // the export with the targets' fields set
     let lines = match export_lines::split(loaded.export()) {
         Some(Ok(lines)) => lines,
         _ => return Err("the memory's export does not read".into()),
     };
     let mut replaced: std::collections::HashMap<usize, Vec<u8>> = Default::default();
-    for t in &targets {
+    for (t, json) in edits.iter().flat_map(|e| {
+        let (.., first, count) = loaded.site(e.site);
+        let json = field_json(&e.value);
+        loaded
+            .targets(first, count)
+            .into_iter()
+            .map(move |t| (t, json.clone()))
+    }) {
         let at = t.resource as usize;
         let line = lines
             .resources
@@ -509,15 +469,19 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
         parsed_ms = started.elapsed().as_secs_f64() * 1e3,
         "memory patched"
     );
-    // the sites after this one moved with the edit; this one has its new end
+    // each site moved with the edits before it; an edited one has its new extent
     let mut sites = loaded.all_sites();
-    let delta = edit.delta();
+    let mut delta: isize = 0;
+    let mut next_edit = edits.iter().peekable();
     for (i, s) in sites.sites.iter_mut().enumerate() {
-        if i == index {
-            s.end = new_end as u32;
-        } else if i > index {
-            s.start = (s.start as isize + delta) as u32;
-            s.end = (s.end as isize + delta) as u32;
+        let old_end = s.end as isize;
+        s.start = (s.start as isize + delta) as u32;
+        match next_edit.next_if(|e| e.site == i) {
+            Some(e) => {
+                s.end = e.new_end as u32;
+                delta = e.new_end as isize - old_end;
+            }
+            None => s.end = (old_end + delta) as u32,
         }
     }
     let prints = loaded.header.inputs.prints.clone();
@@ -528,6 +492,105 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
         changed: replaced.len(),
         next: NextMemory(Some((header, new_main, sites, export_lines))),
     })
+}
+
+/// A site whose literal is another one in the new main file.
+struct SiteEdit {
+    site: usize,
+    /// The end of the new literal in the new file.
+    new_end: usize,
+    value: crate::compiler::value::Value,
+}
+
+/// How far a literal's token may reach past the site's start (a token longer than this is
+/// compiled in full).
+const LITERAL_WINDOW: usize = 1 << 16;
+
+/// The edits that make `new` of `old`, when each difference is inside a site and the new
+/// text there is one literal the site's attributes take; `Err` says why not.
+fn edits(loaded: &Loaded, old: &[u8], new: &[u8]) -> Result<Vec<SiteEdit>, String> {
+    let not_inside = || "the change is not inside a literal that can be patched".to_string();
+    let mut edits: Vec<SiteEdit> = Vec::new();
+    let (mut i, mut j) = (0usize, 0usize);
+    loop {
+        let same = common_prefix(&old[i..], &new[j..]);
+        i += same;
+        j += same;
+        if i == old.len() && j == new.len() {
+            return Ok(edits);
+        }
+        // the site at or before the difference, after the last one edited
+        let site = last_site_at_or_before(loaded, i).ok_or_else(not_inside)?;
+        if edits.last().is_some_and(|e| e.site >= site) {
+            return Err(not_inside());
+        }
+        let (start, end, ty, ..) = loaded.site(site);
+        let (start, end) = (start as usize, end as usize);
+        if i > end {
+            return Err(not_inside());
+        }
+        // where the site starts in the new file: everything between it and the last edit
+        // is the same
+        let new_start = j - (i - start);
+        // the first byte decides where the token before it ends: the same, or a digit for a
+        // digit
+        if old[start] != new[new_start]
+            && !(old[start].is_ascii_digit() && new[new_start].is_ascii_digit())
+        {
+            return Err(not_inside());
+        }
+        let window = &new[new_start..new.len().min(new_start + LITERAL_WINDOW)];
+        let text = match std::str::from_utf8(window) {
+            Ok(t) => t,
+            Err(e) => std::str::from_utf8(&window[..e.valid_up_to()]).expect("valid up to"),
+        };
+        let token = crate::compiler::lexer::first_token(text)
+            .filter(|t| t.span.start == 0 && (t.span.end as usize) < text.len())
+            .ok_or("the change is not a literal any more")?;
+        let value = super::token_value(&token.tok).ok_or("the change is not a literal any more")?;
+        let ty = SiteType::from_u8(ty).ok_or("a memory with broken sites")?;
+        if !ty.accepts(&value) {
+            return Err("the new value is not of the attribute's type".into());
+        }
+        let new_end = new_start + token.span.end as usize;
+        edits.push(SiteEdit {
+            site,
+            new_end,
+            value,
+        });
+        // from the literals' ends on, the texts must be the same again
+        i = end;
+        j = new_end;
+    }
+}
+
+/// How many bytes `a` and `b` begin with alike (compared a block at a time).
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 4096;
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + a[at..n]
+        .iter()
+        .zip(&b[at..n])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// The last site starting at or before byte `at` of the old main file.
+fn last_site_at_or_before(loaded: &Loaded, at: usize) -> Option<usize> {
+    let (mut lo, mut hi) = (0usize, loaded.site_count());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if loaded.site(mid).0 as usize <= at {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo.checked_sub(1)
 }
 
 fn parse(export_lines: &[u8]) -> Result<ExportFile, String> {
@@ -560,67 +623,18 @@ fn rebuild(
     out.extend_from_slice(&original[copied..]);
 }
 
-/// Where two texts differ: from `at` to `old_end` in the old one, to `new_end` in the new.
-#[derive(Debug, PartialEq, Eq)]
-struct Edit {
-    at: usize,
-    old_end: usize,
-    new_end: usize,
-}
-
-impl Edit {
-    fn between(old: &[u8], new: &[u8]) -> Edit {
-        let at = old.iter().zip(new).take_while(|(a, b)| a == b).count();
-        let room = old.len().min(new.len()) - at;
-        let tail = old[at..]
-            .iter()
-            .rev()
-            .zip(new[at..].iter().rev())
-            .take(room)
-            .take_while(|(a, b)| a == b)
-            .count();
-        Edit {
-            at,
-            old_end: old.len() - tail,
-            new_end: new.len() - tail,
-        }
-    }
-
-    fn delta(&self) -> isize {
-        self.new_end as isize - self.old_end as isize
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn an_edit_is_the_bytes_between_what_both_texts_begin_and_end_with() {
-        assert_eq!(
-            Edit::between(b"a=\"file 1\"\n", b"a=\"file 12\"\n"),
-            Edit {
-                at: 9,
-                old_end: 9,
-                new_end: 10
-            }
-        );
-        assert_eq!(
-            Edit::between(b"x=644)", b"x=755)"),
-            Edit {
-                at: 2,
-                old_end: 5,
-                new_end: 5
-            }
-        );
-        // a repeated character: the tail does not overlap the head
-        assert_eq!(
-            Edit::between(b"aaa", b"aaaa"),
-            Edit {
-                at: 3,
-                old_end: 3,
-                new_end: 4
-            }
-        );
+    fn common_prefix_compares_whole_blocks_and_the_rest() {
+        let a = vec![7u8; 10_000];
+        let mut b = a.clone();
+        assert_eq!(common_prefix(&a, &b), 10_000);
+        b[9_000] = 8;
+        assert_eq!(common_prefix(&a, &b), 9_000);
+        assert_eq!(common_prefix(&a[..5], &b), 5);
+        assert_eq!(common_prefix(b"", b"x"), 0);
     }
 }
