@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 
+use crate::compiler::incremental::Compiled;
 use crate::compiler::{self, CompileOptions, CompileOutcome};
 use crate::model::Facts;
 
@@ -100,6 +101,45 @@ pub(super) fn compile_remembering(
     process_ends_after: bool,
     full: bool,
 ) -> (CompileOutcome, compiler::incremental::Pending) {
+    let memory = compiler::incremental::cache::path(project, file);
+    let (compiled, pending) =
+        compile_or_patch(project, file, json, facts, process_ends_after, full);
+    match compiled {
+        Compiled::Full(outcome) => (outcome, pending),
+        Compiled::Patched(patched) => match patched.export() {
+            Ok(export) => (
+                CompileOutcome {
+                    sources: Default::default(),
+                    warnings: Vec::new(),
+                    stats: compiler::CompileStats {
+                        resources: export.resources.len(),
+                        ..Default::default()
+                    },
+                    result: Ok(Some(export)),
+                    memory: None,
+                    patched: Some(patched.changed.len()),
+                },
+                pending,
+            ),
+            Err(why) => {
+                tracing::warn!(%why, "the compile's memory is broken: compiling in full");
+                let _ = std::fs::remove_file(&memory);
+                compile_remembering(project, file, json, None, process_ends_after, true)
+            }
+        },
+    }
+}
+
+/// The compile of `steward export` and `steward deploy`: the last export patched when only
+/// literals changed, else a full compile ([`compiler::incremental::compile_or_patch`]).
+fn compile_or_patch(
+    project: &Path,
+    file: &str,
+    json: bool,
+    facts: Option<Facts>,
+    process_ends_after: bool,
+    full: bool,
+) -> (Compiled, compiler::incremental::Pending) {
     if process_ends_after {
         crate::alloc::tune_for_a_one_shot_compile();
     }
@@ -115,10 +155,13 @@ pub(super) fn compile_remembering(
     if full {
         let _ = std::fs::remove_file(&memory);
     }
-    let (outcome, pending) =
-        with_prints_to_stdout(|print| compiler::incremental::compile(&opts, &memory, print));
-    report(&outcome, json);
-    (outcome, pending)
+    let (compiled, pending) = with_prints_to_stdout(|print| {
+        compiler::incremental::compile_or_patch(&opts, &memory, print)
+    });
+    if let Compiled::Full(outcome) = &compiled {
+        report(outcome, json);
+    }
+    (compiled, pending)
 }
 
 /// Run `compile` with its `std::print` lines going to stdout.
@@ -242,7 +285,19 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
-    let (outcome, memory) = compile_remembering(
+    // what this machine stored there last, read while compiling (100,000 resources: 14 MB)
+    let remembered = remote
+        .environment
+        .clone()
+        .filter(|_| args.json_file.is_none())
+        .map(|env| {
+            let server = remote.client.base_url().to_string();
+            std::thread::spawn(move || {
+                crate::client::memory_path(&server, &env)
+                    .and_then(|p| crate::client::LastUpload::load(&p))
+            })
+        });
+    let (compiled, memory) = compile_or_patch(
         &args.project,
         &args.file,
         args.remote.json,
@@ -250,11 +305,30 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         true,
         args.full,
     );
+    let generation = memory.generation();
+    let made = match &compiled {
+        Compiled::Full(outcome) => Made::Full(outcome),
+        Compiled::Patched(patched) => {
+            if args.remote.json {
+                eprintln!(
+                    "{}",
+                    serde_json::json!({"success": true, "diagnostics": [], "warnings": [],
+                        "patched": patched.changed.len()})
+                );
+            }
+            Made::Patched(patched)
+        }
+    };
     // the memory is written while the export is written or uploaded
     std::thread::scope(|s| {
-        let export = outcome.result.as_ref().ok().and_then(Option::as_ref);
-        let writing = export.map(|export| s.spawn(move || memory.write(export)));
-        let done = export_or_upload(&args, &outcome, &rt, &remote);
+        let export = match &compiled {
+            Compiled::Full(outcome) => outcome.result.as_ref().ok().and_then(Option::as_ref),
+            Compiled::Patched(_) => None,
+        };
+        let ok = matches!(&compiled, Compiled::Patched(_)) || export.is_some();
+        let writing = ok.then(|| s.spawn(move || memory.detach(export).write()));
+        let last = remembered.and_then(|r| r.join().ok().flatten());
+        let done = export_or_upload(&args, made, generation, last, &rt, &remote);
         if let Some(w) = writing {
             let _ = w.join();
         }
@@ -262,13 +336,28 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// What `steward export` sends: a compile's outcome, or the last export patched.
+#[derive(Clone, Copy)]
+enum Made<'a> {
+    Full(&'a CompileOutcome),
+    Patched(&'a compiler::incremental::cache::Patched),
+}
+
 /// The rest of `steward export`: the export to its file, or to the server.
 fn export_or_upload(
     args: &ExportArgs,
-    outcome: &CompileOutcome,
+    made: Made,
+    generation: Option<u64>,
+    last: Option<crate::client::LastUpload>,
     rt: &tokio::runtime::Runtime,
     remote: &super::remote::Remote,
 ) -> anyhow::Result<ExitCode> {
+    let outcome = match made {
+        Made::Full(outcome) => outcome,
+        Made::Patched(patched) => {
+            return upload_patched(args, patched, generation, last, rt, remote);
+        }
+    };
     if let Some(path) = &args.json_file {
         write_export(outcome, path)?;
         if outcome.is_ok() {
@@ -293,50 +382,155 @@ fn export_or_upload(
         // sent as its changes against what this machine stored there last, when it still is
         // the newest version (the server checks; else the whole export goes)
         let memory = crate::client::memory_path(remote.client.base_url(), &env);
-        let last = memory.as_deref().and_then(crate::client::LastUpload::load);
         let sent = remote
             .client
             .upload_changes(&env, export, provenance, last)
             .await?;
-        if let (Some(path), Some(last)) = (&memory, &sent.last)
-            && let Err(e) = last.save(path)
-        {
-            eprintln!(
-                "warning: could not remember this upload in {} ({e}); the next one is sent whole",
-                path.display()
-            );
-        }
-        let v = sent.answer;
-        let number = v["number"].as_i64().unwrap_or(0) as i32;
-        let diff = &v["diff_summary"];
-        eprintln!(
-            "uploaded version {number} to {env}: {} resources (+{} ~{} -{}){}",
-            v["resource_count"],
-            diff["new"],
-            diff["updated"],
-            diff["deleted"],
-            if sent.as_changes {
-                ", sent as its changes"
-            } else {
-                ""
-            }
-        );
-        if v["auto_released"] == true {
-            eprintln!("version {number} was released automatically");
-        } else if args.deploy {
-            let r = remote.client.release(&env, number, &args.comment).await?;
-            eprintln!(
-                "released version {} (content hash {})",
-                r.number, r.content_hash
-            );
-        } else {
-            eprintln!("version {number} waits for release: steward version release {number}");
-        }
-        if remote.json {
-            super::remote::print_json(&v);
-        }
-        Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
+        uploaded(args, remote, &env, generation, &sent);
+        after_upload(args, remote, &env, memory, sent).await
     })
+}
+
+/// Remember beside the compile's memory that the server holds its export (or forget).
+fn uploaded(
+    args: &ExportArgs,
+    remote: &super::remote::Remote,
+    env: &str,
+    generation: Option<u64>,
+    sent: &crate::client::Sent,
+) {
+    use compiler::incremental::cache;
+    let compile_memory = cache::path(&args.project, &args.file);
+    match (generation, &sent.last) {
+        (Some(generation), Some(last)) => cache::Uploaded {
+            generation,
+            server: remote.client.base_url().to_string(),
+            environment: env.to_string(),
+            content_hash: last.content_hash.clone(),
+        }
+        .save(&compile_memory),
+        _ => cache::Uploaded::forget(&compile_memory),
+    }
+}
+
+/// `steward export` of a patched export: to its file, or to the server as the resources the
+/// patch changed when the server holds the export it patched (else as any export).
+fn upload_patched(
+    args: &ExportArgs,
+    patched: &compiler::incremental::cache::Patched,
+    generation: Option<u64>,
+    mut last: Option<crate::client::LastUpload>,
+    rt: &tokio::runtime::Runtime,
+    remote: &super::remote::Remote,
+) -> anyhow::Result<ExitCode> {
+    use compiler::incremental::cache;
+    let resources = || bytecount_lines(&patched.lines);
+    if let Some(path) = &args.json_file {
+        let written = std::fs::write(path, [patched.lines.as_slice(), b"\n"].concat());
+        written.with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("exported {} resources to {}", resources(), path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let env = remote.env()?.to_string();
+    let provenance = git_provenance(&args.project);
+    rt.block_on(async {
+        let memory = crate::client::memory_path(remote.client.base_url(), &env);
+        let record = cache::Uploaded::load(&cache::path(&args.project, &args.file));
+        let fits = match (&last, &record) {
+            (Some(l), Some(r)) => {
+                r.generation == patched.base_generation
+                    && r.server == remote.client.base_url()
+                    && r.environment == env
+                    && r.content_hash == l.content_hash
+            }
+            _ => false,
+        };
+        let mut sent = None;
+        if fits && let Some(l) = last.take() {
+            let rest = patched.rest().map_err(anyhow::Error::msg)?;
+            let upload = crate::client::PatchedUpload {
+                rest: &rest,
+                changed: patched.changed.iter().map(|(_, r)| r).collect(),
+            };
+            match remote
+                .client
+                .upload_patch(&env, &upload, provenance.clone(), l)
+                .await?
+            {
+                Ok(s) => sent = Some(s),
+                Err(back) => last = Some(back),
+            }
+        }
+        let sent = match sent {
+            Some(s) => s,
+            None => {
+                let export = patched.export().map_err(anyhow::Error::msg)?;
+                remote
+                    .client
+                    .upload_changes(&env, &export, provenance, last)
+                    .await?
+            }
+        };
+        uploaded(args, remote, &env, generation, &sent);
+        after_upload(args, remote, &env, memory, sent).await
+    })
+}
+
+/// The resources of an export in lines (a line each, between the first and the last).
+fn bytecount_lines(lines: &[u8]) -> usize {
+    lines
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        .saturating_sub(1)
+}
+
+/// The end of `steward export` after an upload: remember it, say what was stored, release.
+async fn after_upload(
+    args: &ExportArgs,
+    remote: &super::remote::Remote,
+    env: &str,
+    memory: Option<PathBuf>,
+    sent: crate::client::Sent,
+) -> anyhow::Result<ExitCode> {
+    if let (Some(path), Some(last)) = (&memory, &sent.last)
+        && let Err(e) = last.save(path)
+    {
+        eprintln!(
+            "warning: could not remember this upload in {} ({e}); the next one is sent whole",
+            path.display()
+        );
+    }
+    let v = sent.answer;
+    let number = v["number"].as_i64().unwrap_or(0) as i32;
+    let diff = &v["diff_summary"];
+    eprintln!(
+        "uploaded version {number} to {env}: {} resources (+{} ~{} -{}){}",
+        v["resource_count"],
+        diff["new"],
+        diff["updated"],
+        diff["deleted"],
+        if sent.as_changes {
+            ", sent as its changes"
+        } else {
+            ""
+        }
+    );
+    if v["auto_released"] == true {
+        eprintln!("version {number} was released automatically");
+    } else if args.deploy {
+        let r = remote.client.release(env, number, &args.comment).await?;
+        eprintln!(
+            "released version {} (content hash {})",
+            r.number, r.content_hash
+        );
+    } else {
+        eprintln!("version {number} waits for release: steward version release {number}");
+    }
+    if remote.json {
+        super::remote::print_json(&v);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// An environment's parameters and facts as a compile reads them, in one list call.

@@ -113,7 +113,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         }
     );
     // the compile's memory is written while the version deploys
-    let compile_memory = compile_memory.detach(&export);
+    let compile_memory = compile_memory.detach(Some(&export));
     let compile_memory = std::thread::spawn(move || compile_memory.write());
     rt.block_on(async move {
         let runtime = match early {

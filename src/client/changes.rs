@@ -301,7 +301,112 @@ impl LastUpload {
     }
 }
 
+/// An export that is the one `last` remembers with some resources changed (their ids,
+/// `requires` and undefined flags as they were): an incremental compile's patch of an
+/// export that was uploaded.
+pub struct PatchedUpload<'a> {
+    /// The export without its resources (handlers, code, metadata, undefined, unknowns).
+    pub rest: &'a ExportFile,
+    /// The resources whose attributes changed.
+    pub changed: Vec<&'a Resource>,
+}
+
 impl Client {
+    /// Upload `patch` as its changes against `last`, which must remember the export it
+    /// patches. `Ok(Err(last))`: it did not fit (`last` is of another environment, does not
+    /// hold a changed resource as it was, or the server's newest version is not its base);
+    /// the caller then uploads the export with [`Client::upload_changes`] and `last`.
+    pub async fn upload_patch(
+        &self,
+        env: &str,
+        patch: &PatchedUpload<'_>,
+        provenance: serde_json::Value,
+        last: LastUpload,
+    ) -> Result<std::result::Result<Sent, LastUpload>> {
+        let mut memory = last;
+        if memory.environment != env {
+            return Ok(Err(memory));
+        }
+        let export = patch.rest;
+        let mut changed = Vec::with_capacity(patch.changed.len());
+        for r in &patch.changed {
+            let Some(e) = memory.entries.get(&r.id.0) else {
+                return Ok(Err(memory));
+            };
+            if !crate::model::same_requires(&e.requires, &r.requires) {
+                return Ok(Err(memory));
+            }
+            changed.push((*r, r.hash(), fingerprint::of(memory.key, r), e.undefined));
+        }
+        let mut tree = memory.take_tree();
+        for (r, hash, _, undefined) in &changed {
+            tree.insert(&r.id.0, hash, &r.requires, *undefined);
+        }
+        let expected = content::with_handlers(tree.root(), &export.handlers);
+        let body = ChangesBody {
+            format: export.format,
+            resources: patch.changed.clone(),
+            undefined: &export.undefined,
+            metadata: &export.metadata,
+            handlers: &export.handlers,
+            code: &export.code,
+            unknowns: &export.unknowns,
+            provenance: &provenance,
+            base: DeltaBase {
+                version: memory.version,
+                content_hash: memory.content_hash.clone(),
+            },
+            removed: Vec::new(),
+            content_hash: &expected,
+        };
+        let answer = match self
+            .call::<serde_json::Value>(
+                reqwest::Method::POST,
+                &format!("{}/versions", Self::env(env)),
+                Some(&body),
+            )
+            .await
+        {
+            Ok(answer) => answer,
+            Err(ClientError::Api {
+                status: 409, kind, ..
+            }) if kind == "base_moved" => {
+                // the tree has the patch in it: made again from the entries when needed
+                memory.tree = None;
+                return Ok(Err(memory));
+            }
+            Err(e) => return Err(e),
+        };
+        tracing::debug!(
+            changed = changed.len(),
+            version = answer["number"].as_i64(),
+            "uploaded the changes of a patched export"
+        );
+        let last = (answer["content_hash"] == expected.as_str()).then(|| {
+            for (r, hash, fingerprint, undefined) in changed {
+                memory.entries.insert(
+                    r.id.0.clone(),
+                    Remembered {
+                        hash,
+                        fingerprint,
+                        requires: r.requires.iter().map(|q| q.0.clone()).collect(),
+                        undefined,
+                    },
+                );
+            }
+            memory.server = self.base.clone();
+            memory.version = answer["number"].as_i64().unwrap_or(0) as i32;
+            memory.content_hash = expected;
+            memory.tree = Some(tree);
+            memory
+        });
+        Ok(Ok(Sent {
+            answer,
+            last,
+            as_changes: true,
+        }))
+    }
+
     /// The server's base URL.
     pub fn base_url(&self) -> &str {
         &self.base

@@ -47,17 +47,25 @@ pub struct Remembered {
     pub main_text: String,
 }
 
+/// What [`compile_or_patch`] made.
+pub enum Compiled {
+    /// A compile (in full), as [`super::compile`] makes it.
+    Full(super::CompileOutcome),
+    /// The last compile's export, patched (or as it was: nothing changed).
+    Patched(cache::Patched),
+}
+
 /// Compile as [`super::compile`] does, through the memory at `memory` (see
 /// [`cache::path`]): when the last compile there was made with the same options and the
-/// project differs from it only inside one site, its export is patched; otherwise the
+/// project differs from it only inside sites, its export is patched; otherwise the
 /// compile runs in full and is remembered (when it read nothing a memory can not check).
 /// The memory is handed back to be written by the caller ([`Pending::write`]), which can do
-/// it while the export is on its way.
-pub fn compile(
+/// it while the export is on its way; [`Pending::generation`] names it.
+pub fn compile_or_patch(
     opts: &super::CompileOptions,
     memory: &std::path::Path,
     print: &mut (dyn FnMut(&str) + Send),
-) -> (super::CompileOutcome, Pending) {
+) -> (Compiled, Pending) {
     let started = std::time::Instant::now();
     let main_file = opts.main_file.as_deref().unwrap_or("main.cf");
     let project_dir = opts
@@ -66,36 +74,18 @@ pub fn compile(
         .unwrap_or_else(|_| opts.project_dir.clone());
     let key = cache::Key::new(&project_dir, main_file, &opts.env, opts.python.as_deref());
     match cache::patch(memory, &key, &project_dir.join(main_file)) {
-        Ok(patched) => {
+        Ok(mut patched) => {
             for line in &patched.prints {
                 print(line);
             }
             tracing::debug!(
-                changed = patched.changed,
-                resources = patched.export.resources.len(),
+                changed = patched.changed.len(),
                 ms = started.elapsed().as_secs_f64() * 1e3,
                 "compile patched from the last one's memory"
             );
-            let stats = super::CompileStats {
-                resources: patched.export.resources.len(),
-                ..Default::default()
-            };
-            let changed = patched.changed;
-            let (export, memory_next) = patched.into_parts();
-            return (
-                super::CompileOutcome {
-                    sources: Default::default(),
-                    warnings: Vec::new(),
-                    result: Ok(Some(export)),
-                    stats,
-                    memory: None,
-                    patched: Some(changed),
-                },
-                Pending(Some(PendingWrite::Patched(
-                    memory.to_path_buf(),
-                    memory_next,
-                ))),
-            );
+            let next = patched.take_next();
+            let pending = Pending(next.map(|n| PendingWrite::Patched(memory.to_path_buf(), n)));
+            return (Compiled::Patched(patched), pending);
         }
         Err(why) => tracing::debug!(%why, "compiled in full"),
     }
@@ -109,6 +99,7 @@ pub fn compile(
             memory.to_path_buf(),
             key,
             remembered,
+            cache::new_generation(),
         ))),
         // nothing to remember: a memory left would describe another state of the project
         _ => {
@@ -116,7 +107,41 @@ pub fn compile(
             Pending(None)
         }
     };
-    (outcome, pending)
+    (Compiled::Full(outcome), pending)
+}
+
+/// [`compile_or_patch`], with a patched export parsed into the outcome a compile gives
+/// ([`super::CompileOutcome::patched`] says how many resources the patch changed).
+pub fn compile(
+    opts: &super::CompileOptions,
+    memory: &std::path::Path,
+    print: &mut (dyn FnMut(&str) + Send),
+) -> (super::CompileOutcome, Pending) {
+    match compile_or_patch(opts, memory, print) {
+        (Compiled::Full(outcome), pending) => (outcome, pending),
+        (Compiled::Patched(patched), pending) => match patched.export() {
+            Ok(export) => (
+                super::CompileOutcome {
+                    sources: Default::default(),
+                    warnings: Vec::new(),
+                    stats: super::CompileStats {
+                        resources: export.resources.len(),
+                        ..Default::default()
+                    },
+                    result: Ok(Some(export)),
+                    memory: None,
+                    patched: Some(patched.changed.len()),
+                },
+                pending,
+            ),
+            // the memory's export does not read: forget it, and compile in full
+            Err(why) => {
+                tracing::warn!(%why, "the compile's memory is broken: compiling in full");
+                let _ = std::fs::remove_file(memory);
+                compile(opts, memory, print)
+            }
+        },
+    }
 }
 
 /// A memory to write after a compile ([`compile`]).
@@ -125,33 +150,47 @@ pub struct Pending(Option<PendingWrite>);
 
 enum PendingWrite {
     Patched(std::path::PathBuf, cache::NextMemory),
-    Full(std::path::PathBuf, cache::Key, Remembered),
+    Full(std::path::PathBuf, cache::Key, Remembered, u64),
 }
 
 impl Pending {
+    /// The generation of the memory to be written (`None`: nothing is remembered).
+    pub fn generation(&self) -> Option<u64> {
+        match &self.0 {
+            None => None,
+            Some(PendingWrite::Patched(_, next)) => Some(next.generation()),
+            Some(PendingWrite::Full(.., generation)) => Some(*generation),
+        }
+    }
+
     /// Write the memory of the compile that gave `export` (a failure is logged: the next
     /// compile then runs in full).
     pub fn write(self, export: &ExportFile) {
-        self.detach(export).write()
+        self.detach(Some(export)).write()
     }
 
     /// The memory, independent of `export` (a full compile's export is laid out in lines
-    /// here), to be written on another thread.
-    pub fn detach(self, export: &ExportFile) -> Detached {
+    /// here), to be written on another thread. A patch's memory has its export already
+    /// (`None` will do); a full compile's without one is not remembered.
+    pub fn detach(self, export: Option<&ExportFile>) -> Detached {
         match self.0 {
             None => Detached(None),
             Some(PendingWrite::Patched(path, next)) => Detached(Some((path, next))),
-            Some(PendingWrite::Full(path, key, remembered)) => {
+            Some(PendingWrite::Full(path, key, remembered, generation)) => {
                 // the file as it is now must be what was compiled (it may have changed
                 // meanwhile): else nothing is remembered
                 let same = std::fs::read(&remembered.main_path)
                     .is_ok_and(|now| now == remembered.main_text.as_bytes());
                 let mut lines = Vec::new();
-                if !same || crate::model::export_lines::write(export, &mut lines).is_err() {
+                let laid_out = export.is_some_and(|export| {
+                    crate::model::export_lines::write(export, &mut lines).is_ok()
+                });
+                if !same || !laid_out {
                     let _ = std::fs::remove_file(&path);
                     return Detached(None);
                 }
                 let next = cache::NextMemory::new(
+                    generation,
                     key,
                     remembered.inputs,
                     remembered.main_text.into_bytes(),

@@ -469,3 +469,122 @@ fn export_patches_the_last_export_and_full_compiles_it_whole() {
         std::fs::read(&out_full).unwrap()
     );
 }
+
+/// `steward export` to a server: a patched export goes as the resources the patch changed,
+/// and the server stores what a full compile's export would be. When the server's newest
+/// version is not the one the patch is based on, the export goes as any export does.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exported_patch_stores_the_version_a_full_compile_would() {
+    let (srv, c, env, dir) =
+        crate::deploy::deploying_env("incremental", serde_json::json!({})).await;
+    let project_dir = dir.path().join("project");
+    let files = dir.path().join("files");
+    let model = model(&files);
+    project(&project_dir, &model);
+    let export = |extra: &[&str]| {
+        let o = std::process::Command::new(steward_bin())
+            .arg("export")
+            .args(extra)
+            .arg("-p")
+            .arg(&project_dir)
+            .env("STEWARD_SERVER", &srv.url)
+            .env("STEWARD_TOKEN", srv.admin.as_deref().unwrap())
+            .env("STEWARD_ENV", &env)
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .env("STEWARD_LOG", "steward=debug")
+            .output()
+            .unwrap();
+        let text = crate::support::output_text(&o);
+        assert!(o.status.success(), "{text}");
+        text
+    };
+    // the newest stored version, by id, against what a full compile of the project exports
+    let check_stored = |what: &'static str| {
+        let c = &c;
+        let env = &env;
+        let project_dir = &project_dir;
+        async move {
+            let versions = c.versions(env).await.unwrap();
+            let newest = versions[0]["number"].as_i64().unwrap() as i32;
+            let stored = c.version_resources(env, newest).await.unwrap();
+            let (whole, _) = full(project_dir);
+            let Ok(Some(whole)) = whole.result else {
+                panic!("{what}: the model compiles")
+            };
+            assert_eq!(stored.len(), whole.resources.len(), "{what}");
+            for r in &whole.resources {
+                let s = stored
+                    .iter()
+                    .find(|s| s.resource_id == r.id.0)
+                    .unwrap_or_else(|| panic!("{what}: {} stored", r.id));
+                assert_eq!(
+                    s.attributes,
+                    serde_json::Value::Object(r.attributes.clone()),
+                    "{what}: {}",
+                    r.id
+                );
+            }
+        }
+    };
+    let first = export(&[]);
+    assert!(first.contains("compiled in full"), "{first}");
+    check_stored("the first export").await;
+
+    std::fs::write(
+        project_dir.join("main.cf"),
+        model
+            .replace("\"plain a\"", "\"plain b\"")
+            .replace("mode=700", "mode=711"),
+    )
+    .unwrap();
+    let second = export(&[]);
+    assert!(
+        second.contains("compile patched from the last one's memory"),
+        "{second}"
+    );
+    assert!(
+        second.contains("uploaded the changes of a patched export"),
+        "{second}"
+    );
+    assert!(second.contains("sent as its changes"), "{second}");
+    check_stored("a patch sent as its changes").await;
+
+    // another version arrives meanwhile: the patch's base is not the newest any more
+    let (other, _) = full(&project_dir);
+    let Ok(Some(other)) = other.result else {
+        panic!()
+    };
+    c.upload(&env, &other, serde_json::json!({})).await.unwrap();
+    std::fs::write(
+        project_dir.join("main.cf"),
+        model
+            .replace("\"plain a\"", "\"plain c\"")
+            .replace("mode=700", "mode=711"),
+    )
+    .unwrap();
+    let third = export(&[]);
+    assert!(
+        third.contains("compile patched from the last one's memory"),
+        "{third}"
+    );
+    assert!(
+        !third.contains("uploaded the changes of a patched export"),
+        "{third}"
+    );
+    check_stored("a patch whose base moved").await;
+
+    // and the next one fits again
+    std::fs::write(
+        project_dir.join("main.cf"),
+        model
+            .replace("\"plain a\"", "\"plain d\"")
+            .replace("mode=700", "mode=711"),
+    )
+    .unwrap();
+    let fourth = export(&[]);
+    assert!(
+        fourth.contains("uploaded the changes of a patched export"),
+        "{fourth}"
+    );
+    check_stored("a patch after one whose base moved").await;
+}

@@ -144,10 +144,15 @@ struct Header {
     main_len: usize,
     sites_len: usize,
     export_len: usize,
+    /// Which memory this is (each one written has its own): an upload of its export is
+    /// recorded under it ([`Uploaded`]).
+    #[serde(default)]
+    generation: u64,
 }
 
 /// A compile to remember: its key, inputs, main file, sites and export.
 pub struct Memory<'a> {
+    pub generation: u64,
     pub key: Key,
     pub inputs: Inputs,
     pub main: &'a [u8],
@@ -200,6 +205,7 @@ pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
         main_len: memory.main.len(),
         sites_len: records.len(),
         export_len: memory.export.len(),
+        generation: memory.generation,
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -216,6 +222,53 @@ pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
     }
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// The record that a memory's export was uploaded: the server then holds exactly it, and
+/// an export patched from that memory can go as the resources the patch changed
+/// (`PATH.uploaded` beside the memory at PATH).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Uploaded {
+    pub generation: u64,
+    pub server: String,
+    pub environment: String,
+    /// The content hash the server stored it with.
+    pub content_hash: String,
+}
+
+impl Uploaded {
+    fn path(memory: &Path) -> PathBuf {
+        let mut p = memory.as_os_str().to_owned();
+        p.push(".uploaded");
+        PathBuf::from(p)
+    }
+
+    /// The record beside the memory at `memory`, if any.
+    pub fn load(memory: &Path) -> Option<Uploaded> {
+        serde_json::from_slice(&std::fs::read(Self::path(memory)).ok()?).ok()
+    }
+
+    /// Remove the record (what the server holds is not known).
+    pub fn forget(memory: &Path) {
+        let _ = std::fs::remove_file(Self::path(memory));
+    }
+
+    /// Record it (replaced whole); a failure only costs the next upload a parse.
+    pub fn save(&self, memory: &Path) {
+        let path = Self::path(memory);
+        let written = path
+            .parent()
+            .map(|dir| tempfile::NamedTempFile::new_in(dir))
+            .transpose()
+            .and_then(|tmp| {
+                let Some(mut tmp) = tmp else { return Ok(()) };
+                tmp.write_all(&serde_json::to_vec(self).unwrap_or_default())?;
+                tmp.persist(&path).map(|_| ()).map_err(|e| e.error)
+            });
+        if let Err(e) = written {
+            tracing::debug!("{} not written: {e}", path.display());
+        }
+    }
 }
 
 /// A memory read back.
@@ -334,30 +387,59 @@ fn load(path: &Path) -> Result<Loaded, String> {
     Ok(loaded)
 }
 
-/// What the memory gives for the current project.
+/// What the memory gives for the current project: its export (in lines, parsed when
+/// asked for), and the resources the patch changed.
 pub struct Patched {
-    pub export: ExportFile,
+    /// The export, one resource per line ([`export_lines`]).
+    pub lines: Vec<u8>,
+    /// The resources whose fields changed, with their place in the export.
+    pub changed: Vec<(usize, crate::model::Resource)>,
     /// What the model printed (the same as in the compile remembered).
     pub prints: Vec<String>,
-    /// Resources whose fields changed (0: the main file is as it was).
-    pub changed: usize,
-    next: NextMemory,
+    /// The memory this was patched from ([`Uploaded::generation`]).
+    pub base_generation: u64,
+    next: Option<NextMemory>,
 }
 
 impl Patched {
-    /// The export, and the memory for the next compile.
-    pub fn into_parts(self) -> (ExportFile, NextMemory) {
-        (self.export, self.next)
+    /// The whole export (every resource parsed).
+    pub fn export(&self) -> Result<ExportFile, String> {
+        parse(&self.lines)
+    }
+
+    /// The export without its resources (handlers, code, metadata, undefined ids, unknowns).
+    pub fn rest(&self) -> Result<ExportFile, String> {
+        match export_lines::split(&self.lines) {
+            Some(Ok(lines)) => Ok(lines.rest),
+            _ => Err("the memory's export does not read".into()),
+        }
+    }
+
+    /// The memory for the next compile (taken once; the generation stays known).
+    pub fn take_next(&mut self) -> Option<NextMemory> {
+        self.next.take()
     }
 }
 
 /// The memory after a patch, to be written with [`NextMemory::save`] (nothing when the
 /// project was as remembered).
-pub struct NextMemory(Option<(Header, Vec<u8>, PatchSites, Vec<u8>)>);
+pub struct NextMemory(Option<(Header, Vec<u8>, PatchSites, Vec<u8>)>, u64);
+
+/// A memory's generation: any number no earlier memory had (time and a counter suffice:
+/// a record of another generation only costs a parse).
+pub fn new_generation() -> u64 {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    now ^ (COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 48)
+        ^ std::process::id() as u64
+}
 
 impl NextMemory {
     /// The memory of a full compile.
     pub fn new(
+        generation: u64,
         key: Key,
         inputs: Inputs,
         main: Vec<u8>,
@@ -371,8 +453,18 @@ impl NextMemory {
             main_len: 0,
             sites_len: 0,
             export_len: 0,
+            generation: 0,
         };
-        NextMemory(Some((header, main, sites, export)))
+        NextMemory(Some((header, main, sites, export)), generation)
+    }
+
+    fn new_from(header: Header, main: Vec<u8>, sites: PatchSites, export: Vec<u8>) -> NextMemory {
+        NextMemory(Some((header, main, sites, export)), new_generation())
+    }
+
+    /// The generation it is written with (that of the memory itself when nothing changed).
+    pub fn generation(&self) -> u64 {
+        self.1
     }
 
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
@@ -382,6 +474,7 @@ impl NextMemory {
         save(
             path,
             &Memory {
+                generation: self.1,
                 key: header.key.clone(),
                 inputs: header.inputs.clone(),
                 main,
@@ -406,12 +499,15 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
     let new_main = std::fs::read(main_path).map_err(|e| format!("{}: {e}", main_path.display()))?;
     let old_main = loaded.main();
     if new_main == old_main {
-        let export = parse(loaded.export())?;
+        let generation = loaded.header.generation;
         return Ok(Patched {
-            export,
             prints: loaded.header.inputs.prints.clone(),
-            changed: 0,
-            next: NextMemory(None),
+            lines: loaded.bytes
+                [loaded.main_at + loaded.header.main_len + loaded.header.sites_len..]
+                .to_vec(),
+            changed: Vec::new(),
+            base_generation: generation,
+            next: Some(NextMemory(None, generation)),
         });
     }
     let edits = edits(&loaded, old_main, &new_main)?;
@@ -420,7 +516,8 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
         Some(Ok(lines)) => lines,
         _ => return Err("the memory's export does not read".into()),
     };
-    let mut replaced: std::collections::HashMap<usize, Vec<u8>> = Default::default();
+    let mut replaced: std::collections::HashMap<usize, (Vec<u8>, crate::model::Resource)> =
+        Default::default();
     for (t, json) in edits.iter().flat_map(|e| {
         let (.., first, count) = loaded.site(e.site);
         let json = field_json(&e.value);
@@ -434,11 +531,11 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
             .resources
             .get(at)
             .ok_or("the memory's sites name a resource it does not have")?;
-        let mut resource = match replaced.get(&at) {
-            Some(l) => export_lines::Lines::resource(l),
-            None => export_lines::Lines::resource(line),
-        }
-        .map_err(|e| format!("the memory's export does not read ({e})"))?;
+        let mut resource = match replaced.remove(&at) {
+            Some((_, r)) => r,
+            None => export_lines::Lines::resource(line)
+                .map_err(|e| format!("the memory's export does not read ({e})"))?,
+        };
         let field = loaded
             .header
             .fields
@@ -448,10 +545,8 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
             Some(v) => *v = json.clone(),
             None => return Err("the memory's sites name a field the resource has not".into()),
         }
-        replaced.insert(
-            at,
-            serde_json::to_vec(&resource).map_err(|e| e.to_string())?,
-        );
+        let line = serde_json::to_vec(&resource).map_err(|e| e.to_string())?;
+        replaced.insert(at, (line, resource));
     }
     let mut export_lines = Vec::with_capacity(loaded.export().len() + 64);
     rebuild(
@@ -461,12 +556,9 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
         &mut export_lines,
     );
     drop(lines);
-    let patched = started.elapsed();
-    let export = parse(&export_lines)?;
     tracing::debug!(
         read_ms = read.as_secs_f64() * 1e3,
-        patched_ms = patched.as_secs_f64() * 1e3,
-        parsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        patched_ms = started.elapsed().as_secs_f64() * 1e3,
         "memory patched"
     );
     // each site moved with the edits before it; an edited one has its new extent
@@ -486,11 +578,16 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
     }
     let prints = loaded.header.inputs.prints.clone();
     let Loaded { header, .. } = loaded;
+    let base_generation = header.generation;
+    let mut changed: Vec<(usize, crate::model::Resource)> =
+        replaced.into_iter().map(|(at, (_, r))| (at, r)).collect();
+    changed.sort_by_key(|c| c.0);
     Ok(Patched {
-        export,
+        lines: export_lines.clone(),
+        changed,
         prints,
-        changed: replaced.len(),
-        next: NextMemory(Some((header, new_main, sites, export_lines))),
+        base_generation,
+        next: Some(NextMemory::new_from(header, new_main, sites, export_lines)),
     })
 }
 
@@ -606,7 +703,7 @@ fn parse(export_lines: &[u8]) -> Result<ExportFile, String> {
 fn rebuild(
     original: &[u8],
     lines: &[&[u8]],
-    replaced: &std::collections::HashMap<usize, Vec<u8>>,
+    replaced: &std::collections::HashMap<usize, (Vec<u8>, crate::model::Resource)>,
     out: &mut Vec<u8>,
 ) {
     let base = original.as_ptr() as usize;
@@ -617,7 +714,7 @@ fn rebuild(
         let line = lines[at];
         let from = line.as_ptr() as usize - base;
         out.extend_from_slice(&original[copied..from]);
-        out.extend_from_slice(&replaced[&at]);
+        out.extend_from_slice(&replaced[&at].0);
         copied = from + line.len();
     }
     out.extend_from_slice(&original[copied..]);
