@@ -258,7 +258,7 @@ impl Uploaded {
         let path = Self::path(memory);
         let written = path
             .parent()
-            .map(|dir| tempfile::NamedTempFile::new_in(dir))
+            .map(tempfile::NamedTempFile::new_in)
             .transpose()
             .and_then(|tmp| {
                 let Some(mut tmp) = tmp else { return Ok(()) };
