@@ -40,7 +40,7 @@ pub mod types;
 pub mod value;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use diagnostics::Diagnostic;
 use source::SourceMap;
@@ -235,12 +235,10 @@ impl plugins::Host for CompileHost<'_> {
 
     fn module_file(&self, module: &str, dir: &str, path: &str) -> Result<(String, String), String> {
         let read = project::module_file(self.project, self.modules, module, dir, path);
-        // the file read (its path as shown: absolute for a file on disk), for the memory
-        // to check; a failed read or one of another kind is not checked
-        match &read {
-            Ok((_, shown)) if Path::new(shown).is_absolute() => {
-                self.world.files.borrow_mut().push(PathBuf::from(shown))
-            }
+        // the file read (its path as shown, from the working directory when relative),
+        // for the memory to check; a failed read is not checked
+        match read.as_ref().map(|(_, shown)| std::path::absolute(shown)) {
+            Ok(Ok(path)) => self.world.files.borrow_mut().push(path),
             _ => self.world.unchecked.set(true),
         }
         read
@@ -606,10 +604,10 @@ fn remembered(
         ms = started.elapsed().as_secs_f64() * 1e3,
         "found the literals a next compile may patch"
     );
-    // what the load read: the project's files, each module's model and Python (the
-    // handlers' code is exported), and the directories modules are found in (a module
-    // added there may be the one an import finds next time); the templates and files the
-    // model read are added by the host
+    // what the load read: the project's files, each module's files (its model, and its
+    // Python and handlers, whose code is exported), and the directories modules are found
+    // in (a module added there may be the one an import finds next time); the project's own
+    // templates and files the model read are added by the host
     let mut inputs = incremental::cache::Inputs::default();
     for name in ["project.yml", "requirements.txt"] {
         inputs.add(&project.root.join(name));
@@ -623,15 +621,7 @@ fn remembered(
             if let Some(parent) = dir.parent() {
                 inputs.add(parent);
             }
-            for name in [
-                "module.yml",
-                "setup.cfg",
-                "pyproject.toml",
-                "requirements.txt",
-            ] {
-                inputs.add(&dir.join(name));
-            }
-            inputs.add_tree(&dir.join("model"));
+            inputs.add_tree(&dir);
         }
         if let Some(python) = &m.python {
             inputs.add_tree(python);

@@ -364,6 +364,8 @@ fn the_memory_is_not_used_when_a_module_or_a_variable_the_model_read_changed() {
     std::fs::create_dir_all(module.join("model")).unwrap();
     std::fs::write(module.join("module.yml"), "name: conf\nversion: 1.0.0\n").unwrap();
     std::fs::write(module.join("model/_init.cf"), "greeting = \"hello\"\n").unwrap();
+    // a link back up in the module: stamped, not walked into
+    std::os::unix::fs::symlink(&module, module.join("loop")).unwrap();
     let memory = cache::path(&dir, "main.cf");
     let content = |o: &CompileOutcome, name: &str| -> String {
         let Ok(Some(e)) = &o.result else {
@@ -587,4 +589,68 @@ async fn an_exported_patch_stores_the_version_a_full_compile_would() {
         "{fourth}"
     );
     check_stored("a patch after one whose base moved").await;
+}
+
+/// A template the model renders is an input: the memory notices when it changes, and a
+/// literal beside it still patches.
+#[test]
+fn a_template_the_model_renders_is_checked_by_the_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("project");
+    let f = tmp.path().join("files");
+    let f = f.display();
+    project(
+        &dir,
+        &format!(
+            "import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n\
+             port = 8080\n\
+             fs::File(host=host, path=\"{f}/conf\", content=std::template(\"inc/site.j2\"))\n\
+             fs::File(host=host, path=\"{f}/plain\", content=\"plain\")\n"
+        ),
+    );
+    std::fs::create_dir_all(dir.join("templates")).unwrap();
+    std::fs::write(dir.join("templates/site.j2"), "listen {{ port }}\n").unwrap();
+    let memory = cache::path(&dir, "main.cf");
+    let content = |o: &CompileOutcome, name: &str| -> String {
+        let Ok(Some(e)) = &o.result else {
+            panic!("{:?}", o.errors())
+        };
+        let r = e
+            .resources
+            .iter()
+            .find(|r| r.id.0.ends_with(&format!("/{name}]")))
+            .unwrap();
+        r.attributes["content"].as_str().unwrap().to_string()
+    };
+    let (first, _) = remembering(&dir, &memory);
+    assert_eq!(content(&first, "conf"), "listen 8080");
+    assert!(
+        memory.exists(),
+        "a model rendering a template is remembered"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    std::fs::write(dir.join("templates/site.j2"), "listen {{ port }};\n").unwrap();
+    let (second, _) = remembering(&dir, &memory);
+    assert_eq!(second.patched, None, "the template changed");
+    assert_eq!(content(&second, "conf"), "listen 8080;");
+    // the variable the template reads is read: its literal is not a site
+    let main = std::fs::read_to_string(dir.join("main.cf")).unwrap();
+    std::fs::write(
+        dir.join("main.cf"),
+        main.replace("port = 8080", "port = 8081"),
+    )
+    .unwrap();
+    let (third, _) = remembering(&dir, &memory);
+    assert_eq!(third.patched, None);
+    assert_eq!(content(&third, "conf"), "listen 8081;");
+    let main = std::fs::read_to_string(dir.join("main.cf")).unwrap();
+    std::fs::write(
+        dir.join("main.cf"),
+        main.replace("\"plain\"", "\"plainer\""),
+    )
+    .unwrap();
+    let (fourth, _) = remembering(&dir, &memory);
+    assert_eq!(fourth.patched, Some(1));
+    assert_eq!(content(&fourth, "plain"), "plainer");
+    assert_eq!(content(&fourth, "conf"), "listen 8081;");
 }

@@ -90,14 +90,28 @@ pub struct Inputs {
     pub paths: Vec<(PathBuf, Option<Stamp>)>,
     pub env_reads: Vec<(String, Option<String>)>,
     pub prints: Vec<String>,
+    /// More than [`MAX_INPUTS`] paths to stamp: not checked, so never used.
+    #[serde(default)]
+    pub overflow: bool,
 }
 
+/// The paths a memory stamps at most (a module of more files than this is compiled in full
+/// every time rather than stat-ed file by file).
+pub const MAX_INPUTS: usize = 20_000;
+
 impl Inputs {
-    /// Stamp `path` (and, for a directory, everything under it but Python's caches).
+    /// Stamp `path` (and, for a directory, everything under it but Python's caches and
+    /// git's; a symbolic link is stamped as what it points to, and not followed into).
+    /// Past [`MAX_INPUTS`] paths nothing more is stamped, and the memory is not used.
     pub fn add_tree(&mut self, path: &Path) {
+        if self.paths.len() >= MAX_INPUTS {
+            self.overflow = true;
+            return;
+        }
         let stamp = Stamp::of(path);
         self.paths.push((path.to_path_buf(), stamp));
-        if stamp.is_some() && path.is_dir() {
+        let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
+        if stamp.is_some() && is_dir {
             let Ok(entries) = std::fs::read_dir(path) else {
                 return;
             };
@@ -121,6 +135,9 @@ impl Inputs {
 
     /// Is every input as it was?
     fn unchanged(&self) -> Result<(), String> {
+        if self.overflow {
+            return Err(format!("the compile read more than {MAX_INPUTS} files"));
+        }
         for (path, stamp) in &self.paths {
             if Stamp::of(path) != *stamp {
                 return Err(format!("{} changed", path.display()));
