@@ -92,7 +92,8 @@ pub(super) fn compile_once(
 }
 
 /// [`compile_once`] of an export through the incremental compile's memory
-/// ([`compiler::incremental::compile`]); `full` compiles in full (and remembers that).
+/// ([`compiler::incremental::compile`]: a patched export is parsed); `full` compiles in full
+/// (and remembers that).
 pub(super) fn compile_remembering(
     project: &Path,
     file: &str,
@@ -101,47 +102,47 @@ pub(super) fn compile_remembering(
     process_ends_after: bool,
     full: bool,
 ) -> (CompileOutcome, compiler::incremental::Pending) {
-    let memory = compiler::incremental::cache::path(project, file);
-    let (compiled, pending) =
-        compile_or_patch(project, file, json, facts, process_ends_after, full);
-    match compiled {
-        Compiled::Full(outcome) => (outcome, pending),
-        Compiled::Patched(patched) => match patched.export() {
-            Ok(export) => (
-                CompileOutcome {
-                    sources: Default::default(),
-                    warnings: Vec::new(),
-                    stats: compiler::CompileStats {
-                        resources: export.resources.len(),
-                        ..Default::default()
-                    },
-                    result: Ok(Some(export)),
-                    memory: None,
-                    patched: Some(patched.changed.len()),
-                },
-                pending,
-            ),
-            Err(why) => {
-                tracing::warn!(%why, "the compile's memory is broken: compiling in full");
-                let _ = std::fs::remove_file(&memory);
-                compile_remembering(project, file, json, None, process_ends_after, true)
-            }
-        },
-    }
+    let (opts, memory) = remembering(project, file, facts, process_ends_after, full);
+    let (outcome, pending) =
+        with_prints_to_stdout(|print| compiler::incremental::compile(&opts, &memory, print));
+    report(&outcome, json);
+    (outcome, pending)
 }
 
-/// The compile of `steward export` and `steward deploy`: the last export patched when only
-/// literals changed, else a full compile ([`compiler::incremental::compile_or_patch`]).
+/// The compile of `steward export`: the last export patched when only literals changed,
+/// else a full compile ([`compiler::incremental::compile_or_patch`]).
 fn compile_or_patch(
     project: &Path,
     file: &str,
     json: bool,
     facts: Option<Facts>,
-    process_ends_after: bool,
     full: bool,
 ) -> (Compiled, compiler::incremental::Pending) {
+    let (opts, memory) = remembering(project, file, facts, true, full);
+    let (compiled, pending) = with_prints_to_stdout(|print| {
+        compiler::incremental::compile_or_patch(&opts, &memory, print)
+    });
+    if let Compiled::Full(outcome) = &compiled {
+        report(outcome, json);
+    }
+    (compiled, pending)
+}
+
+/// The options of an export compiled through the memory, and where the memory is (removed
+/// first when `full`).
+fn remembering(
+    project: &Path,
+    file: &str,
+    facts: Option<Facts>,
+    process_ends_after: bool,
+    full: bool,
+) -> (CompileOptions, PathBuf) {
     if process_ends_after {
         crate::alloc::tune_for_a_one_shot_compile();
+    }
+    let memory = compiler::incremental::cache::path(project, file);
+    if full {
+        let _ = std::fs::remove_file(&memory);
     }
     let opts = CompileOptions {
         project_dir: project.to_path_buf(),
@@ -151,17 +152,7 @@ fn compile_or_patch(
         process_ends_after,
         ..Default::default()
     };
-    let memory = compiler::incremental::cache::path(project, file);
-    if full {
-        let _ = std::fs::remove_file(&memory);
-    }
-    let (compiled, pending) = with_prints_to_stdout(|print| {
-        compiler::incremental::compile_or_patch(&opts, &memory, print)
-    });
-    if let Compiled::Full(outcome) = &compiled {
-        report(outcome, json);
-    }
-    (compiled, pending)
+    (opts, memory)
 }
 
 /// Run `compile` with its `std::print` lines going to stdout.
@@ -302,7 +293,6 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         &args.file,
         args.remote.json,
         facts,
-        true,
         args.full,
     );
     let generation = memory.generation();

@@ -209,6 +209,36 @@ struct ChangesBody<'a> {
     content_hash: &'a str,
 }
 
+impl<'a> ChangesBody<'a> {
+    /// The body sending `resources` (new or changed) and `removed` of `export` against
+    /// the version `base` remembers, which makes one of `content_hash`.
+    fn new(
+        export: &'a ExportFile,
+        resources: Vec<&'a Resource>,
+        provenance: &'a serde_json::Value,
+        base: &LastUpload,
+        removed: Vec<&'a ResourceId>,
+        content_hash: &'a str,
+    ) -> ChangesBody<'a> {
+        ChangesBody {
+            format: export.format,
+            resources,
+            undefined: &export.undefined,
+            metadata: &export.metadata,
+            handlers: &export.handlers,
+            code: &export.code,
+            unknowns: &export.unknowns,
+            provenance,
+            base: DeltaBase {
+                version: base.version,
+                content_hash: base.content_hash.clone(),
+            },
+            removed,
+            content_hash,
+        }
+    }
+}
+
 /// Where `steward export` remembers its last upload to `server`'s `environment`: the user's
 /// cache directory (`$XDG_CACHE_HOME` or `~/.cache`), `None` when there is none.
 pub fn memory_path(server: &str, environment: &str) -> Option<std::path::PathBuf> {
@@ -343,22 +373,14 @@ impl Client {
             tree.insert(&r.id.0, hash, &r.requires, *undefined);
         }
         let expected = content::with_handlers(tree.root(), &export.handlers);
-        let body = ChangesBody {
-            format: export.format,
-            resources: patch.changed.clone(),
-            undefined: &export.undefined,
-            metadata: &export.metadata,
-            handlers: &export.handlers,
-            code: &export.code,
-            unknowns: &export.unknowns,
-            provenance: &provenance,
-            base: DeltaBase {
-                version: memory.version,
-                content_hash: memory.content_hash.clone(),
-            },
-            removed: Vec::new(),
-            content_hash: &expected,
-        };
+        let body = ChangesBody::new(
+            export,
+            patch.changed.clone(),
+            &provenance,
+            &memory,
+            Vec::new(),
+            &expected,
+        );
         let answer = match self
             .call::<serde_json::Value>(
                 reqwest::Method::POST,
@@ -465,26 +487,18 @@ impl Client {
                 compared_ms = started.elapsed().as_secs_f64() * 1e3,
                 "export compared with the last upload"
             );
-            let body = ChangesBody {
-                format: export.format,
-                resources: delta
+            let body = ChangesBody::new(
+                export,
+                delta
                     .changed
                     .iter()
                     .map(|(i, _)| &export.resources[*i])
                     .collect(),
-                undefined: &export.undefined,
-                metadata: &export.metadata,
-                handlers: &export.handlers,
-                code: &export.code,
-                unknowns: &export.unknowns,
-                provenance: &provenance,
-                base: DeltaBase {
-                    version: memory.version,
-                    content_hash: memory.content_hash.clone(),
-                },
-                removed: delta.removed.iter().collect(),
-                content_hash: &expected,
-            };
+                &provenance,
+                &memory,
+                delta.removed.iter().collect(),
+                &expected,
+            );
             match self
                 .call::<serde_json::Value>(
                     reqwest::Method::POST,

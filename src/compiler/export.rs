@@ -328,8 +328,29 @@ pub struct ExportedField<'m> {
     pub slot: u16,
 }
 
-/// Is the value of `slot` of `inst` a constant its constructor was given? (Only those
-/// fields are listed as [`ExportedField`]: a resource has about ten fields.)
+impl<'m> ExportedField<'m> {
+    /// List the field of the resource at `resource` when its value is a constant the
+    /// constructor was given (a resource has about ten fields; most are not).
+    fn list(
+        out: &mut Vec<ExportedField<'m>>,
+        rt: &Runtime,
+        resource: usize,
+        field: &'m str,
+        inst: InstId,
+        slot: u16,
+    ) {
+        if from_constructor_constant(rt, inst, slot) {
+            out.push(ExportedField {
+                resource: resource as u32,
+                field,
+                inst,
+                slot,
+            });
+        }
+    }
+}
+
+/// Is the value of `slot` of `inst` a constant its constructor was given?
 fn from_constructor_constant(rt: &Runtime, inst: InstId, slot: u16) -> bool {
     let instance = &rt.instances[inst.0 as usize];
     if rt.rvs[(instance.rv_base + slot as u32) as usize].set_by != instance.site.0 {
@@ -496,15 +517,8 @@ pub fn export<'m>(
             let read = match how {
                 FieldRead::FsContent => {
                     let (read, own) = fs::content(rt, *inst, &content_paths);
-                    if let (Some(out), Some(slot)) = (fields.as_deref_mut(), own)
-                        && from_constructor_constant(rt, *inst, slot)
-                    {
-                        out.push(ExportedField {
-                            resource: resources.len() as u32,
-                            field,
-                            inst: *inst,
-                            slot,
-                        });
+                    if let (Some(out), Some(slot)) = (fields.as_deref_mut(), own) {
+                        ExportedField::list(out, rt, resources.len(), field, *inst, slot);
                     }
                     read
                 }
@@ -518,14 +532,8 @@ pub fn export<'m>(
                 FieldRead::Path(path) => {
                     if let (Some(out), [(_, Some(sym))]) = (fields.as_deref_mut(), &path.parts[..])
                         && let Some(slot) = p.entity(rt.inst_entity(*inst)).slot(*sym)
-                        && from_constructor_constant(rt, *inst, slot)
                     {
-                        out.push(ExportedField {
-                            resource: resources.len() as u32,
-                            field,
-                            inst: *inst,
-                            slot,
-                        });
+                        ExportedField::list(out, rt, resources.len(), field, *inst, slot);
                     }
                     read_own_field(rt, *inst, path)
                 }

@@ -97,6 +97,19 @@ fn remembering(dir: &Path, memory: &Path) -> (CompileOutcome, Vec<String>) {
     (outcome, printed)
 }
 
+/// The content of the file resource whose path ends in `/name`.
+fn content_of(o: &CompileOutcome, name: &str) -> String {
+    let Ok(Some(e)) = &o.result else {
+        panic!("{:?}", o.errors())
+    };
+    let r = e
+        .resources
+        .iter()
+        .find(|r| r.id.0.ends_with(&format!("/{name}]")))
+        .unwrap();
+    r.attributes["content"].as_str().unwrap().to_string()
+}
+
 fn export_json(outcome: &CompileOutcome) -> Option<serde_json::Value> {
     match &outcome.result {
         Ok(Some(e)) => Some(serde_json::to_value(e).unwrap()),
@@ -367,21 +380,10 @@ fn the_memory_is_not_used_when_a_module_or_a_variable_the_model_read_changed() {
     // a link back up in the module: stamped, not walked into
     std::os::unix::fs::symlink(&module, module.join("loop")).unwrap();
     let memory = cache::path(&dir, "main.cf");
-    let content = |o: &CompileOutcome, name: &str| -> String {
-        let Ok(Some(e)) = &o.result else {
-            panic!("{:?}", o.errors())
-        };
-        let r = e
-            .resources
-            .iter()
-            .find(|r| r.id.0.ends_with(&format!("/{name}]")))
-            .unwrap();
-        r.attributes["content"].as_str().unwrap().to_string()
-    };
     // SAFETY: this test alone reads and writes INC_TEST_VALUE
     unsafe { std::env::set_var("INC_TEST_VALUE", "one") };
     let (first, _) = remembering(&dir, &memory);
-    assert_eq!(content(&first, "b"), "one");
+    assert_eq!(content_of(&first, "b"), "one");
     assert!(memory.exists());
 
     // the module's literal changes (with the same length: the stamp has the time too)
@@ -389,13 +391,13 @@ fn the_memory_is_not_used_when_a_module_or_a_variable_the_model_read_changed() {
     std::fs::write(module.join("model/_init.cf"), "greeting = \"howdy\"\n").unwrap();
     let (second, _) = remembering(&dir, &memory);
     assert_eq!(second.patched, None, "a module's file changed");
-    assert_eq!(content(&second, "a"), "howdy");
+    assert_eq!(content_of(&second, "a"), "howdy");
 
     // the variable changes
     unsafe { std::env::set_var("INC_TEST_VALUE", "two") };
     let (third, _) = remembering(&dir, &memory);
     assert_eq!(third.patched, None, "a variable the model read changed");
-    assert_eq!(content(&third, "b"), "two");
+    assert_eq!(content_of(&third, "b"), "two");
 
     // and with nothing changed, the memory is used, and a plain literal patches
     let (fourth, _) = remembering(&dir, &memory);
@@ -408,8 +410,8 @@ fn the_memory_is_not_used_when_a_module_or_a_variable_the_model_read_changed() {
     .unwrap();
     let (fifth, _) = remembering(&dir, &memory);
     assert_eq!(fifth.patched, Some(1));
-    assert_eq!(content(&fifth, "c"), "plainer");
-    assert_eq!(content(&fifth, "b"), "two");
+    assert_eq!(content_of(&fifth, "c"), "plainer");
+    assert_eq!(content_of(&fifth, "b"), "two");
     unsafe { std::env::remove_var("INC_TEST_VALUE") };
 }
 
@@ -611,19 +613,8 @@ fn a_template_the_model_renders_is_checked_by_the_memory() {
     std::fs::create_dir_all(dir.join("templates")).unwrap();
     std::fs::write(dir.join("templates/site.j2"), "listen {{ port }}\n").unwrap();
     let memory = cache::path(&dir, "main.cf");
-    let content = |o: &CompileOutcome, name: &str| -> String {
-        let Ok(Some(e)) = &o.result else {
-            panic!("{:?}", o.errors())
-        };
-        let r = e
-            .resources
-            .iter()
-            .find(|r| r.id.0.ends_with(&format!("/{name}]")))
-            .unwrap();
-        r.attributes["content"].as_str().unwrap().to_string()
-    };
     let (first, _) = remembering(&dir, &memory);
-    assert_eq!(content(&first, "conf"), "listen 8080");
+    assert_eq!(content_of(&first, "conf"), "listen 8080");
     assert!(
         memory.exists(),
         "a model rendering a template is remembered"
@@ -632,7 +623,7 @@ fn a_template_the_model_renders_is_checked_by_the_memory() {
     std::fs::write(dir.join("templates/site.j2"), "listen {{ port }};\n").unwrap();
     let (second, _) = remembering(&dir, &memory);
     assert_eq!(second.patched, None, "the template changed");
-    assert_eq!(content(&second, "conf"), "listen 8080;");
+    assert_eq!(content_of(&second, "conf"), "listen 8080;");
     // the variable the template reads is read: its literal is not a site
     let main = std::fs::read_to_string(dir.join("main.cf")).unwrap();
     std::fs::write(
@@ -642,7 +633,7 @@ fn a_template_the_model_renders_is_checked_by_the_memory() {
     .unwrap();
     let (third, _) = remembering(&dir, &memory);
     assert_eq!(third.patched, None);
-    assert_eq!(content(&third, "conf"), "listen 8081;");
+    assert_eq!(content_of(&third, "conf"), "listen 8081;");
     let main = std::fs::read_to_string(dir.join("main.cf")).unwrap();
     std::fs::write(
         dir.join("main.cf"),
@@ -651,6 +642,6 @@ fn a_template_the_model_renders_is_checked_by_the_memory() {
     .unwrap();
     let (fourth, _) = remembering(&dir, &memory);
     assert_eq!(fourth.patched, Some(1));
-    assert_eq!(content(&fourth, "plain"), "plainer");
-    assert_eq!(content(&fourth, "conf"), "listen 8081;");
+    assert_eq!(content_of(&fourth, "plain"), "plainer");
+    assert_eq!(content_of(&fourth, "conf"), "listen 8081;");
 }

@@ -275,7 +275,11 @@ impl Uploaded {
         let path = Self::path(memory);
         let written = path
             .parent()
-            .map(tempfile::NamedTempFile::new_in)
+            .map(|dir| {
+                // the memory beside it may be still being written
+                std::fs::create_dir_all(dir)?;
+                tempfile::NamedTempFile::new_in(dir)
+            })
             .transpose()
             .and_then(|tmp| {
                 let Some(mut tmp) = tmp else { return Ok(()) };
