@@ -412,7 +412,8 @@ fn load(path: &Path) -> Result<Loaded, String> {
 /// asked for), and the resources the patch changed.
 pub struct Patched {
     /// The export, one resource per line ([`export_lines`]).
-    pub lines: Vec<u8>,
+    /// (Shared with the memory written for the next compile: 32 MB at 100,000 resources.)
+    pub lines: std::sync::Arc<Vec<u8>>,
     /// The resources whose fields changed, with their place in the export.
     pub changed: Vec<(usize, crate::model::Resource)>,
     /// What the model printed (the same as in the compile remembered).
@@ -444,7 +445,10 @@ impl Patched {
 
 /// The memory after a patch, to be written with [`NextMemory::save`] (nothing when the
 /// project was as remembered).
-pub struct NextMemory(Option<(Header, Vec<u8>, PatchSites, Vec<u8>)>, u64);
+pub struct NextMemory(Option<MemoryParts>, u64);
+
+/// What a memory file holds: its header, main file, sites and export.
+type MemoryParts = (Header, Vec<u8>, PatchSites, std::sync::Arc<Vec<u8>>);
 
 /// A memory's generation: any number no earlier memory had (time and a counter suffice:
 /// a record of another generation only costs a parse).
@@ -476,10 +480,15 @@ impl NextMemory {
             export_len: 0,
             generation: 0,
         };
-        NextMemory(Some((header, main, sites, export)), generation)
+        NextMemory(Some((header, main, sites, export.into())), generation)
     }
 
-    fn new_from(header: Header, main: Vec<u8>, sites: PatchSites, export: Vec<u8>) -> NextMemory {
+    fn new_from(
+        header: Header,
+        main: Vec<u8>,
+        sites: PatchSites,
+        export: std::sync::Arc<Vec<u8>>,
+    ) -> NextMemory {
         NextMemory(Some((header, main, sites, export)), new_generation())
     }
 
@@ -525,7 +534,8 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
             prints: loaded.header.inputs.prints.clone(),
             lines: loaded.bytes
                 [loaded.main_at + loaded.header.main_len + loaded.header.sites_len..]
-                .to_vec(),
+                .to_vec()
+                .into(),
             changed: Vec::new(),
             base_generation: generation,
             next: Some(NextMemory(None, generation)),
@@ -576,6 +586,7 @@ pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String
         &replaced,
         &mut export_lines,
     );
+    let export_lines = std::sync::Arc::new(export_lines);
     drop(lines);
     tracing::debug!(
         read_ms = read.as_secs_f64() * 1e3,
