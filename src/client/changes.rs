@@ -13,8 +13,9 @@
 
 // ids are the client's own export's: a fast hash (100,000 lookups per upload) is safe here;
 // each entry has a place, so an id met twice in an export is seen
+mod file;
+
 type Entries = indexmap::IndexMap<String, Remembered, foldhash::fast::RandomState>;
-use std::io::{BufRead, Write};
 use std::path::Path;
 
 use serde::Serialize;
@@ -42,6 +43,11 @@ pub struct LastUpload {
     /// the content tree of `entries`: made from them when first needed (a memory read from
     /// its file), then changed with them
     tree: Option<ContentTree>,
+    /// the tree's seals as the file had them (while `tree` is not made): a change then
+    /// hashes only the buckets it touches
+    seals: Option<Vec<content::Seal>>,
+    /// the file it was read from, and what changed since (`None`: written whole next)
+    on_disk: Option<file::OnDisk>,
 }
 
 /// What the memory holds of one resource: what its line in the content hash is made of.
@@ -52,6 +58,8 @@ struct Remembered {
     fingerprint: u64,
     requires: Vec<String>,
     undefined: bool,
+    /// the id's bucket in the content tree ([`content::bucket`])
+    bucket: u16,
 }
 
 impl PartialEq for LastUpload {
@@ -66,117 +74,49 @@ impl PartialEq for LastUpload {
     }
 }
 
-// 2: each line has the fingerprint (16 hex digits) and the undefined flag (`u` or `-`)
-// after the hash; the header has the fingerprints' key
-const MAGIC: &str = "steward-last-upload 2";
-
-#[derive(Serialize, serde::Deserialize)]
-struct Header {
-    server: String,
-    environment: String,
-    version: i32,
-    content_hash: String,
-    fingerprint_key: Key,
-}
-
 impl LastUpload {
-    /// Read a memory written by [`LastUpload::save`]; `None` when there is none or it does
-    /// not read (the next upload is then whole).
-    pub fn load(path: &Path) -> Option<LastUpload> {
-        let file = std::fs::File::open(path).ok()?;
-        let mut lines = std::io::BufReader::new(file).lines();
-        if lines.next()?.ok()? != MAGIC {
-            return None;
+    /// The content tree of what the server holds, ready for changes to the resources
+    /// `touched`: the one kept from the last upload, or made from the file's seals, with the
+    /// sealed buckets `touched` falls in opened; else made from every entry.
+    fn take_tree<'a>(&mut self, touched: impl Iterator<Item = &'a str>) -> ContentTree {
+        fn line<'e>(
+            (id, e): (&'e String, &'e Remembered),
+        ) -> (&'e str, &'e str, &'e [String], bool) {
+            (
+                id.as_str(),
+                e.hash.as_str(),
+                e.requires.as_slice(),
+                e.undefined,
+            )
         }
-        let header: Header = serde_json::from_str(&lines.next()?.ok()?).ok()?;
-        let mut entries = Entries::default();
-        for line in lines {
-            let line = line.ok()?;
-            let mut fields = line.split('\t');
-            let hash = fields.next()?.to_string();
-            let fingerprint = u64::from_str_radix(fields.next()?, 16).ok()?;
-            let undefined = match fields.next()? {
-                "u" => true,
-                "-" => false,
-                _ => return None,
-            };
-            let id = fields.next()?.to_string();
-            let requires = fields.map(str::to_string).collect();
-            entries.insert(
-                id,
-                Remembered {
-                    hash,
-                    fingerprint,
-                    requires,
-                    undefined,
-                },
-            );
-        }
-        Some(LastUpload {
-            server: header.server,
-            environment: header.environment,
-            version: header.version,
-            content_hash: header.content_hash,
-            key: header.fingerprint_key,
-            entries,
-            tree: None,
-        })
-    }
-
-    /// The content tree of what the server holds (made from the entries the first time).
-    fn take_tree(&mut self) -> ContentTree {
-        self.tree.take().unwrap_or_else(|| {
-            ContentTree::of(self.entries.iter().map(|(id, e)| {
-                (
-                    id.as_str(),
-                    e.hash.as_str(),
-                    e.requires.as_slice(),
-                    e.undefined,
-                )
-            }))
-        })
-    }
-
-    /// Write it (to a temporary file renamed into place: a crash leaves the old or the new).
-    /// Ids hold no control character (the server refuses them), so tabs and newlines part
-    /// the fields.
-    pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension("tmp");
-        // readable by its owner only: it holds the fingerprints' key (a file left by a crash
-        // is made anew, not reused with its mode)
-        let _ = std::fs::remove_file(&tmp);
-        let file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?
+        let tree = match self.tree.take() {
+            Some(tree) => Some(tree),
+            None => self.seals.as_deref().and_then(ContentTree::from_seals),
         };
-        let mut out = std::io::BufWriter::new(file);
-        writeln!(out, "{MAGIC}")?;
-        let header = Header {
-            server: self.server.clone(),
-            environment: self.environment.clone(),
-            version: self.version,
-            content_hash: self.content_hash.clone(),
-            fingerprint_key: self.key,
-        };
-        writeln!(out, "{}", serde_json::to_string(&header)?)?;
-        for (id, e) in &self.entries {
-            let flag = if e.undefined { "u" } else { "-" };
-            write!(out, "{}\t{:016x}\t{flag}\t{id}", e.hash, e.fingerprint)?;
-            for r in &e.requires {
-                write!(out, "\t{r}")?;
+        if let Some(mut tree) = tree {
+            let mut wanted = vec![false; content::BUCKETS];
+            let mut any = false;
+            for id in touched.filter(|id| tree.is_sealed(id)) {
+                wanted[usize::from(content::bucket(id))] = true;
+                any = true;
             }
-            writeln!(out)?;
+            let opened = self
+                .entries
+                .iter()
+                .filter(|(_, e)| wanted[usize::from(e.bucket)])
+                .map(line);
+            if !any || tree.open(opened) {
+                return tree;
+            }
+            tracing::debug!("the last upload's seals do not fit its entries: hashing them all");
         }
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, path)
+        ContentTree::of(self.entries.iter().map(line))
+    }
+
+    /// The tree after the entries changed with it: the file's seals are stale.
+    fn changed_with(&mut self, tree: ContentTree) {
+        self.tree = Some(tree);
+        self.seals = None;
     }
 }
 
@@ -368,7 +308,7 @@ impl Client {
             }
             changed.push((*r, r.hash(), fingerprint::of(memory.key, r), e.undefined));
         }
-        let mut tree = memory.take_tree();
+        let mut tree = memory.take_tree(changed.iter().map(|(r, ..)| r.id.0.as_str()));
         for (r, hash, _, undefined) in &changed {
             tree.insert(&r.id.0, hash, &r.requires, *undefined);
         }
@@ -413,13 +353,17 @@ impl Client {
                         fingerprint,
                         requires: r.requires.iter().map(|q| q.0.clone()).collect(),
                         undefined,
+                        bucket: content::bucket(&r.id.0),
                     },
                 );
             }
             memory.server = self.base.clone();
             memory.version = answer["number"].as_i64().unwrap_or(0) as i32;
             memory.content_hash = expected;
-            memory.tree = Some(tree);
+            memory.changed_with(tree);
+            if let Some(d) = &mut memory.on_disk {
+                d.changed(patch.changed.iter().map(|r| r.id.0.as_str()));
+            }
             memory
         });
         Ok(Ok(Sent {
@@ -460,6 +404,7 @@ impl Client {
                 fingerprint: fingerprints[i],
                 requires: r.requires.iter().map(|q| q.0.clone()).collect(),
                 undefined: is_undefined(&r.id.0),
+                bucket: content::bucket(&r.id.0),
             }
         };
         let memory_and_delta = memory.and_then(|m| {
@@ -470,7 +415,18 @@ impl Client {
             // the memory's tree with the changes is the export's (what was not compared
             // field by field has the fingerprint it had): its root is the content hash the
             // export must have
-            let mut tree = memory.take_tree();
+            // the buckets of restamped resources are opened too, though their lines stay:
+            // an entry that is not what its bucket's seal was made from is then found, and
+            // the tree made from the entries, as a tree without seals is
+            let touched = delta.removed.iter().map(|id| id.0.as_str()).chain(
+                delta
+                    .changed
+                    .iter()
+                    .map(|(i, _)| *i)
+                    .chain(delta.restamped.iter().copied())
+                    .map(|i| export.resources[i].id.0.as_str()),
+            );
+            let mut tree = memory.take_tree(touched);
             for id in &delta.removed {
                 tree.remove(&id.0);
             }
@@ -511,22 +467,39 @@ impl Client {
                     // what the server holds now: the memory with the changes applied (none
                     // when the server's content hash is not ours: the next upload is whole)
                     let last = (answer["content_hash"] == expected.as_str()).then(|| {
+                        // the file keeps the changes apart while none came or went
+                        let mut kept = delta.removed.is_empty();
                         for id in &delta.removed {
                             memory.entries.swap_remove(&id.0);
                         }
-                        for (i, hash) in delta.changed {
+                        for &(i, ref hash) in &delta.changed {
                             let id = export.resources[i].id.0.clone();
-                            memory.entries.insert(id, remembered(i, hash));
+                            let came = memory
+                                .entries
+                                .insert(id, remembered(i, hash.clone()))
+                                .is_none();
+                            kept &= !came;
                         }
-                        for i in delta.restamped {
+                        for &i in &delta.restamped {
                             if let Some(e) = memory.entries.get_mut(&export.resources[i].id.0) {
                                 e.fingerprint = fingerprints[i];
                             }
                         }
+                        match &mut memory.on_disk {
+                            Some(d) if kept => d.changed(
+                                delta
+                                    .changed
+                                    .iter()
+                                    .map(|(i, _)| *i)
+                                    .chain(delta.restamped.iter().copied())
+                                    .map(|i| export.resources[i].id.0.as_str()),
+                            ),
+                            _ => memory.on_disk = None,
+                        }
                         memory.server = self.base.clone();
                         memory.version = answer["number"].as_i64().unwrap_or(0) as i32;
                         memory.content_hash = expected;
-                        memory.tree = Some(tree);
+                        memory.changed_with(tree);
                         memory
                     });
                     return Ok(Sent {
@@ -565,6 +538,8 @@ impl Client {
                 .map(|(i, h)| (export.resources[i].id.0.clone(), remembered(i, h)))
                 .collect(),
             tree: Some(tree),
+            seals: None,
+            on_disk: None,
         });
         Ok(Sent {
             answer,

@@ -42,7 +42,14 @@ struct Bucket {
     leaves: BTreeMap<Box<str>, [u8; 32]>,
     /// `None`: changed since it was last hashed
     digest: Option<[u8; 32]>,
+    /// Lines it holds that are not in `leaves`: a bucket known by its [`Seal`] only (its
+    /// digest is then known, and `leaves` is empty).
+    sealed: u32,
 }
+
+/// What a tree needs of a bucket it was not given the lines of: its digest and how many
+/// lines it holds ([`ContentTree::seals`]).
+pub type Seal = ([u8; 32], u32);
 
 impl ContentTree {
     /// A tree of `entries`: `(id, attribute hash, requires, undefined)`. Each leaf is
@@ -81,6 +88,81 @@ impl ContentTree {
         tree
     }
 
+    /// A tree that knows each bucket by its [`Seal`] only (from [`ContentTree::seals`] of
+    /// a tree holding the same lines). A bucket must be [`ContentTree::open`]ed before a
+    /// line in it changes: a change to one resource of 100,000 then hashes the hundred
+    /// lines of its bucket, not 100,000. `None`: not [`BUCKETS`] seals.
+    pub fn from_seals(seals: &[Seal]) -> Option<ContentTree> {
+        if seals.len() != BUCKETS {
+            return None;
+        }
+        Some(ContentTree {
+            buckets: seals
+                .iter()
+                .map(|&(digest, sealed)| Bucket {
+                    leaves: BTreeMap::new(),
+                    digest: (sealed > 0).then_some(digest),
+                    sealed,
+                })
+                .collect(),
+            len: seals.iter().map(|&(_, n)| n as usize).sum(),
+        })
+    }
+
+    /// Whether the bucket `id` falls in is known by its seal only.
+    pub fn is_sealed(&self, id: &str) -> bool {
+        self.buckets
+            .get(bucket_of(id))
+            .is_some_and(|b| b.sealed > 0)
+    }
+
+    /// Give sealed buckets their lines: every line of each bucket opened, which must hash
+    /// to its seal. `false` (the tree is then of no use): a line of a bucket that is not
+    /// sealed, or lines that are not what a seal says.
+    #[must_use]
+    pub fn open<'a, Q: AsRef<str> + 'a>(
+        &mut self,
+        lines: impl Iterator<Item = (&'a str, &'a str, &'a [Q], bool)>,
+    ) -> bool {
+        let mut opened = vec![false; self.buckets.len()];
+        for (id, hash, requires, undefined) in lines {
+            let number = bucket_of(id);
+            let Some(bucket) = self.buckets.get_mut(number) else {
+                return false;
+            };
+            if bucket.sealed == 0 {
+                return false;
+            }
+            opened[number] = true;
+            let mut line = Vec::with_capacity(256);
+            write_line(id, hash, requires, undefined, &mut line);
+            bucket
+                .leaves
+                .insert(id.into(), Sha256::digest(&line[..]).into());
+        }
+        for (bucket, _) in self.buckets.iter_mut().zip(opened).filter(|(_, o)| *o) {
+            if bucket.leaves.len() != bucket.sealed as usize
+                || bucket.digest != Some(digest_of(&bucket.leaves))
+            {
+                return false;
+            }
+            bucket.sealed = 0;
+        }
+        true
+    }
+
+    /// Each bucket's [`Seal`] (an empty tree has none), to make the tree again with
+    /// [`ContentTree::from_seals`] without hashing every line.
+    pub fn seals(&self) -> Vec<Seal> {
+        self.buckets
+            .iter()
+            .map(|b| {
+                let digest = b.digest.unwrap_or_else(|| digest_of(&b.leaves));
+                (digest, b.sealed + b.leaves.len() as u32)
+            })
+            .collect()
+    }
+
     /// How many resources it holds.
     pub fn len(&self) -> usize {
         self.len
@@ -99,6 +181,7 @@ impl ContentTree {
             self.buckets = vec![Bucket::default(); BUCKETS];
         }
         let bucket = &mut self.buckets[bucket_of(id)];
+        debug_assert_eq!(bucket.sealed, 0, "a change to a bucket known by its seal");
         bucket.digest = None;
         if bucket.leaves.insert(id.into(), leaf).is_none() {
             self.len += 1;
@@ -111,6 +194,7 @@ impl ContentTree {
             return;
         }
         let bucket = &mut self.buckets[bucket_of(id)];
+        debug_assert_eq!(bucket.sealed, 0, "a change to a bucket known by its seal");
         if bucket.leaves.remove(id).is_some() {
             bucket.digest = None;
             self.len -= 1;
@@ -123,22 +207,32 @@ impl ContentTree {
         let mut h = Sha256::new();
         h.update(TAG);
         for (number, bucket) in self.buckets.iter_mut().enumerate() {
-            if bucket.leaves.is_empty() {
+            if bucket.leaves.is_empty() && bucket.sealed == 0 {
                 continue;
             }
-            let digest = *bucket.digest.get_or_insert_with(|| {
-                let mut b = Sha256::new();
-                for leaf in bucket.leaves.values() {
-                    b.update(leaf);
-                }
-                b.finalize().into()
-            });
+            let digest = *bucket
+                .digest
+                .get_or_insert_with(|| digest_of(&bucket.leaves));
             // BUCKETS fits two bytes
             h.update((number as u16).to_be_bytes());
             h.update(digest);
         }
         super::hex_lower(&h.finalize())
     }
+}
+
+/// A bucket's digest: the SHA-256 of its leaves in id order.
+fn digest_of(leaves: &BTreeMap<Box<str>, [u8; 32]>) -> [u8; 32] {
+    let mut b = Sha256::new();
+    for leaf in leaves.values() {
+        b.update(leaf);
+    }
+    b.finalize().into()
+}
+
+/// The bucket `id` falls in (see [`ContentTree::from_seals`]).
+pub fn bucket(id: &str) -> u16 {
+    bucket_of(id) as u16
 }
 
 /// The bucket of an id: 64-bit FNV-1a of its bytes (fixed: it is part of the format).
@@ -304,5 +398,48 @@ mod tests {
             ContentTree::default().root(),
             hex::encode(Sha256::digest(TAG))
         );
+    }
+
+    /// A tree made from seals and the buckets a change touches gives the hash the whole
+    /// tree gives after the same change; lines that are not what a seal says are refused.
+    #[test]
+    fn a_tree_from_seals_changes_like_the_whole() {
+        let none: Vec<String> = vec![];
+        let ids: Vec<String> = (0..5000).map(|i| format!("f[h,path=/f{i}]")).collect();
+        fn line(i: &str) -> (&str, &str, &[String], bool) {
+            (i, "h", &[], false)
+        }
+        let mut whole = ContentTree::of(ids.iter().map(|i| line(i)));
+        let seals = whole.seals();
+        let touched = [bucket(&ids[7]), bucket(&ids[8]), bucket("new[h,n=1]")];
+        let opened = || {
+            ids.iter()
+                .filter(|i| touched.contains(&bucket(i)))
+                .map(|i| line(i))
+        };
+        let mut part = ContentTree::from_seals(&seals).expect("a seal per bucket");
+        assert!(part.is_sealed(&ids[7]));
+        assert_eq!(part.root(), whole.root());
+        assert!(part.open(opened()), "the lines fit their seals");
+        assert!(!part.is_sealed(&ids[7]) && !part.is_sealed("new[h,n=1]"));
+        assert_eq!(part.len(), 5000);
+        assert_eq!(part.root(), whole.root());
+        for t in [&mut whole, &mut part] {
+            t.insert(&ids[7], "h2", &none, false);
+            t.remove(&ids[8]);
+            t.insert("new[h,n=1]", "h", &none, false);
+        }
+        assert_eq!(part.root(), whole.root());
+        assert_eq!(part.len(), whole.len());
+        let again = ContentTree::from_seals(&part.seals()).expect("seals of a tree from seals");
+        assert_eq!(again.seals(), whole.seals());
+        // a bucket opened with a line missing, with another line, or twice: refused
+        let fresh = || ContentTree::from_seals(&seals).unwrap();
+        assert!(!fresh().open(opened().skip(1)));
+        assert!(!fresh().open(opened().map(|(id, _, r, u)| (id, "other", r, u))));
+        let mut twice = fresh();
+        assert!(twice.open(opened()));
+        assert!(!twice.open(opened()));
+        assert!(ContentTree::from_seals(&seals[1..]).is_none());
     }
 }

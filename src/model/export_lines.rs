@@ -82,46 +82,55 @@ impl Lines<'_> {
 /// by something else: it is then parsed whole). An error: in this layout, but what is not a
 /// resource's line does not parse.
 pub fn split(text: &[u8]) -> Option<Result<Lines<'_>, serde_json::Error>> {
-    // a file ends with a line end
-    let text = text.strip_suffix(b"\n").unwrap_or(text);
-    let first = memchr(text, 0)?;
-    let last = text.iter().rposition(|&b| b == b'\n')?;
-    let head = &text[..first];
-    let tail = &text[last + 1..];
-    if !head.ends_with(OPENING) || !tail.starts_with(b"]") || last <= first {
-        return None;
-    }
-    let middle = &text[first + 1..last];
+    let (head, middle, tail) = parts(text)?;
     // every line costs the reader a slice and a hash: a file of a given size has at most so
     // many resources' lines, however it was written (the server reads what a commit's
     // compile left, up to 256 MiB: as two-byte lines that was gigabytes)
-    let lines = middle.iter().filter(|&&b| b == b'\n').count() + 1;
+    let lines = memchr::memchr_iter(b'\n', middle).count() + 1;
     if lines > middle.len() / SHORTEST_LINE + 1 {
         return Some(Err(serde::de::Error::custom(format!(
             "{lines} resource lines in {} bytes: a resource's line is at least {SHORTEST_LINE} bytes",
             middle.len()
         ))));
     }
+    // (the line ends found with the vector search: 100,000 lines, 32 MB, in a few ms)
     let mut resources: Vec<&[u8]> = Vec::with_capacity(lines);
-    resources.extend(middle.split(|&b| b == b'\n'));
-    let n = resources.len();
-    for (i, line) in resources.iter_mut().enumerate() {
-        if i + 1 < n {
-            *line = line.strip_suffix(b",")?;
-        }
+    let mut start = 0;
+    for end in memchr::memchr_iter(b'\n', middle) {
+        resources.push(middle[start..end].strip_suffix(b",")?);
+        start = end + 1;
     }
-    // the rest is the document with no resources
+    resources.push(&middle[start..]);
+    Some(rest_of(head, tail).map(|rest| Lines { rest, resources }))
+}
+
+/// Everything in `text` but its resources, without looking at their lines (`None`: not in
+/// this layout).
+pub fn rest(text: &[u8]) -> Option<Result<ExportFile, serde_json::Error>> {
+    let (head, _, tail) = parts(text)?;
+    Some(rest_of(head, tail))
+}
+
+/// The first line, the resources' lines and the last line of `text`.
+fn parts(text: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    // a file ends with a line end
+    let text = text.strip_suffix(b"\n").unwrap_or(text);
+    let first = memchr::memchr(b'\n', text)?;
+    let last = memchr::memrchr(b'\n', text)?;
+    let head = &text[..first];
+    let tail = &text[last + 1..];
+    if !head.ends_with(OPENING) || !tail.starts_with(b"]") || last <= first {
+        return None;
+    }
+    Some((head, &text[first + 1..last], tail))
+}
+
+/// The document with no resources.
+fn rest_of(head: &[u8], tail: &[u8]) -> Result<ExportFile, serde_json::Error> {
     let mut rest = Vec::with_capacity(head.len() + tail.len());
     rest.extend_from_slice(head);
     rest.extend_from_slice(tail);
-    Some(serde_json::from_slice::<ExportFile>(&rest).map(|rest| Lines { rest, resources }))
-}
-
-fn memchr(text: &[u8], from: usize) -> Option<usize> {
-    text[from..]
-        .iter()
-        .position(|&b| b == b'\n')
-        .map(|i| i + from)
+    serde_json::from_slice::<ExportFile>(&rest)
 }
 
 #[cfg(test)]

@@ -202,6 +202,8 @@ async fn whole_and_changes_store_identical_versions_over_a_random_sequence() {
         .collect();
     let mut next_id = 120;
     let mut last: Option<LastUpload> = None;
+    let memory_dir = tempfile::tempdir().unwrap();
+    let memory_file = memory_dir.path().join("last");
     // every version sent, by number (the same in both environments)
     let mut sent: BTreeMap<i32, BTreeSet<String>> = BTreeMap::new();
     let (mut as_changes, mut fell_back) = (0, 0);
@@ -228,6 +230,14 @@ async fn whole_and_changes_store_identical_versions_over_a_random_sequence() {
             last.is_some(),
             "step {step}: the client's content hash is the server's"
         );
+        // every other step the memory goes through its file (its base, or the changes
+        // since), and the next upload starts from what the file says
+        if step % 2 == 1 {
+            last.as_ref().unwrap().save(&memory_file).unwrap();
+            let read = LastUpload::load(&memory_file);
+            assert_eq!(read, last, "step {step}: the memory read back");
+            last = read;
+        }
         let b_answer = &b.answer;
         if b.as_changes {
             as_changes += 1;
@@ -379,6 +389,21 @@ async fn whole_and_changes_store_identical_versions_over_a_random_sequence() {
     );
 }
 
+/// A memory file's text with the hash of its lines (in its header) made again: a file
+/// written wrong, rather than changed after it was written.
+fn rehash(text: &str) -> String {
+    use sha2::Digest;
+    let mut parts = text.splitn(3, '\n');
+    let (magic, header, body) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let mut header: serde_json::Value = serde_json::from_str(header).unwrap();
+    header["body"] = hex::encode(sha2::Sha256::digest(body.as_bytes())).into();
+    format!("{magic}\n{header}\n{body}")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     let s = TestServer::start(false).await;
@@ -410,7 +435,14 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
     let text = std::fs::read_to_string(&path).unwrap();
     let lied = text.replacen(&format!("\t{}", id_of(3)), &format!("\t{}", id_of(999)), 1);
     assert_ne!(lied, text);
-    std::fs::write(&path, lied).unwrap();
+    std::fs::write(&path, &lied).unwrap();
+    assert!(
+        LastUpload::load(&path).is_none(),
+        "a file changed after it was written does not read"
+    );
+    // as if written so (its lines' hash made again)
+    std::fs::write(&path, rehash(&lied)).unwrap();
+    assert!(LastUpload::load(&path).is_some());
     world.get_mut(&5).unwrap().0 = "changed".into();
     let export = world_export(&world);
     let sent = c
@@ -448,7 +480,7 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
         .hash();
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains(&old8));
-    std::fs::write(&path, text.replace(&old8, &new8)).unwrap();
+    std::fs::write(&path, rehash(&text.replace(&old8, &new8))).unwrap();
     let sent = c
         .upload_changes(&env, &export, json!({}), LastUpload::load(&path))
         .await
@@ -557,6 +589,100 @@ async fn a_wrong_memory_costs_a_whole_upload_never_a_wrong_version() {
 
 /// Changes that close a dependency cycle are refused as a whole export closing it is: the
 /// server checks around the resources that gained a requirement, not the whole version.
+/// A memory that changed a few resources since its file was written saves them beside the
+/// file, which stays as it was; what it reads back is the memory. Changes of another base, or
+/// cut short, are not used (the next upload is whole, and right); resources that come or go
+/// write the whole file again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_saves_its_changes_beside_its_file() {
+    let s = TestServer::start(false).await;
+    let c = s.admin_client();
+    let env = new_env(&c, "journal", 10).await;
+    let mut world: World = (0..30)
+        .map(|n| (n, (format!("content {n}"), BTreeSet::new(), false)))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("last");
+    let changes_file = dir.path().join("last.changes");
+    let first = c
+        .upload_changes(&env, &world_export(&world), json!({}), None)
+        .await
+        .unwrap();
+    first.last.as_ref().unwrap().save(&path).unwrap();
+    assert!(!changes_file.exists());
+    let base = std::fs::read(&path).unwrap();
+    let upload = async |world: &World| {
+        let export = world_export(world);
+        let sent = c
+            .upload_changes(&env, &export, json!({}), LastUpload::load(&path))
+            .await
+            .unwrap();
+        let n = sent.answer["number"].as_i64().unwrap() as i32;
+        same(&as_stored(&c, &env, n).await, &as_sent(&export), "stored");
+        let last = sent.last.clone().expect("the content hash agreed");
+        last.save(&path).unwrap();
+        assert_eq!(LastUpload::load(&path).as_ref(), Some(&last), "read back");
+        sent
+    };
+    for n in [5, 6, 5] {
+        world.get_mut(&n).unwrap().0 = format!("changed {}", world[&n].0);
+        let sent = upload(&world).await;
+        assert!(sent.as_changes);
+        assert_eq!(std::fs::read(&path).unwrap(), base, "the base file is kept");
+        let mode = {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(&changes_file)
+                .unwrap()
+                .permissions()
+                .mode()
+        };
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the changes hold the key's fingerprints"
+        );
+    }
+    let changes = std::fs::read_to_string(&changes_file).unwrap();
+    assert_eq!(
+        changes.lines().count(),
+        2 + 2,
+        "two resources changed, each once: {changes}"
+    );
+    // changes of another base (left by a crash between writing a base and removing them)
+    world.insert(30, ("new".into(), BTreeSet::new(), false));
+    let sent = upload(&world).await;
+    assert!(sent.as_changes);
+    assert!(
+        !changes_file.exists(),
+        "a resource came: the base is written whole"
+    );
+    assert_ne!(std::fs::read(&path).unwrap(), base);
+    std::fs::write(&changes_file, &changes).unwrap();
+    assert_eq!(
+        LastUpload::load(&path).as_ref(),
+        sent.last.as_ref(),
+        "changes of another base are not used"
+    );
+    // changes cut short: the base alone is read, which the server moved past, so the next
+    // upload goes whole, and is stored right
+    world.get_mut(&7).unwrap().0 = "seven".into();
+    assert!(upload(&world).await.as_changes);
+    let full = std::fs::read_to_string(&changes_file).unwrap();
+    let cut: String = full.lines().take(2).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&changes_file, cut).unwrap();
+    world.get_mut(&8).unwrap().0 = "eight".into();
+    let sent = upload(&world).await;
+    assert!(
+        !sent.as_changes,
+        "the memory read was stale: the whole went"
+    );
+    assert!(!changes_file.exists());
+    // a resource going writes the base whole too
+    world.remove(&2);
+    assert!(upload(&world).await.as_changes);
+    assert!(!changes_file.exists());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn changes_that_close_a_dependency_cycle_are_refused() {
     let s = TestServer::start(false).await;
@@ -843,10 +969,18 @@ async fn steward_export_and_deploy_send_only_what_changed() {
         second.contains("(+0 ~1 -0), sent as its changes"),
         "{second}"
     );
-    let remembered = std::fs::read_dir(cache.path().join("steward/uploads"))
+    // one memory: its file, and the one change since beside it
+    let mut remembered: Vec<String> = std::fs::read_dir(cache.path().join("steward/uploads"))
         .unwrap()
-        .count();
-    assert_eq!(remembered, 1);
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    remembered.sort();
+    assert_eq!(remembered.len(), 2, "{remembered:?}");
+    assert_eq!(
+        remembered[1],
+        format!("{}.changes", remembered[0]),
+        "{remembered:?}"
+    );
     // the same project uploaded whole elsewhere: the same version
     export(&["export", "-j", "whole.json"]);
     let whole: ExportFile =

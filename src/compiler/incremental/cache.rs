@@ -431,8 +431,8 @@ impl Patched {
 
     /// The export without its resources (handlers, code, metadata, undefined ids, unknowns).
     pub fn rest(&self) -> Result<ExportFile, String> {
-        match export_lines::split(&self.lines) {
-            Some(Ok(lines)) => Ok(lines.rest),
+        match export_lines::rest(&self.lines) {
+            Some(Ok(rest)) => Ok(rest),
             _ => Err("the memory's export does not read".into()),
         }
     }
