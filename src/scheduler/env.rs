@@ -160,7 +160,14 @@ pub struct EnvScheduler {
     facts: facts::FactRefresh,
     /// the server's events (facts a handler's call wrote go out on it)
     notifier: crate::events::Notifier,
+    /// the attributes of the model's resources being read after the start, by hash
+    /// ([`EnvScheduler::read_unread_later`])
+    unread: Option<UnreadAttributes>,
 }
+
+type UnreadAttributes = tokio::task::JoinHandle<
+    Result<std::collections::HashMap<String, store::versions::StoredAttributes>, store::StoreError>,
+>;
 
 /// What an environment's scheduler uses that the whole server shares.
 pub struct Links {
@@ -226,6 +233,7 @@ impl EnvScheduler {
             tenure,
             facts: Default::default(),
             notifier,
+            unread: None,
         };
         // the database may be away at start: keep trying
         // (and the executors' sandbox must be ready before any of them starts)
@@ -257,8 +265,13 @@ impl EnvScheduler {
                 Some(ev) = pool_rx.recv() => {
                     // all that came in together (an agent's poll brings several results),
                     // then one dispatch
-                    s.on_pool_event(ev);
+                    let mut events = vec![ev];
                     while let Ok(ev) = pool_rx.try_recv() {
+                        events.push(ev);
+                    }
+                    // (a result's events read other resources' flags)
+                    s.read_for_results(&events).await;
+                    for ev in events {
                         s.on_pool_event(ev);
                     }
                 }
@@ -358,7 +371,8 @@ impl EnvScheduler {
             // works on both while this task decodes whichever comes first
             let (pool, env) = (self.pool.clone(), self.env);
             let (intents, rows) = tokio::join!(
-                self.load_intents(v, true),
+                // the attributes are read after the start (read_unread_later)
+                self.load_intents_reading(v, true, false),
                 store::deploy::load_states(&pool, env)
             );
             let (intents, rows) = (intents?, rows?);
@@ -380,10 +394,12 @@ impl EnvScheduler {
                 Err(e) => store::StoreError::Database(format!("building the model: {e}")),
             })?;
             mark("model", &mut phases);
+            self.read_unread_later();
             self.load_wanted_facts().await;
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
             mark("facts and handlers", &mut phases);
         }
+        self.read_agent_configs().await?;
         self.refresh_placements();
         self.arm_sweeps(Utc::now());
         let active = store::versions::active(&self.pool, self.env).await?;

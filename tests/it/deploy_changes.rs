@@ -280,6 +280,33 @@ async fn a_restarted_server_agrees_with_the_states_written_in_place() {
         "nothing deployed again after the start"
     );
     assert_eq!(states(c.resources(&env).await.unwrap().1), before);
+    // the started scheduler read its resources' attributes after it started (not before):
+    // a repair then rewrites every file that drifted with what its attributes say
+    let d = seq.dir.path().to_path_buf();
+    // (a blocked resource is not deployed: it keeps what it had)
+    let drifted: Vec<usize> = seq
+        .on_disk
+        .keys()
+        .copied()
+        .filter(|&n| !blocked(&seq.world, n))
+        .collect();
+    assert!(drifted.len() >= 5, "{drifted:?}");
+    for &n in &drifted {
+        std::fs::write(path_of(&d, n), "drift\n").unwrap();
+    }
+    c.trigger(&env, true, None, None).await.unwrap();
+    let on_disk = &seq.on_disk;
+    eventually(
+        30,
+        "the repair after the start to restore every file",
+        || {
+            let ok = drifted
+                .iter()
+                .all(|&n| std::fs::read_to_string(path_of(&d, n)).ok().as_ref() == on_disk.get(&n));
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
     for step in 15..22 {
         seq.step(&c, &env, step).await;
     }

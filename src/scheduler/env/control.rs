@@ -22,6 +22,9 @@ impl EnvScheduler {
             Control::Settings => {
                 if let Ok(env) = store::environments::get_environment(&self.pool, self.env).await {
                     self.settings = env.settings;
+                    if let Err(e) = self.read_agent_configs().await {
+                        tracing::warn!(environment = %self.env, error = %e, "the agents' configurations could not be read");
+                    }
                     self.refresh_placements();
                     let now = Utc::now();
                     self.arm_sweeps(now);
@@ -42,6 +45,8 @@ impl EnvScheduler {
             Control::Dryrun { id, version } => self.start_dryrun(id, version).await,
             Control::DryrunPreview { id } => self.start_preview_dryrun(id).await,
             Control::Pause { agent, paused, ack } => {
+                // (withdrawn actions finish, which reads flags)
+                self.settle_unread().await;
                 if paused {
                     self.withdraw_waiting(Some(&agent)).await;
                     self.paused.insert(agent);
@@ -51,6 +56,7 @@ impl EnvScheduler {
                 let _ = ack.send(());
             }
             Control::Halt { halted, ack } => {
+                self.settle_unread().await;
                 if halted {
                     self.withdraw_waiting(None).await;
                 }

@@ -113,6 +113,14 @@ impl EnvScheduler {
             _ if matches!(priority, Priority::UserRepair | Priority::IntervalRepair) => "repair",
             _ => "deploy",
         };
+        // a resource whose attributes a scheduler that just started has not read yet
+        if let TaskKey::Deploy(id) | TaskKey::Facts(id) = &key
+            && let Some(r) = self.model.get(id)
+            && self.model.intents[r].attributes.is_unread()
+            && let Err(e) = self.read_attributes_of(&[r]).await
+        {
+            tracing::warn!(environment = %self.env, resource = %id, error = %e, "the resource's attributes could not be read");
+        }
         let (kind, mut intent, version, r, code) = match &key {
             TaskKey::Deploy(id) => match (self.model.get(id), self.tombstones.get(id)) {
                 (Some(r), _) => {
@@ -185,6 +193,8 @@ impl EnvScheduler {
                         .unwrap_or("not deployed yet")
                 );
                 self.model.states[r].blocked_reason = Some(msg.clone());
+                // (finishing reads the flags of the resources it sends events to)
+                self.read_dependents_of(Some(r)).await;
                 self.finish_at_once(
                     key,
                     action_id,
@@ -231,6 +241,7 @@ impl EnvScheduler {
             Ok(p) => p,
             Err(msg) => {
                 tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
+                self.read_dependents_of(r).await;
                 self.finish_at_once(
                     key,
                     action_id,
@@ -268,6 +279,7 @@ impl EnvScheduler {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(environment = %self.env, error = %e, "no executor");
+                self.read_dependents_of(r).await;
                 self.finish_at_once(
                     key,
                     action_id,

@@ -18,10 +18,21 @@ impl EnvScheduler {
         version: i32,
         take: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
+        self.load_intents_reading(version, take, true).await
+    }
+
+    /// [`Self::load_intents`], with the attributes the model does not hold left unread when
+    /// not `read` (a scheduler starting: see [`Self::read_unread_later`]).
+    pub(super) async fn load_intents_reading(
+        &mut self,
+        version: i32,
+        take: bool,
+        read: bool,
+    ) -> Result<Vec<Intent>, store::StoreError> {
         let t0 = std::time::Instant::now();
         let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
         let t_digests = t0.elapsed();
-        let intents = self.intents_of(rows, take).await?;
+        let intents = self.intents_of(rows, take, read).await?;
         tracing::debug!(
             environment = %self.env, version, resources = intents.len(),
             digests_ms = t_digests.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3,
@@ -32,21 +43,27 @@ impl EnvScheduler {
 
     /// The intents of `rows` (a version's resources, or the changed ones of a newer
     /// version): attributes the model holds under the same hash are taken from it (moved
-    /// out when `take`, copied otherwise), the others read by hash, once per hash.
+    /// out when `take`, copied otherwise; unread ones are only moved), the others read by
+    /// hash, once per hash, or left unread when not `read`.
     async fn intents_of(
         &mut self,
         rows: Vec<store::versions::ResourceDigestRow>,
         take: bool,
+        read: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
-        fn held(m: &Model, r: &store::versions::ResourceDigestRow) -> Option<usize> {
-            m.get(&r.resource_id)
-                .filter(|&i| m.intents[i].hash == r.hash)
-        }
-        let mut missing: Vec<String> = rows
-            .iter()
-            .filter(|r| held(&self.model, r).is_none())
-            .map(|r| r.hash.clone())
-            .collect();
+        let held = |m: &Model, r: &store::versions::ResourceDigestRow| -> Option<usize> {
+            m.get(&r.resource_id).filter(|&i| {
+                m.intents[i].hash == r.hash && (take || !m.intents[i].attributes.is_unread())
+            })
+        };
+        let mut missing: Vec<String> = if read {
+            rows.iter()
+                .filter(|r| held(&self.model, r).is_none())
+                .map(|r| r.hash.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         missing.sort_unstable();
         missing.dedup();
         let mut blobs = store::versions::take_attributes(&self.pool, missing).await?;
@@ -55,6 +72,7 @@ impl EnvScheduler {
             let attributes = match held(&self.model, &r) {
                 Some(i) if take => std::mem::take(&mut self.model.intents[i].attributes),
                 Some(i) => self.model.intents[i].attributes.clone(),
+                None if !read => Attributes::unread(),
                 // a hash covers the resource's id: no two rows share one
                 None => match blobs.remove(&r.hash) {
                     Some(store::versions::StoredAttributes::Map(a)) => Attributes::parsed(a),
@@ -105,7 +123,7 @@ impl EnvScheduler {
                     .collect();
                 // copied: if the changes can not be taken in place, the whole version is
                 // loaded from the model as it was
-                let upserts = self.intents_of(opened, false).await?;
+                let upserts = self.intents_of(opened, false, true).await?;
                 match self.model.apply_in_place(version, upserts, removed) {
                     Some(merged) => merged,
                     None => {
@@ -120,6 +138,11 @@ impl EnvScheduler {
             }
         };
         let t_merged = t0.elapsed();
+        let mut merged = merged;
+        if self.settings.delete_removed_resources {
+            // deleted on their target with the attributes they had
+            read_unread(&self.pool, merged.deleted.iter_mut()).await?;
+        }
         self.load_wanted_facts().await;
         let agents: Vec<String> = self.model.agents.keys().cloned().collect();
         let _ = store::deploy::ensure_agents(
@@ -209,6 +232,7 @@ impl EnvScheduler {
                 .chain(&merged.updated)
                 .any(|&r| agent_config(&self.model.intents[r]))
         {
+            self.read_agent_configs().await?;
             self.refresh_placements();
         }
         self.batch.progress = Some(version);
@@ -218,5 +242,183 @@ impl EnvScheduler {
             total_ms = t0.elapsed().as_secs_f64() * 1e3, "version merged"
         );
         Ok(())
+    }
+}
+
+/// Read the attributes `intents` hold unread, in one query.
+async fn read_unread<'a>(
+    pool: &sqlx::PgPool,
+    intents: impl Iterator<Item = &'a mut Intent>,
+) -> Result<(), store::StoreError> {
+    let mut unread: Vec<&mut Intent> = intents.filter(|i| i.attributes.is_unread()).collect();
+    if unread.is_empty() {
+        return Ok(());
+    }
+    let hashes = unread.iter().map(|i| i.hash.clone()).collect();
+    let mut blobs = store::versions::take_attributes(pool, hashes).await?;
+    for i in &mut unread {
+        install(i, &mut blobs);
+    }
+    Ok(())
+}
+
+/// `intent`'s attributes from `blobs` (by its hash), when it holds them unread.
+fn install(
+    intent: &mut Intent,
+    blobs: &mut std::collections::HashMap<String, store::versions::StoredAttributes>,
+) {
+    if !intent.attributes.is_unread() {
+        return;
+    }
+    intent.attributes = match blobs.remove(&intent.hash) {
+        Some(store::versions::StoredAttributes::Map(a)) => Attributes::parsed(a),
+        Some(store::versions::StoredAttributes::Text(t)) => Attributes::stored(t),
+        // as a version whose blob is gone reads (see `intents_of`)
+        None => Attributes::default(),
+    };
+}
+
+impl EnvScheduler {
+    /// Read the attributes of the resources `rs` the model holds unread.
+    pub(super) async fn read_attributes_of(
+        &mut self,
+        rs: &[usize],
+    ) -> Result<(), store::StoreError> {
+        let unread: Vec<usize> = rs
+            .iter()
+            .copied()
+            .filter(|&r| {
+                self.model
+                    .intents
+                    .get(r)
+                    .is_some_and(|i| i.attributes.is_unread())
+            })
+            .collect();
+        if unread.is_empty() {
+            return Ok(());
+        }
+        let hashes = unread
+            .iter()
+            .map(|&r| self.model.intents[r].hash.clone())
+            .collect();
+        let mut blobs = store::versions::take_attributes(&self.pool, hashes).await?;
+        for r in unread {
+            install(&mut self.model.intents[r], &mut blobs);
+        }
+        Ok(())
+    }
+
+    /// Read the attributes of every `std::AgentConfig` (agents are placed by them).
+    pub(super) async fn read_agent_configs(&mut self) -> Result<(), store::StoreError> {
+        let intents = self
+            .model
+            .intents
+            .iter_mut()
+            .filter(|i| i.type_name == "std::AgentConfig");
+        read_unread(&self.pool, intents).await
+    }
+
+    /// Read the attributes the model holds unread on another connection, while the
+    /// scheduler already works: a scheduler starting with 100,000 resources read them all
+    /// before it merged the new version, and a `steward deploy` changing one waited for it.
+    /// [`Self::settle_unread`] puts them in.
+    pub(super) fn read_unread_later(&mut self) {
+        let hashes: Vec<String> = self
+            .model
+            .intents
+            .iter()
+            .filter(|i| i.attributes.is_unread())
+            .map(|i| i.hash.clone())
+            .collect();
+        if hashes.is_empty() {
+            return;
+        }
+        let pool = self.pool.clone();
+        self.unread = Some(tokio::spawn(async move {
+            store::versions::take_attributes(&pool, hashes).await
+        }));
+    }
+
+    /// Before `events` are taken in: what finishing their actions reads (the flags of the
+    /// resources each sends events to) is read, all of it once the read after the start
+    /// is done, else only those resources'.
+    pub(super) async fn read_for_results(
+        &mut self,
+        events: &[crate::scheduler::executors::PoolEvent],
+    ) {
+        use crate::executor::protocol::Reply;
+        use crate::scheduler::executors::PoolEvent;
+        if self.unread.as_ref().is_some_and(|r| r.is_finished()) {
+            self.settle_unread().await;
+        }
+        if self.unread.is_none() {
+            return;
+        }
+        let finished: Vec<Option<usize>> = events
+            .iter()
+            .flat_map(|ev| {
+                let ended: Vec<&crate::scheduler::queue::TaskKey> = match ev {
+                    PoolEvent::Reply(proc, Reply::Result(res)) => self
+                        .running
+                        .iter()
+                        .filter(|(_, r)| r.action_id == res.action_id && r.proc == *proc)
+                        .map(|(k, _)| k)
+                        .collect(),
+                    PoolEvent::Exited(proc, _) => self
+                        .running
+                        .iter()
+                        .filter(|(_, r)| r.proc == *proc)
+                        .map(|(k, _)| k)
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                ended
+                    .into_iter()
+                    .map(|k| match k {
+                        crate::scheduler::queue::TaskKey::Deploy(id) => self.model.get(id),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for r in finished {
+            self.read_dependents_of(r).await;
+        }
+    }
+
+    /// Read the attributes of the resources `r` sends events to (their flags).
+    pub(super) async fn read_dependents_of(&mut self, r: Option<usize>) {
+        let Some(r) = r else { return };
+        let Some(dependents) = self.model.provides.get(r).cloned() else {
+            return;
+        };
+        if let Err(e) = self.read_attributes_of(&dependents).await {
+            tracing::warn!(environment = %self.env, error = %e, "the attributes of the resources a result sends events to could not be read");
+        }
+    }
+
+    /// Put in what [`Self::read_unread_later`] read (waiting for it); read what is still
+    /// unread (its read failed) now. Before anything reads an attribute other than a
+    /// deploy's own (events read their dependents' flags).
+    pub(super) async fn settle_unread(&mut self) {
+        let Some(reading) = self.unread.take() else {
+            return;
+        };
+        match reading.await {
+            Ok(Ok(mut blobs)) => {
+                for intent in &mut self.model.intents {
+                    install(intent, &mut blobs);
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(environment = %self.env, error = %e, "reading the attributes after the start failed; reading them again")
+            }
+            Err(e) => {
+                tracing::warn!(environment = %self.env, error = %e, "reading the attributes after the start failed; reading them again")
+            }
+        }
+        if let Err(e) = read_unread(&self.pool, self.model.intents.iter_mut()).await {
+            tracing::warn!(environment = %self.env, error = %e, "the attributes of some resources could not be read; they are read when they deploy");
+        }
     }
 }
