@@ -201,6 +201,18 @@ struct Delta {
     removed: Vec<ResourceId>,
 }
 
+impl Delta {
+    /// The ids of the resources whose entries the upload writes: the changed ones and the
+    /// restamped ones.
+    fn rewritten<'e>(&'e self, export: &'e ExportFile) -> impl Iterator<Item = &'e str> {
+        self.changed
+            .iter()
+            .map(|(i, _)| *i)
+            .chain(self.restamped.iter().copied())
+            .map(|i| export.resources[i].id.0.as_str())
+    }
+}
+
 impl LastUpload {
     /// What `export` changes against this memory; `fingerprints` are its resources', under
     /// this memory's key. `None` when the export names a remembered resource twice: it is
@@ -418,14 +430,11 @@ impl Client {
             // the buckets of restamped resources are opened too, though their lines stay:
             // an entry that is not what its bucket's seal was made from is then found, and
             // the tree made from the entries, as a tree without seals is
-            let touched = delta.removed.iter().map(|id| id.0.as_str()).chain(
-                delta
-                    .changed
-                    .iter()
-                    .map(|(i, _)| *i)
-                    .chain(delta.restamped.iter().copied())
-                    .map(|i| export.resources[i].id.0.as_str()),
-            );
+            let touched = delta
+                .removed
+                .iter()
+                .map(|id| id.0.as_str())
+                .chain(delta.rewritten(export));
             let mut tree = memory.take_tree(touched);
             for id in &delta.removed {
                 tree.remove(&id.0);
@@ -486,14 +495,7 @@ impl Client {
                             }
                         }
                         match &mut memory.on_disk {
-                            Some(d) if kept => d.changed(
-                                delta
-                                    .changed
-                                    .iter()
-                                    .map(|(i, _)| *i)
-                                    .chain(delta.restamped.iter().copied())
-                                    .map(|i| export.resources[i].id.0.as_str()),
-                            ),
+                            Some(d) if kept => d.changed(delta.rewritten(export)),
                             _ => memory.on_disk = None,
                         }
                         memory.server = self.base.clone();
