@@ -681,6 +681,49 @@ async fn the_model_places_an_agent_with_std_agent_config_and_the_setting_wins() 
     .await;
 }
 
+/// A restarted server places the agents its model's `std::AgentConfig` places, as before
+/// (a scheduler reads most attributes after it starts, but these before it places agents:
+/// an external agent's actions must never run on the server meanwhile).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_the_model_places_stays_placed_after_a_restart() {
+    let mut srv = crate::support::Spawned::start("stw_agents_placed_restart_admin").await;
+    let c = srv.client.clone();
+    let env = crate::deploy::env_with(&c, "placed-restart", json!({})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let config = steward::model::Resource {
+        id: steward::model::ResourceId(format!("std::AgentConfig[internal,agentname={WEB}]")),
+        type_name: "std::AgentConfig".into(),
+        agent: "internal".into(),
+        attributes: json!({"agentname": WEB, "uri": "external", "autostart": true,
+            "purged": false, "send_event": false, "receive_events": true})
+        .as_object()
+        .unwrap()
+        .clone(),
+        requires: Vec::new(),
+    };
+    let file = fs_file(WEB, &format!("{d}/placed"), "placed", &[]);
+    upload(&c, &env, vec![config.clone(), file.clone()]).await;
+    eventually(20, "the agent to be placed", || async {
+        (agent_view(&c, &env, WEB).await["placement"] == "external").then_some(())
+    })
+    .await;
+    srv.restart().await;
+    let a = eventually(20, "the restarted scheduler to answer", || async {
+        let a = c.agents(&env).await.ok()?;
+        a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == WEB)
+            .cloned()
+    })
+    .await;
+    assert_eq!(a["placement"], "external", "{a}");
+    // and nothing ran on the server in its place meanwhile
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!dir.path().join("placed").exists());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn module_handler_code_reaches_an_external_agent_by_digest() {
     // examples/integration: an INI file managed by a module's own Python handler, on agent

@@ -100,6 +100,11 @@ impl EnvScheduler {
         if self.model.version.is_some_and(|v| v >= version) {
             return Ok(());
         }
+        if self.settings.delete_removed_resources {
+            // a removed resource is deleted on its target with the attributes it had: read
+            // before the model changes (an error after it would leave the merge half done)
+            self.settle_unread().await;
+        }
         let t0 = std::time::Instant::now();
         // newer than the model's version: read only what changed between them
         let changes = match self.model.version {
@@ -138,11 +143,6 @@ impl EnvScheduler {
             }
         };
         let t_merged = t0.elapsed();
-        let mut merged = merged;
-        if self.settings.delete_removed_resources {
-            // deleted on their target with the attributes they had
-            read_unread(&self.pool, merged.deleted.iter_mut()).await?;
-        }
         self.load_wanted_facts().await;
         let agents: Vec<String> = self.model.agents.keys().cloned().collect();
         let _ = store::deploy::ensure_agents(
@@ -159,7 +159,9 @@ impl EnvScheduler {
             self.batch
                 .orphaned
                 .push((gone.id.clone(), old_version.unwrap_or(version)));
-            if self.settings.delete_removed_resources {
+            if self.settings.delete_removed_resources && gone.attributes.is_unread() {
+                tracing::error!(environment = %self.env, resource = %gone.id, "removed from the model, but not deleted on its target: its attributes could not be read (the database was away)");
+            } else if self.settings.delete_removed_resources {
                 let mut t = gone.clone();
                 t.attributes
                     .make_mut()
@@ -232,7 +234,9 @@ impl EnvScheduler {
                 .chain(&merged.updated)
                 .any(|&r| agent_config(&self.model.intents[r]))
         {
-            self.read_agent_configs().await?;
+            if let Err(e) = self.read_agent_configs().await {
+                tracing::warn!(environment = %self.env, error = %e, "the agents' configurations could not be read");
+            }
             self.refresh_placements();
         }
         self.batch.progress = Some(version);

@@ -26,6 +26,12 @@ impl EnvScheduler {
             .filter(|i| i.type_name == "std::AgentConfig")
             .collect();
         configs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        if configs.iter().any(|i| i.attributes.is_unread()) {
+            // (their read after the start failed) an agent they place elsewhere must not
+            // run here meanwhile: the placements stay as they were
+            tracing::warn!(environment = %self.env, "the agents' configurations are not read yet: their placements stay as they were");
+            return;
+        }
         for i in configs {
             let name = i.attributes.get("agentname").and_then(|v| v.as_str());
             let uri = i.attributes.get("uri").and_then(|v| v.as_str());
