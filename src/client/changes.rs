@@ -40,12 +40,10 @@ pub struct LastUpload {
     entries: Entries,
     /// the key of the entries' fingerprints
     key: Key,
-    /// the content tree of `entries`: made from them when first needed (a memory read from
-    /// its file), then changed with them
+    /// the content tree of `entries`, changed with them: a memory read from its file has it
+    /// as the file's seals (a change then hashes only the buckets it touches), or made from
+    /// the entries when first needed (a file without seals)
     tree: Option<ContentTree>,
-    /// the tree's seals as the file had them (while `tree` is not made): a change then
-    /// hashes only the buckets it touches
-    seals: Option<Vec<content::Seal>>,
     /// the file it was read from, and what changed since (`None`: written whole next)
     on_disk: Option<file::OnDisk>,
 }
@@ -89,11 +87,7 @@ impl LastUpload {
                 e.undefined,
             )
         }
-        let tree = match self.tree.take() {
-            Some(tree) => Some(tree),
-            None => self.seals.as_deref().and_then(ContentTree::from_seals),
-        };
-        if let Some(mut tree) = tree {
+        if let Some(mut tree) = self.tree.take() {
             let mut wanted = vec![false; content::BUCKETS];
             let mut any = false;
             for id in touched.filter(|id| tree.is_sealed(id)) {
@@ -111,12 +105,6 @@ impl LastUpload {
             tracing::debug!("the last upload's seals do not fit its entries: hashing them all");
         }
         ContentTree::of(self.entries.iter().map(line))
-    }
-
-    /// The tree after the entries changed with it: the file's seals are stale.
-    fn changed_with(&mut self, tree: ContentTree) {
-        self.tree = Some(tree);
-        self.seals = None;
     }
 }
 
@@ -372,7 +360,7 @@ impl Client {
             memory.server = self.base.clone();
             memory.version = answer["number"].as_i64().unwrap_or(0) as i32;
             memory.content_hash = expected;
-            memory.changed_with(tree);
+            memory.tree = Some(tree);
             if let Some(d) = &mut memory.on_disk {
                 d.changed(patch.changed.iter().map(|r| r.id.0.as_str()));
             }
@@ -501,7 +489,7 @@ impl Client {
                         memory.server = self.base.clone();
                         memory.version = answer["number"].as_i64().unwrap_or(0) as i32;
                         memory.content_hash = expected;
-                        memory.changed_with(tree);
+                        memory.tree = Some(tree);
                         memory
                     });
                     return Ok(Sent {
@@ -540,7 +528,6 @@ impl Client {
                 .map(|(i, h)| (export.resources[i].id.0.clone(), remembered(i, h)))
                 .collect(),
             tree: Some(tree),
-            seals: None,
             on_disk: None,
         });
         Ok(Sent {

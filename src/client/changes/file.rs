@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Entries, LastUpload, Remembered};
 use crate::client::fingerprint::Key;
-use crate::model::content;
+use crate::model::content::{self, ContentTree};
 
 // 2: each line has the fingerprint (16 hex digits) and the undefined flag (`u` or `-`)
 // after the hash; the header has the fingerprints' key
@@ -85,8 +85,13 @@ fn changes_limit(entries: usize) -> usize {
 }
 
 fn changes_path(path: &Path) -> PathBuf {
+    with_suffix(path, ".changes")
+}
+
+/// `path` with `suffix` after its name (which may hold dots: not an extension).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
-    p.push(".changes");
+    p.push(suffix);
     PathBuf::from(p)
 }
 
@@ -112,8 +117,7 @@ impl LastUpload {
             content_hash: header.content_hash,
             key: header.fingerprint_key,
             entries,
-            tree: None,
-            seals: unhex_seals(&header.seals),
+            tree: sealed_tree(&header.seals),
             on_disk: None,
         };
         let mut on_disk = OnDisk {
@@ -134,7 +138,7 @@ impl LastUpload {
                 }
                 memory.version = changes.version;
                 memory.content_hash = changes.content_hash;
-                memory.seals = unhex_seals(&changes.seals);
+                memory.tree = sealed_tree(&changes.seals);
             }
         }
         memory.on_disk = Some(on_disk);
@@ -149,11 +153,7 @@ impl LastUpload {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let seals = match (&self.tree, &self.seals) {
-            (Some(tree), _) => hex_seals(&tree.seals()),
-            (None, Some(seals)) => hex_seals(seals),
-            (None, None) => String::new(),
-        };
+        let seals = self.tree.as_ref().map(hex_seals).unwrap_or_default();
         if let Some(on_disk) = &self.on_disk
             && on_disk.changed.len() <= changes_limit(self.entries.len())
         {
@@ -285,9 +285,7 @@ fn write_replacing(
     body: &[u8],
 ) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
+    let tmp = with_suffix(path, ".tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -304,29 +302,30 @@ fn write_replacing(
     std::fs::rename(&tmp, path)
 }
 
-/// Seals in hex: each bucket's digest, then its line count (big-endian).
-fn hex_seals(seals: &[content::Seal]) -> String {
+/// A tree's seals in hex: each bucket's digest, then its line count (big-endian).
+fn hex_seals(tree: &ContentTree) -> String {
+    let seals = tree.seals();
     let mut bytes = Vec::with_capacity(seals.len() * 36);
     for (digest, count) in seals {
-        bytes.extend_from_slice(digest);
+        bytes.extend_from_slice(&digest);
         bytes.extend_from_slice(&count.to_be_bytes());
     }
     hex::encode(bytes)
 }
 
-fn unhex_seals(text: &str) -> Option<Vec<content::Seal>> {
+/// The tree [`hex_seals`] wrote, known by its seals.
+fn sealed_tree(text: &str) -> Option<ContentTree> {
     let bytes = hex::decode(text).ok()?;
     if bytes.is_empty() || bytes.len() % 36 != 0 {
         return None;
     }
-    Some(
-        bytes
-            .chunks_exact(36)
-            .map(|c| {
-                let digest: [u8; 32] = c[..32].try_into().expect("32 bytes");
-                let count = u32::from_be_bytes(c[32..].try_into().expect("4 bytes"));
-                (digest, count)
-            })
-            .collect(),
-    )
+    let seals: Vec<content::Seal> = bytes
+        .chunks_exact(36)
+        .map(|c| {
+            let digest: [u8; 32] = c[..32].try_into().expect("32 bytes");
+            let count = u32::from_be_bytes(c[32..].try_into().expect("4 bytes"));
+            (digest, count)
+        })
+        .collect();
+    ContentTree::from_seals(&seals)
 }

@@ -194,7 +194,7 @@ impl EnvScheduler {
                 );
                 self.model.states[r].blocked_reason = Some(msg.clone());
                 // (finishing reads the flags of the resources it sends events to)
-                self.read_dependents_of(Some(r)).await;
+                self.read_dependents_of(&[r]).await;
                 self.finish_at_once(
                     key,
                     action_id,
@@ -241,7 +241,7 @@ impl EnvScheduler {
             Ok(p) => p,
             Err(msg) => {
                 tracing::warn!(environment = %self.env, resource = %intent.id, "{msg}");
-                self.read_dependents_of(r).await;
+                self.read_dependents_of(r.as_slice()).await;
                 self.finish_at_once(
                     key,
                     action_id,
@@ -279,7 +279,7 @@ impl EnvScheduler {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(environment = %self.env, error = %e, "no executor");
-                self.read_dependents_of(r).await;
+                self.read_dependents_of(r.as_slice()).await;
                 self.finish_at_once(
                     key,
                     action_id,

@@ -358,44 +358,35 @@ impl EnvScheduler {
         if self.unread.is_none() {
             return;
         }
-        let finished: Vec<Option<usize>> = events
-            .iter()
-            .flat_map(|ev| {
-                let ended: Vec<&crate::scheduler::queue::TaskKey> = match ev {
-                    PoolEvent::Reply(proc, Reply::Result(res)) => self
-                        .running
-                        .iter()
-                        .filter(|(_, r)| r.action_id == res.action_id && r.proc == *proc)
-                        .map(|(k, _)| k)
-                        .collect(),
-                    PoolEvent::Exited(proc, _) => self
-                        .running
-                        .iter()
-                        .filter(|(_, r)| r.proc == *proc)
-                        .map(|(k, _)| k)
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                ended
-                    .into_iter()
-                    .map(|k| match k {
-                        crate::scheduler::queue::TaskKey::Deploy(id) => self.model.get(id),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        for r in finished {
-            self.read_dependents_of(r).await;
+        let mut finished = Vec::new();
+        for ev in events {
+            let (proc, action) = match ev {
+                PoolEvent::Reply(proc, Reply::Result(res)) => (*proc, Some(res.action_id)),
+                // every action it had ends
+                PoolEvent::Exited(proc, _) => (*proc, None),
+                _ => continue,
+            };
+            for (key, run) in &self.running {
+                if run.proc == proc
+                    && action.is_none_or(|a| a == run.action_id)
+                    && let TaskKey::Deploy(id) = key
+                    && let Some(r) = self.model.get(id)
+                {
+                    finished.push(r);
+                }
+            }
         }
+        self.read_dependents_of(&finished).await;
     }
 
-    /// Read the attributes of the resources `r` sends events to (their flags).
-    pub(super) async fn read_dependents_of(&mut self, r: Option<usize>) {
-        let Some(r) = r else { return };
-        let Some(dependents) = self.model.provides.get(r).cloned() else {
-            return;
-        };
+    /// Read the attributes of the resources `finished` send events to (their flags).
+    pub(super) async fn read_dependents_of(&mut self, finished: &[usize]) {
+        let dependents: Vec<usize> = finished
+            .iter()
+            .filter_map(|&r| self.model.provides.get(r))
+            .flatten()
+            .copied()
+            .collect();
         if let Err(e) = self.read_attributes_of(&dependents).await {
             tracing::warn!(environment = %self.env, error = %e, "the attributes of the resources a result sends events to could not be read");
         }
@@ -408,14 +399,15 @@ impl EnvScheduler {
         let Some(reading) = self.unread.take() else {
             return;
         };
-        match reading.await {
-            Ok(Ok(mut blobs)) => {
+        let read = match reading.await {
+            Ok(read) => read.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match read {
+            Ok(mut blobs) => {
                 for intent in &mut self.model.intents {
                     install(intent, &mut blobs);
                 }
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(environment = %self.env, error = %e, "reading the attributes after the start failed; reading them again")
             }
             Err(e) => {
                 tracing::warn!(environment = %self.env, error = %e, "reading the attributes after the start failed; reading them again")
