@@ -34,6 +34,12 @@ pub struct CompileArgs {
     /// compile knows no facts: every one is unknown (or the call's default).
     #[arg(long, value_name = "FILE")]
     pub facts: Option<PathBuf>,
+    /// With --export: also write to FILE what a later compile needs to patch this export
+    /// when only literals of the main file change (its sites; the server's compiles use it).
+    /// Written only when the compile read nothing such a patch could not check (no Python
+    /// ran, no facts, files or variables were read, no warning).
+    #[arg(long, value_name = "FILE", requires = "export")]
+    pub remember: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -86,7 +92,12 @@ pub(super) fn compile_once(
         process_ends_after,
         ..Default::default()
     };
-    let outcome = with_prints_to_stdout(|print| compiler::compile(&opts, print));
+    compile_with(&opts, json)
+}
+
+/// Compile with `opts`, printing std::print output to stdout and diagnostics to stderr.
+fn compile_with(opts: &CompileOptions, json: bool) -> CompileOutcome {
+    let outcome = with_prints_to_stdout(|print| compiler::compile(opts, print));
     report(&outcome, json);
     outcome
 }
@@ -218,6 +229,32 @@ fn write_export(outcome: &CompileOutcome, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--remember`: the sites file of this compile ([`compiler::incremental::cache::save`] with
+/// no export: the export is written beside it), when the compile can be patched later.
+fn write_sites(
+    project: &Path,
+    file: &str,
+    outcome: &mut CompileOutcome,
+    path: &Path,
+) -> anyhow::Result<()> {
+    use compiler::incremental::cache;
+    let (Some(remembered), Ok(Some(_))) = (outcome.memory.take(), &outcome.result) else {
+        return Ok(());
+    };
+    let project = project
+        .canonicalize()
+        .unwrap_or_else(|_| project.to_path_buf());
+    let memory = cache::Memory {
+        generation: cache::new_generation(),
+        key: cache::Key::new(&project, file, &Default::default(), None),
+        inputs: remembered.inputs,
+        main: remembered.main_text.as_bytes(),
+        sites: &remembered.sites,
+        export: &[],
+    };
+    cache::save(path, &memory).with_context(|| format!("writing {}", path.display()))
+}
+
 /// The `--facts` file.
 fn read_facts(path: &Path) -> anyhow::Result<Facts> {
     let text =
@@ -230,16 +267,36 @@ pub fn run_compile(args: CompileArgs) -> anyhow::Result<ExitCode> {
         return watch(&args);
     }
     let facts = args.facts.as_deref().map(read_facts).transpose()?;
-    let outcome = compile_once(
-        &args.project,
-        &args.file,
-        args.export.is_some(),
-        args.json,
-        facts,
-        true,
-    );
+    let mut outcome = match &args.remember {
+        None => compile_once(
+            &args.project,
+            &args.file,
+            args.export.is_some(),
+            args.json,
+            facts,
+            true,
+        ),
+        Some(sites) => {
+            // a file left from before would describe another compile
+            let _ = std::fs::remove_file(sites);
+            crate::alloc::tune_for_a_one_shot_compile();
+            let opts = CompileOptions {
+                project_dir: args.project.clone(),
+                main_file: Some(args.file.clone()),
+                export: true,
+                remember: true,
+                facts,
+                process_ends_after: true,
+                ..Default::default()
+            };
+            compile_with(&opts, args.json)
+        }
+    };
     if let Some(path) = &args.export {
         write_export(&outcome, path)?;
+    }
+    if let Some(path) = &args.remember {
+        write_sites(&args.project, &args.file, &mut outcome, path)?;
     }
     let code = if outcome.is_ok() {
         ExitCode::SUCCESS

@@ -10,6 +10,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 mod memory;
+mod patch;
 mod process;
 mod store_version;
 
@@ -135,6 +136,15 @@ impl Report {
     }
 }
 
+/// What an environment's compile task keeps from one compile to the next.
+#[derive(Default)]
+pub struct Memories {
+    /// What the last compile stored: the next one is stored as its changes.
+    pub stored: Option<Memory>,
+    /// What the last compile left to patch the next one from.
+    sites: Option<patch::Sites>,
+}
+
 /// What to compile, for whom: a commit of the branch (its export becomes a version) or a
 /// pull request's preview (its own identity and Python environments, no secret values).
 pub(super) struct BuildSpec<'a> {
@@ -151,6 +161,9 @@ pub(super) struct BuildSpec<'a> {
     /// against it (`None` for a preview, which stores no version). Taken only when there
     /// is an export to read: a compile that fails leaves it for the next one.
     pub memory: Option<&'a mut Option<Memory>>,
+    /// Keep what a later commit can be patched from ([`patch::keep`]), and why the last
+    /// one's could not be used for this commit.
+    pub sites: Option<Option<String>>,
 }
 
 /// A compile that produced an export: its report so far, the export, and the keys of the
@@ -160,10 +173,12 @@ pub(super) struct Built {
     /// The export: whole, or (read against a memory) as its changes.
     pub export: memory::Read,
     pub withheld: Vec<store::facts::ParamKey>,
+    /// What a later commit can be patched from (asked for with [`BuildSpec::sites`]).
+    pub sites: Option<patch::Sites>,
 }
 
 /// Run the compile of `job` (a queued compile that was just marked running). `memory`: what
-/// the environment's last compile stored, taken, and given back as what this one stored.
+/// the environment's last compile left, taken, and given back as what this one left.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     pool: &sqlx::PgPool,
@@ -173,28 +188,70 @@ pub async fn run(
     steward_bin: &Path,
     python: Python<'_>,
     fence: Option<&crate::store::leases::Fence>,
-    memory: &mut Option<Memory>,
+    memory: &mut Memories,
 ) -> CompileResult {
     let started = chrono::Utc::now();
+    let stages = job.stages.as_array().cloned().unwrap_or_default();
+    let mut not_patched = None;
+    if let Some(sites) = memory.sites.take() {
+        match patch::patched(job, source, mirror, steward_bin, sites, &mut memory.stored).await {
+            Ok((read, stage, next)) => {
+                let mut report = new_report(stages);
+                report.stages.push(stage);
+                report.result.stdout = next.1;
+                let (result, remembered) =
+                    store_version(pool, job, source, fence, started, report, read).await;
+                memory.stored = remembered;
+                memory.sites = Some(next.0);
+                return result;
+            }
+            Err(why) => {
+                tracing::debug!(environment = %job.environment_id, commit = %job.commit, %why, "compiling in full");
+                not_patched = Some(why);
+            }
+        }
+    }
     let spec = BuildSpec {
         env: job.environment_id,
         commit: &job.commit,
-        stages: job.stages.as_array().cloned().unwrap_or_default(),
+        stages,
         source,
         mirror,
         steward_bin,
         python,
         preview: false,
-        memory: Some(&mut *memory),
+        memory: Some(&mut memory.stored),
+        sites: Some(not_patched),
     };
     match build(pool, spec).await {
         Ok(b) => {
             let (result, remembered) =
                 store_version(pool, job, source, fence, started, b.report, b.export).await;
-            *memory = remembered;
+            memory.stored = remembered;
+            memory.sites = b.sites;
             result
         }
         Err(failed) => *failed,
+    }
+}
+
+/// The report of a compile that has done `stages` so far.
+fn new_report(stages: Vec<Value>) -> Report {
+    Report {
+        stages,
+        result: CompileResult {
+            success: false,
+            stages: Value::Null,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            diagnostics: json!([]),
+            error: None,
+            version: None,
+            auto_released: false,
+            python_env: None,
+            resolved_meanwhile: false,
+        },
     }
 }
 
@@ -219,22 +276,7 @@ pub(super) async fn build(
     } else {
         spec.env
     };
-    let mut report = Report {
-        stages: spec.stages,
-        result: CompileResult {
-            success: false,
-            stages: Value::Null,
-            exit_code: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            diagnostics: json!([]),
-            error: None,
-            version: None,
-            auto_released: false,
-            python_env: None,
-            resolved_meanwhile: false,
-        },
-    };
+    let mut report = new_report(spec.stages);
     // checkout
     let at = begin();
     // who the compile runs as: a uid of the environment's own when the server is root
@@ -440,6 +482,7 @@ pub(super) async fn build(
     // compile, in a child process
     let at = begin();
     let export_file = workdir.path().join("export.json");
+    let sites_file = workdir.path().join("sites");
     let ran = run_compiler(
         steward_bin,
         &jail,
@@ -448,6 +491,7 @@ pub(super) async fn build(
         Files {
             export: &export_file,
             facts: &facts_file,
+            remember: spec.sites.is_some().then_some(sites_file.as_path()),
         },
         timeout,
         virtual_env.as_deref(),
@@ -505,13 +549,27 @@ pub(super) async fn build(
     let ran_ms = at.1.elapsed().as_millis();
     let read_at = Instant::now();
     let memory = spec.memory.and_then(Option::take);
+    let not_patched = spec.sites.clone().flatten();
+    let keep = spec.sites.is_some().then(|| {
+        (
+            mirror.to_path_buf(),
+            source.clone(),
+            commit.clone(),
+            steward_bin.to_path_buf(),
+            project.clone(),
+        )
+    });
     let read = tokio::task::spawn_blocking(move || {
-        let text = read_export(&export_file)?;
-        memory::read(memory, env_id, text)
+        let text = std::sync::Arc::new(read_export(&export_file)?);
+        let read = memory::read(memory, env_id, text.clone())?;
+        let sites = keep.map(|(mirror, source, commit, bin, project)| {
+            patch::keep(&mirror, &source, &commit, &bin, &project, &sites_file, text)
+        });
+        Ok::<_, String>((read, sites))
     })
     .await
     .unwrap_or_else(|e| Err(format!("crashed: {e}")));
-    let export = match read {
+    let (export, sites) = match read {
         Ok(x) => x,
         Err(e) => {
             return report.fail(
@@ -521,6 +579,14 @@ pub(super) async fn build(
             );
         }
     };
+    let sites = match sites {
+        Some(Ok(s)) => Some(s),
+        Some(Err(why)) => {
+            tracing::debug!(environment = %env_id, %commit, %why, "a next commit can not be patched from this compile");
+            None
+        }
+        None => None,
+    };
     let changed = match &export.changes {
         Some(c) => format!(
             " ({} new or changed, {} removed)",
@@ -529,11 +595,14 @@ pub(super) async fn build(
         ),
         None => String::new(),
     };
+    let not_patched = not_patched
+        .map(|why| format!(" (not patched from the last compile: {why})"))
+        .unwrap_or_default();
     report.passed(
         "compile",
         at,
         &format!(
-            "{} resources{changed}; the compiler ran {ran_ms} ms, its export was read in {} ms",
+            "{} resources{changed}; the compiler ran {ran_ms} ms, its export was read in {} ms{not_patched}",
             export.resources,
             read_at.elapsed().as_millis(),
         ),
@@ -543,6 +612,7 @@ pub(super) async fn build(
         report,
         export,
         withheld,
+        sites,
     })
 }
 

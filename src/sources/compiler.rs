@@ -119,7 +119,7 @@ impl GitSources {
             }
         }
         // what this environment's last compile stored: the next one is stored as its changes
-        let mut memory = None;
+        let mut memory = compile::Memories::default();
         loop {
             let ran = self.compile_next(env, &mut memory).await;
             match ran {
@@ -139,7 +139,7 @@ impl GitSources {
     pub(super) async fn compile_next(
         &self,
         env: Uuid,
-        memory: &mut Option<compile::Memory>,
+        memory: &mut compile::Memories,
     ) -> Result<bool, SourceError> {
         let pool = &self.0.pool;
         let Some(job) = store::sources::next_queued(pool, env).await? else {

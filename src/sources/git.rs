@@ -566,6 +566,7 @@ mod checkout;
 mod history;
 mod merge;
 mod pulls;
+mod tree;
 pub use checkout::checkout;
 use history::subtree_id;
 pub use history::{
@@ -574,3 +575,4 @@ pub use history::{
 };
 pub use merge::{Merge, merge_for_preview, parents};
 pub use pulls::{PullRefs, drop_pull, fetch_pull, list_pull_heads};
+pub use tree::{ProjectTree, could_run_code, project_tree, read_blob};

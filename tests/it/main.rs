@@ -41,6 +41,7 @@ mod gitops;
 mod gitops_changes;
 mod gitops_faults;
 mod gitops_feedback;
+mod gitops_patch;
 mod gitops_support;
 mod handler_client;
 mod incremental;

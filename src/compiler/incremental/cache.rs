@@ -17,8 +17,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PatchSites, Site, SiteType, Target, field_json};
+use super::{PatchSites, Site, SiteType, Target};
 use crate::model::{ExportFile, export_lines};
+
+mod patch;
+pub use patch::patch;
+use patch::patch_loaded;
 
 const MAGIC: &[u8] = b"steward-compile-cache 1\n";
 
@@ -152,7 +156,7 @@ impl Inputs {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Header {
     key: Key,
     inputs: Inputs,
@@ -196,13 +200,13 @@ pub fn path(project_dir: &Path, main_file: &str) -> PathBuf {
         .join(format!("{name}.memory"))
 }
 
-/// Write `memory` to `path` (replaced whole).
-pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
-    let mut records = Vec::with_capacity(4 + memory.sites.sites.len() * SITE_RECORD);
+/// The sites in the memory's binary layout: the count, a record per site, then the targets.
+fn encode_sites(sites: &PatchSites) -> Vec<u8> {
+    let mut records = Vec::with_capacity(4 + sites.sites.len() * SITE_RECORD);
     let mut target_records = Vec::new();
     let mut ntargets: u32 = 0;
-    records.extend_from_slice(&(memory.sites.sites.len() as u32).to_le_bytes());
-    for site in &memory.sites.sites {
+    records.extend_from_slice(&(sites.sites.len() as u32).to_le_bytes());
+    for site in &sites.sites {
         records.extend_from_slice(&site.start.to_le_bytes());
         records.extend_from_slice(&site.end.to_le_bytes());
         records.extend_from_slice(&[site.ty as u8, 0, 0, 0]);
@@ -215,6 +219,13 @@ pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
         }
     }
     records.extend_from_slice(&target_records);
+    records
+}
+
+/// Write `memory` to `path` (replaced whole). A memory written with an empty export is a
+/// *sites file*: the export goes beside it ([`Held::new`]).
+pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
+    let records = encode_sites(memory.sites);
     let header = Header {
         key: memory.key.clone(),
         inputs: memory.inputs.clone(),
@@ -292,26 +303,58 @@ impl Uploaded {
     }
 }
 
+/// Bytes of a memory: a range of a buffer it shares (the file, read once; or an export
+/// held beside its sites).
+#[derive(Clone)]
+struct Part {
+    buf: std::sync::Arc<Vec<u8>>,
+    at: usize,
+    len: usize,
+}
+
+impl Part {
+    fn whole(buf: std::sync::Arc<Vec<u8>>) -> Part {
+        let len = buf.len();
+        Part { buf, at: 0, len }
+    }
+
+    /// The bytes as a buffer of their own (shared when they are the whole buffer).
+    fn to_arc(&self) -> std::sync::Arc<Vec<u8>> {
+        if self.at == 0 && self.len == self.buf.len() {
+            self.buf.clone()
+        } else {
+            std::sync::Arc::new(self.to_vec())
+        }
+    }
+}
+
+impl std::ops::Deref for Part {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.at..self.at + self.len]
+    }
+}
+
 /// A memory read back.
+#[derive(Clone)]
 struct Loaded {
     header: Header,
-    bytes: Vec<u8>,
-    main_at: usize,
+    main: Part,
+    sites: Part,
+    export: Part,
 }
 
 impl Loaded {
     fn main(&self) -> &[u8] {
-        &self.bytes[self.main_at..self.main_at + self.header.main_len]
+        &self.main
     }
 
     fn sites(&self) -> &[u8] {
-        let at = self.main_at + self.header.main_len;
-        &self.bytes[at..at + self.header.sites_len]
+        &self.sites
     }
 
     fn export(&self) -> &[u8] {
-        let at = self.main_at + self.header.main_len + self.header.sites_len;
-        &self.bytes[at..at + self.header.export_len]
+        &self.export
     }
 
     fn site_count(&self) -> usize {
@@ -368,6 +411,12 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 fn load(path: &Path) -> Result<Loaded, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("no memory ({e})"))?;
+    parse_memory(std::sync::Arc::new(bytes))
+}
+
+/// A memory from its bytes, checked: its parts are where its header says, and its sites
+/// point inside its main file and its targets.
+fn parse_memory(bytes: std::sync::Arc<Vec<u8>>) -> Result<Loaded, String> {
     let rest = bytes
         .strip_prefix(MAGIC)
         .ok_or("a memory of another format")?;
@@ -381,10 +430,19 @@ fn load(path: &Path) -> Result<Loaded, String> {
     if bytes.len() != main_at + header.main_len + header.sites_len + header.export_len {
         return Err("a memory of the wrong length".into());
     }
+    let part = |at: usize, len: usize| Part {
+        buf: bytes.clone(),
+        at,
+        len,
+    };
     let loaded = Loaded {
+        main: part(main_at, header.main_len),
+        sites: part(main_at + header.main_len, header.sites_len),
+        export: part(
+            main_at + header.main_len + header.sites_len,
+            header.export_len,
+        ),
         header,
-        bytes,
-        main_at,
     };
     let sites = loaded.sites();
     if sites.len() < 4 {
@@ -406,6 +464,68 @@ fn load(path: &Path) -> Result<Loaded, String> {
         }
     }
     Ok(loaded)
+}
+
+/// A memory kept by a process instead of a file (the server keeps one per environment): a
+/// compile's *sites file* ([`save`] with an empty export) and the export it was written
+/// with, held beside. Whether it may be used for a project is the holder's to decide: it
+/// checks no stamps.
+#[derive(Clone)]
+pub struct Held(Loaded);
+
+impl Held {
+    /// The memory of the sites file `sites_file` and `export` (the export of the same
+    /// compile, in [`export_lines`]' layout). `Err`: the file is not a sites file.
+    pub fn new(sites_file: Vec<u8>, export: std::sync::Arc<Vec<u8>>) -> Result<Held, String> {
+        let mut loaded = parse_memory(std::sync::Arc::new(sites_file))?;
+        if loaded.header.export_len != 0 {
+            return Err("a memory with an export of its own".into());
+        }
+        loaded.header.export_len = export.len();
+        loaded.export = Part::whole(export);
+        Ok(Held(loaded))
+    }
+
+    /// What the compile remembered reading besides its main file.
+    pub fn inputs(&self) -> &Inputs {
+        &self.0.header.inputs
+    }
+
+    /// The main file as the compile read it.
+    pub fn main(&self) -> &[u8] {
+        self.0.main()
+    }
+
+    /// How many literals a next compile may patch.
+    pub fn sites(&self) -> usize {
+        self.0.site_count()
+    }
+
+    /// The export of the main file `new_main` (the rest of the project being as the
+    /// compile read it), and the memory to keep after it (`None`: this one, nothing
+    /// changed). `Err` says why it can not be patched.
+    pub fn patch(&self, new_main: Vec<u8>) -> Result<(Patched, Option<Held>), String> {
+        let mut patched = patch_loaded(self.0.clone(), new_main)?;
+        let next = patched
+            .take_next()
+            .and_then(|n| n.0)
+            .map(|(header, main, sites, export)| {
+                let records = encode_sites(&sites);
+                Held(Loaded {
+                    header: Header {
+                        main_len: main.len(),
+                        sites_len: records.len(),
+                        export_len: export.len(),
+                        fields: sites.fields,
+                        ..header
+                    },
+                    main: Part::whole(std::sync::Arc::new(main)),
+                    sites: Part::whole(std::sync::Arc::new(records)),
+                    export: Part::whole(export),
+                })
+            });
+        Ok((patched, next))
+    }
 }
 
 /// What the memory gives for the current project: its export (in lines, parsed when
@@ -515,255 +635,11 @@ impl NextMemory {
     }
 }
 
-/// The export of the project's current state from the memory at `path`, when the compile
-/// it remembers was made with `key` and the project differs from it at most inside one
-/// site. `Err` says why not (the caller compiles in full).
-pub fn patch(path: &Path, key: &Key, main_path: &Path) -> Result<Patched, String> {
-    let started = std::time::Instant::now();
-    let loaded = load(path)?;
-    let read = started.elapsed();
-    if loaded.header.key != *key {
-        return Err("the memory is of another compiler or other options".into());
-    }
-    loaded.header.inputs.unchanged()?;
-    let new_main = std::fs::read(main_path).map_err(|e| format!("{}: {e}", main_path.display()))?;
-    let old_main = loaded.main();
-    if new_main == old_main {
-        let generation = loaded.header.generation;
-        return Ok(Patched {
-            prints: loaded.header.inputs.prints.clone(),
-            lines: loaded.bytes
-                [loaded.main_at + loaded.header.main_len + loaded.header.sites_len..]
-                .to_vec()
-                .into(),
-            changed: Vec::new(),
-            base_generation: generation,
-            next: Some(NextMemory(None, generation)),
-        });
-    }
-    let edits = edits(&loaded, old_main, &new_main)?;
-    // the export with the targets' fields set
-    let lines = match export_lines::split(loaded.export()) {
-        Some(Ok(lines)) => lines,
-        _ => return Err("the memory's export does not read".into()),
-    };
-    let mut replaced: std::collections::HashMap<usize, (Vec<u8>, crate::model::Resource)> =
-        Default::default();
-    for (t, json) in edits.iter().flat_map(|e| {
-        let (.., first, count) = loaded.site(e.site);
-        let json = field_json(&e.value);
-        loaded
-            .targets(first, count)
-            .into_iter()
-            .map(move |t| (t, json.clone()))
-    }) {
-        let at = t.resource as usize;
-        let line = lines
-            .resources
-            .get(at)
-            .ok_or("the memory's sites name a resource it does not have")?;
-        let mut resource = match replaced.remove(&at) {
-            Some((_, r)) => r,
-            None => export_lines::Lines::resource(line)
-                .map_err(|e| format!("the memory's export does not read ({e})"))?,
-        };
-        let field = loaded
-            .header
-            .fields
-            .get(t.field as usize)
-            .ok_or("a memory with broken sites")?;
-        match resource.attributes.get_mut(field) {
-            Some(v) => *v = json.clone(),
-            None => return Err("the memory's sites name a field the resource has not".into()),
-        }
-        let line = serde_json::to_vec(&resource).map_err(|e| e.to_string())?;
-        replaced.insert(at, (line, resource));
-    }
-    let mut export_lines = Vec::with_capacity(loaded.export().len() + 64);
-    rebuild(
-        loaded.export(),
-        &lines.resources,
-        &replaced,
-        &mut export_lines,
-    );
-    let export_lines = std::sync::Arc::new(export_lines);
-    drop(lines);
-    tracing::debug!(
-        read_ms = read.as_secs_f64() * 1e3,
-        patched_ms = started.elapsed().as_secs_f64() * 1e3,
-        "memory patched"
-    );
-    // each site moved with the edits before it; an edited one has its new extent
-    let mut sites = loaded.all_sites();
-    let mut delta: isize = 0;
-    let mut next_edit = edits.iter().peekable();
-    for (i, s) in sites.sites.iter_mut().enumerate() {
-        let old_end = s.end as isize;
-        s.start = (s.start as isize + delta) as u32;
-        match next_edit.next_if(|e| e.site == i) {
-            Some(e) => {
-                s.end = e.new_end as u32;
-                delta = e.new_end as isize - old_end;
-            }
-            None => s.end = (old_end + delta) as u32,
-        }
-    }
-    let prints = loaded.header.inputs.prints.clone();
-    let Loaded { header, .. } = loaded;
-    let base_generation = header.generation;
-    let mut changed: Vec<(usize, crate::model::Resource)> =
-        replaced.into_iter().map(|(at, (_, r))| (at, r)).collect();
-    changed.sort_by_key(|c| c.0);
-    Ok(Patched {
-        lines: export_lines.clone(),
-        changed,
-        prints,
-        base_generation,
-        next: Some(NextMemory::new_from(header, new_main, sites, export_lines)),
-    })
-}
-
-/// A site whose literal is another one in the new main file.
-struct SiteEdit {
-    site: usize,
-    /// The end of the new literal in the new file.
-    new_end: usize,
-    value: crate::compiler::value::Value,
-}
-
-/// How far a literal's token may reach past the site's start (a token longer than this is
-/// compiled in full).
-const LITERAL_WINDOW: usize = 1 << 16;
-
-/// The edits that make `new` of `old`, when each difference is inside a site and the new
-/// text there is one literal the site's attributes take; `Err` says why not.
-fn edits(loaded: &Loaded, old: &[u8], new: &[u8]) -> Result<Vec<SiteEdit>, String> {
-    let not_inside = || "the change is not inside a literal that can be patched".to_string();
-    let mut edits: Vec<SiteEdit> = Vec::new();
-    let (mut i, mut j) = (0usize, 0usize);
-    loop {
-        let same = common_prefix(&old[i..], &new[j..]);
-        i += same;
-        j += same;
-        if i == old.len() && j == new.len() {
-            return Ok(edits);
-        }
-        // the site at or before the difference, after the last one edited
-        let site = last_site_at_or_before(loaded, i).ok_or_else(not_inside)?;
-        if edits.last().is_some_and(|e| e.site >= site) {
-            return Err(not_inside());
-        }
-        let (start, end, ty, ..) = loaded.site(site);
-        let (start, end) = (start as usize, end as usize);
-        if i > end {
-            return Err(not_inside());
-        }
-        // where the site starts in the new file: everything between it and the last edit
-        // is the same
-        let new_start = j - (i - start);
-        // the first byte decides where the token before it ends: the same, or a digit for a
-        // digit
-        if old[start] != new[new_start]
-            && !(old[start].is_ascii_digit() && new[new_start].is_ascii_digit())
-        {
-            return Err(not_inside());
-        }
-        let window = &new[new_start..new.len().min(new_start + LITERAL_WINDOW)];
-        let text = match std::str::from_utf8(window) {
-            Ok(t) => t,
-            Err(e) => std::str::from_utf8(&window[..e.valid_up_to()]).expect("valid up to"),
-        };
-        let token = crate::compiler::lexer::first_token(text)
-            .filter(|t| t.span.start == 0 && (t.span.end as usize) < text.len())
-            .ok_or("the change is not a literal any more")?;
-        let value = super::token_value(&token.tok).ok_or("the change is not a literal any more")?;
-        let ty = SiteType::from_u8(ty).ok_or("a memory with broken sites")?;
-        if !ty.accepts(&value) {
-            return Err("the new value is not of the attribute's type".into());
-        }
-        let new_end = new_start + token.span.end as usize;
-        edits.push(SiteEdit {
-            site,
-            new_end,
-            value,
-        });
-        // from the literals' ends on, the texts must be the same again
-        i = end;
-        j = new_end;
-    }
-}
-
-/// How many bytes `a` and `b` begin with alike (compared a block at a time).
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 4096;
-    let n = a.len().min(b.len());
-    let mut at = 0;
-    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
-        at += BLOCK;
-    }
-    at + a[at..n]
-        .iter()
-        .zip(&b[at..n])
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
-/// The last site starting at or before byte `at` of the old main file.
-fn last_site_at_or_before(loaded: &Loaded, at: usize) -> Option<usize> {
-    let (mut lo, mut hi) = (0usize, loaded.site_count());
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if loaded.site(mid).0 as usize <= at {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo.checked_sub(1)
-}
-
 fn parse(export_lines: &[u8]) -> Result<ExportFile, String> {
     match export_lines::split(export_lines) {
         Some(Ok(lines)) => lines
             .parse_all()
             .map_err(|e| format!("the memory's export does not read ({e})")),
         _ => Err("the memory's export does not read".into()),
-    }
-}
-
-/// `original` (an export in lines) with the resources' lines in `replaced` swapped.
-fn rebuild(
-    original: &[u8],
-    lines: &[&[u8]],
-    replaced: &std::collections::HashMap<usize, (Vec<u8>, crate::model::Resource)>,
-    out: &mut Vec<u8>,
-) {
-    let base = original.as_ptr() as usize;
-    let mut copied = 0;
-    let mut order: Vec<&usize> = replaced.keys().collect();
-    order.sort();
-    for &at in order {
-        let line = lines[at];
-        let from = line.as_ptr() as usize - base;
-        out.extend_from_slice(&original[copied..from]);
-        out.extend_from_slice(&replaced[&at].0);
-        copied = from + line.len();
-    }
-    out.extend_from_slice(&original[copied..]);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn common_prefix_compares_whole_blocks_and_the_rest() {
-        let a = vec![7u8; 10_000];
-        let mut b = a.clone();
-        assert_eq!(common_prefix(&a, &b), 10_000);
-        b[9_000] = 8;
-        assert_eq!(common_prefix(&a, &b), 9_000);
-        assert_eq!(common_prefix(&a[..5], &b), 5);
-        assert_eq!(common_prefix(b"", b"x"), 0);
     }
 }

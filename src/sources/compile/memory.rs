@@ -59,7 +59,7 @@ pub struct Read {
     /// memory of it is made from after a whole store.
     lines: Option<(LineHasher, Vec<u64>)>,
     /// The export as the compiler wrote it: read again whole when its changes are refused.
-    text: Vec<u8>,
+    text: std::sync::Arc<Vec<u8>>,
 }
 
 /// An export as the changes against a memory: what `versions::store_delta` takes.
@@ -85,7 +85,11 @@ impl Changes {
 /// Read the export the compiler wrote (`text`): as its changes against `memory` when that
 /// is a memory of `env` and the export is in the compiler's layout, else whole. `Err`: it
 /// does not parse.
-pub fn read(memory: Option<Memory>, env: uuid::Uuid, text: Vec<u8>) -> Result<Read, String> {
+pub fn read(
+    memory: Option<Memory>,
+    env: uuid::Uuid,
+    text: std::sync::Arc<Vec<u8>>,
+) -> Result<Read, String> {
     let Some(lines) = export_lines::split(&text) else {
         // not written by this compiler (or with no resource): parsed whole, no memory
         let export: ExportFile = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
@@ -400,11 +404,11 @@ mod tests {
         }
     }
 
-    fn text_of(export: &ExportFile) -> Vec<u8> {
+    fn text_of(export: &ExportFile) -> std::sync::Arc<Vec<u8>> {
         let mut text = Vec::new();
         export_lines::write(export, &mut text).unwrap();
         text.push(b'\n');
-        text
+        text.into()
     }
 
     fn whole_hash(export: &ExportFile) -> String {
@@ -593,7 +597,7 @@ mod tests {
         let mut r = read(
             Some(remembered(env, &export, 1)),
             env,
-            serde_json::to_vec_pretty(&export).unwrap(),
+            serde_json::to_vec_pretty(&export).unwrap().into(),
         )
         .unwrap();
         assert!(r.changes.is_none());
@@ -604,11 +608,15 @@ mod tests {
         let hashes = crate::model::hash_all(&r.export.resources);
         assert!(r.memory(env, 2, "another", hashes).is_none());
         // a changed line that does not parse is the compile's error
-        let text = String::from_utf8(text_of(&export)).unwrap();
+        let text = String::from_utf8(text_of(&export).to_vec()).unwrap();
         let broken = text.replacen("\"path\":\"/f3\"", "\"path\":/f3", 1);
-        let err = read(Some(remembered(env, &export, 1)), env, broken.into_bytes())
-            .err()
-            .unwrap();
+        let err = read(
+            Some(remembered(env, &export, 1)),
+            env,
+            broken.into_bytes().into(),
+        )
+        .err()
+        .unwrap();
         assert!(err.contains("expected value"), "{err}");
         // refused changes: the same export read again whole
         let changed = export_of(&specs[1..]);

@@ -183,6 +183,8 @@ pub(super) struct Files<'a> {
     pub export: &'a Path,
     /// The environment's parameters and facts (`--facts`).
     pub facts: &'a Path,
+    /// Where it writes what a later compile can be patched from (`--remember`), if asked.
+    pub remember: Option<&'a Path>,
 }
 
 pub(super) async fn run_compiler(
@@ -207,6 +209,13 @@ pub(super) async fn run_compiler(
         .arg(files.export)
         .arg("--facts")
         .arg(files.facts)
+        .args(
+            files
+                .remember
+                .map(|f| [std::ffi::OsStr::new("--remember"), f.as_os_str()])
+                .into_iter()
+                .flatten(),
+        )
         .arg("-p")
         .arg(project)
         .current_dir(project)
@@ -335,6 +344,7 @@ mod tests {
             Files {
                 export: &work.path().join("export.json"),
                 facts: &work.path().join("facts.json"),
+                remember: None,
             },
             Duration::from_secs(7),
             None,

@@ -209,6 +209,7 @@ impl GitSources {
             },
             preview: true,
             memory: None,
+            sites: None,
         };
         let built = compile::build(&self.0.pool, spec).await;
         let (report, export, withheld) = match built {
