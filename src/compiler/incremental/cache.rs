@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PatchSites, Site, SiteType, Target};
+use super::{PatchSites, SiteType, Target};
 use crate::model::{ExportFile, export_lines};
 
 mod patch;
@@ -225,15 +225,37 @@ fn encode_sites(sites: &PatchSites) -> Vec<u8> {
 /// Write `memory` to `path` (replaced whole). A memory written with an empty export is a
 /// *sites file*: the export goes beside it ([`Held::new`]).
 pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
-    let records = encode_sites(memory.sites);
     let header = Header {
         key: memory.key.clone(),
         inputs: memory.inputs.clone(),
         fields: memory.sites.fields.clone(),
-        main_len: memory.main.len(),
-        sites_len: records.len(),
-        export_len: memory.export.len(),
+        main_len: 0,
+        sites_len: 0,
+        export_len: 0,
         generation: memory.generation,
+    };
+    write_file(
+        path,
+        header,
+        memory.main,
+        &encode_sites(memory.sites),
+        memory.export,
+    )
+}
+
+/// Write a memory's parts to `path` (replaced whole), its header saying their lengths.
+fn write_file(
+    path: &Path,
+    header: Header,
+    main: &[u8],
+    sites: &[u8],
+    export: &[u8],
+) -> std::io::Result<()> {
+    let header = Header {
+        main_len: main.len(),
+        sites_len: sites.len(),
+        export_len: export.len(),
+        ..header
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -243,9 +265,9 @@ pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
         w.write_all(MAGIC)?;
         serde_json::to_writer(&mut w, &header)?;
         w.write_all(b"\n")?;
-        w.write_all(memory.main)?;
-        w.write_all(&records)?;
-        w.write_all(memory.export)?;
+        w.write_all(main)?;
+        w.write_all(sites)?;
+        w.write_all(export)?;
         w.flush()?;
     }
     tmp.persist(path).map_err(|e| e.error)?;
@@ -318,6 +340,25 @@ impl Part {
         Part { buf, at: 0, len }
     }
 
+    /// The bytes, to change in place: copied first unless they are the whole of a buffer
+    /// nothing else holds. The part is what the buffer holds after.
+    fn make_mut(&mut self) -> &mut Vec<u8> {
+        let whole = self.at == 0 && self.len == self.buf.len();
+        if !whole || std::sync::Arc::get_mut(&mut self.buf).is_none() {
+            self.buf = std::sync::Arc::new(self.to_vec());
+            self.at = 0;
+        }
+        let buf = std::sync::Arc::get_mut(&mut self.buf).expect("held by this part only");
+        // the caller may change its length: the part follows it (see `fit`)
+        buf
+    }
+
+    /// After [`Part::make_mut`]: the part is the whole buffer again.
+    fn fit(&mut self) {
+        self.at = 0;
+        self.len = self.buf.len();
+    }
+
     /// The bytes as a buffer of their own (shared when they are the whole buffer).
     fn to_arc(&self) -> std::sync::Arc<Vec<u8>> {
         if self.at == 0 && self.len == self.buf.len() {
@@ -384,24 +425,6 @@ impl Loaded {
                 }
             })
             .collect()
-    }
-
-    /// Every site, decoded (the memory written after a patch).
-    fn all_sites(&self) -> PatchSites {
-        PatchSites {
-            sites: (0..self.site_count())
-                .filter_map(|i| {
-                    let (start, end, ty, first, n) = self.site(i);
-                    Some(Site {
-                        start,
-                        end,
-                        ty: SiteType::from_u8(ty)?,
-                        targets: self.targets(first, n),
-                    })
-                })
-                .collect(),
-            fields: self.header.fields.clone(),
-        }
     }
 }
 
@@ -502,29 +525,26 @@ impl Held {
     }
 
     /// The export of the main file `new_main` (the rest of the project being as the
-    /// compile read it), and the memory to keep after it (`None`: this one, nothing
-    /// changed). `Err` says why it can not be patched.
-    pub fn patch(&self, new_main: Vec<u8>) -> Result<(Patched, Option<Held>), String> {
-        let mut patched = patch_loaded(self.0.clone(), new_main)?;
-        let next = patched
-            .take_next()
-            .and_then(|n| n.0)
-            .map(|(header, main, sites, export)| {
-                let records = encode_sites(&sites);
-                Held(Loaded {
-                    header: Header {
-                        main_len: main.len(),
-                        sites_len: records.len(),
-                        export_len: export.len(),
-                        fields: sites.fields,
-                        ..header
-                    },
-                    main: Part::whole(std::sync::Arc::new(main)),
-                    sites: Part::whole(std::sync::Arc::new(records)),
-                    export: Part::whole(export),
-                })
-            });
-        Ok((patched, next))
+    /// compile read it), and the memory to keep after it. `Err` says why it can not be
+    /// patched (the memory is gone then: the caller compiles in full, and keeps that
+    /// compile's). Taken by value, so that the export can be changed in place when nothing
+    /// else holds it.
+    pub fn patch(self, new_main: Vec<u8>) -> Result<(Patched, Held), String> {
+        if new_main == self.0.main() {
+            let patched = Patched {
+                lines: self.0.export.to_arc(),
+                changed: Vec::new(),
+                prints: self.0.header.inputs.prints.clone(),
+                base_generation: self.0.header.generation,
+                next: None,
+            };
+            return Ok((patched, self));
+        }
+        let mut patched = patch_loaded(self.0, new_main)?;
+        match patched.take_next().and_then(|n| n.0) {
+            Some(loaded) => Ok((patched, Held(loaded))),
+            None => Err("the patch left no memory".into()),
+        }
     }
 }
 
@@ -565,10 +585,7 @@ impl Patched {
 
 /// The memory after a patch, to be written with [`NextMemory::save`] (nothing when the
 /// project was as remembered).
-pub struct NextMemory(Option<MemoryParts>, u64);
-
-/// What a memory file holds: its header, main file, sites and export.
-type MemoryParts = (Header, Vec<u8>, PatchSites, std::sync::Arc<Vec<u8>>);
+pub struct NextMemory(Option<Loaded>, u64);
 
 /// A memory's generation: any number no earlier memory had (time and a counter suffice:
 /// a record of another generation only costs a parse).
@@ -591,25 +608,23 @@ impl NextMemory {
         sites: PatchSites,
         export: Vec<u8>,
     ) -> NextMemory {
+        let records = encode_sites(&sites);
         let header = Header {
             key,
             inputs,
-            fields: Vec::new(),
+            fields: sites.fields,
             main_len: 0,
             sites_len: 0,
             export_len: 0,
             generation: 0,
         };
-        NextMemory(Some((header, main, sites, export.into())), generation)
-    }
-
-    fn new_from(
-        header: Header,
-        main: Vec<u8>,
-        sites: PatchSites,
-        export: std::sync::Arc<Vec<u8>>,
-    ) -> NextMemory {
-        NextMemory(Some((header, main, sites, export)), new_generation())
+        let loaded = Loaded {
+            header,
+            main: Part::whole(main.into()),
+            sites: Part::whole(records.into()),
+            export: Part::whole(export.into()),
+        };
+        NextMemory(Some(loaded), generation)
     }
 
     /// The generation it is written with (that of the memory itself when nothing changed).
@@ -618,20 +633,14 @@ impl NextMemory {
     }
 
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let Some((header, main, sites, export)) = &self.0 else {
+        let Some(loaded) = &self.0 else {
             return Ok(());
         };
-        save(
-            path,
-            &Memory {
-                generation: self.1,
-                key: header.key.clone(),
-                inputs: header.inputs.clone(),
-                main,
-                sites,
-                export,
-            },
-        )
+        let header = Header {
+            generation: self.1,
+            ..loaded.header.clone()
+        };
+        write_file(path, header, loaded.main(), loaded.sites(), loaded.export())
     }
 }
 

@@ -112,13 +112,16 @@ pub(super) struct Patched {
     pub from: String,
     /// The memory for the commit after it.
     pub next: Sites,
+    /// How long reading the main file took, and patching the export.
+    pub read_ms: f64,
+    pub patch_ms: f64,
 }
 
 /// The export of `commit` patched from `sites`, when its project is the one `sites` was
 /// made from but for literals of its main file (from the same source, with the same
 /// compiler); `Err` says why not (the commit is then compiled in full).
 pub(super) fn patch(
-    sites: &Sites,
+    sites: Sites,
     mirror: &Path,
     source: &SourceRow,
     commit: &str,
@@ -130,6 +133,7 @@ pub(super) fn patch(
     if sites.compiler.is_none() || cache::Stamp::of(compiler) != sites.compiler {
         return Err("the compiler changed".into());
     }
+    let started = std::time::Instant::now();
     let tree =
         git::project_tree(mirror, commit, subpath(source), MAIN_FILE).map_err(|e| e.to_string())?;
     let new_main = if tree.id == sites.tree.id {
@@ -143,17 +147,30 @@ pub(super) fn patch(
             short(&sites.commit)
         ));
     };
-    let (patched, next) = sites.held.patch(new_main)?;
+    let read_ms = started.elapsed().as_secs_f64() * 1e3;
+    let Sites {
+        held,
+        commit: from,
+        url,
+        path,
+        compiler,
+        ..
+    } = sites;
+    let (patched, held) = held.patch(new_main)?;
     Ok(Patched {
+        read_ms,
+        patch_ms: started.elapsed().as_secs_f64() * 1e3 - read_ms,
         lines: patched.lines.clone(),
         changed: patched.changed.len(),
         prints: patched.prints.clone(),
-        from: sites.commit.clone(),
+        from,
         next: Sites {
-            held: next.unwrap_or_else(|| sites.held.clone()),
+            held,
             commit: commit.to_string(),
             tree,
-            ..sites.clone()
+            url,
+            path,
+            compiler,
         },
     })
 }
@@ -179,20 +196,24 @@ pub(super) async fn patched(
         steward_bin.to_path_buf(),
     );
     let patched =
-        tokio::task::spawn_blocking(move || patch(&sites, &mirror, &source, &commit, &bin))
+        tokio::task::spawn_blocking(move || patch(sites, &mirror, &source, &commit, &bin))
             .await
             .unwrap_or_else(|e| Err(format!("crashed: {e}")))?;
     let (lines, stored) = (patched.lines.clone(), stored.take());
+    let compared = std::time::Instant::now();
     let read = tokio::task::spawn_blocking(move || memory::read(stored, env, lines))
         .await
         .unwrap_or_else(|e| Err(format!("crashed: {e}")))
         .map_err(|e| format!("the patched export does not read ({e})"))?;
     let detail = format!(
-        "{} resources, {} changed: patched from the compile of {} (only literals of the main file changed), in {} ms; no checkout, no compiler run",
+        "{} resources, {} changed: patched from the compile of {} (only literals of the main file changed) in {} ms ({MAIN_FILE} read in {:.0} ms, the export patched in {:.0}, compared with the last one in {:.0}); no checkout, no compiler run",
         read.resources,
         patched.changed,
         short(&patched.from),
-        at.1.elapsed().as_millis()
+        at.1.elapsed().as_millis(),
+        patched.read_ms,
+        patched.patch_ms,
+        compared.elapsed().as_secs_f64() * 1e3,
     );
     let stage = stage("compile", at.0, at.1.elapsed(), true, &detail);
     let mut prints = patched.prints.join("\n");
