@@ -241,6 +241,62 @@ async fn literal_edits_are_patched_and_store_what_a_full_compile_stores() {
     eprintln!("edits: {counts:?}");
 }
 
+/// A project in a sub-directory of the repository (the source's `path`): a commit changing
+/// only what is beside it is patched with nothing changed (its project is the same tree), a
+/// literal inside it is patched, and what the model prints is in the report as a compile's
+/// output is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_project_in_a_sub_directory_is_patched_by_its_own_tree() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    let model = |content: &str| {
+        format!(
+            "import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n\
+             std::print(\"deploying\")\n\
+             fs::File(host=host, path=\"{}/sub\", content=\"{content}\", mode=644)\n",
+            repo.out.display()
+        )
+    };
+    let first = repo.commit_in("site", &model("one"), "first");
+    let env = follow(&c, "sub", &repo, json!({"path": "site"})).await;
+    repo.install_post_receive(&webhook_url(&srv.url, &env), "s3cret");
+    repo.push_ok();
+    let report = compiled(&c, &env, &first, 30).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    assert!(detail(&report, "compile").contains("the compiler ran"));
+
+    // beside the project: the same tree, nothing changed
+    std::fs::write(repo.work.join("NOTES"), "not the project\n").unwrap();
+    let beside = repo.commit_in("site", &model("one"), "notes");
+    repo.push_ok();
+    let report = compiled(&c, &env, &beside, 30).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    let compile = detail(&report, "compile");
+    assert!(
+        compile.contains("1 resources, 0 changed: patched"),
+        "{compile}"
+    );
+    assert_eq!(
+        report["stdout"].as_str().unwrap(),
+        "deploying\n",
+        "{report:#}"
+    );
+
+    let second = repo.commit_in("site", &model("two"), "second");
+    repo.push_ok();
+    let report = compiled(&c, &env, &second, 30).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    let compile = detail(&report, "compile");
+    assert!(
+        compile.contains("1 resources, 1 changed: patched"),
+        "{compile}"
+    );
+    let v = report["version"].as_i64().unwrap() as i32;
+    wait_deployed(&c, &env, v, 30).await;
+    assert_eq!(read(&repo.out.join("sub")).as_deref(), Some("two"));
+}
+
 const EVIL_CF: &str =
     "# a module whose plugin leaves a file where the server reads the compiler's\n";
 

@@ -129,3 +129,106 @@ pub fn could_run_code(mirror_dir: &Path, id: gix::ObjectId) -> Result<Option<Str
 
 /// Entries [`could_run_code`] looks at most (a larger project is not patched).
 const MAX_ENTRIES: usize = 100_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn sh(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Write `files` (path, text; `None` removes) in `work`, commit, and give the commit.
+    fn commit(work: &Path, files: &[(&str, Option<&str>)]) -> String {
+        for (path, text) in files {
+            let p = work.join(path);
+            match text {
+                Some(t) => {
+                    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                    std::fs::write(&p, t).unwrap();
+                }
+                None => std::fs::remove_file(&p).unwrap(),
+            }
+        }
+        sh(work, &["add", "-A"]);
+        sh(work, &["commit", "-q", "--allow-empty", "-m", "c"]);
+        sh(work, &["rev-parse", "HEAD"])
+    }
+
+    #[test]
+    fn a_project_tree_tells_a_main_file_edit_from_any_other_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        sh(&work, &["init", "-q", "-b", "main"]);
+        let files = [
+            ("site/main.cf", Some("a = 1\n")),
+            ("site/project.yml", Some("name: site\n")),
+            ("site/libs/m/model/_init.cf", Some("x = 1\n")),
+            ("README", Some("hello\n")),
+        ];
+        let first = commit(&work, &files);
+        let main_edit = commit(&work, &[("site/main.cf", Some("a = 2\n"))]);
+        let outside = commit(&work, &[("README", Some("bye\n"))]);
+        let module_edit = commit(&work, &[("site/libs/m/model/_init.cf", Some("x = 2\n"))]);
+        let added = commit(&work, &[("site/files/f", Some("f\n"))]);
+        let python = commit(&work, &[("site/libs/m/plugins/__init__.py", Some("\n"))]);
+        let requirements = commit(
+            &work,
+            &[
+                ("site/libs/m/plugins/__init__.py", None),
+                ("site/requirements.txt", Some("inmanta-module-std\n")),
+            ],
+        );
+        let plain = commit(&work, &[("site/requirements.txt", None)]);
+        std::os::unix::fs::symlink("../main.cf", work.join("site/files/link")).unwrap();
+        let link = commit(&work, &[]);
+        std::fs::remove_file(work.join("site/files/link")).unwrap();
+        std::fs::remove_file(work.join("site/main.cf")).unwrap();
+        std::os::unix::fs::symlink("files/f", work.join("site/main.cf")).unwrap();
+        let main_link = commit(&work, &[]);
+        sh(
+            dir.path(),
+            &["clone", "-q", "--mirror", "work", "mirror.git"],
+        );
+        let mirror = dir.path().join("mirror.git");
+        let tree = |c: &str| project_tree(&mirror, c, Some("site"), "main.cf").unwrap();
+
+        let base = tree(&first);
+        assert!(base.differs_only_in_main(&tree(&main_edit)));
+        // a change outside the project: the same tree
+        assert_eq!(tree(&main_edit), tree(&outside));
+        assert!(!tree(&outside).differs_only_in_main(&tree(&module_edit)));
+        assert!(!tree(&module_edit).differs_only_in_main(&tree(&added)));
+        // a main file that is a link is not a main file that can be patched
+        assert!(tree(&main_link).main.is_none());
+        assert!(!tree(&plain).differs_only_in_main(&tree(&main_link)));
+        let blob = read_blob(&mirror, tree(&main_edit).main.unwrap(), 100).unwrap();
+        assert_eq!(blob, b"a = 2\n");
+        assert!(read_blob(&mirror, tree(&main_edit).main.unwrap(), 3).is_err());
+
+        let runs = |c: &str| could_run_code(&mirror, tree(c).id).unwrap();
+        assert_eq!(runs(&first), None);
+        assert_eq!(runs(&added), None);
+        assert!(
+            runs(&python).unwrap().contains("__init__.py"),
+            "{:?}",
+            runs(&python)
+        );
+        assert!(runs(&requirements).unwrap().contains("requirements.txt"));
+        assert_eq!(runs(&plain), None);
+        assert!(runs(&link).unwrap().contains("symbolic link"));
+        assert!(runs(&main_link).unwrap().contains("symbolic link"));
+    }
+}
