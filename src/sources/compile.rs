@@ -479,8 +479,18 @@ pub(super) async fn build(
         Err(e) => return report.fail("facts", at, e),
     }
 
-    // compile, in a child process
+    // compile, in a child process; asked for its sites only when the server could trust them
     let at = begin();
+    let trusted = if spec.sites.is_some() {
+        let (mirror, source, of) = (mirror.to_path_buf(), source.clone(), commit.clone());
+        tokio::task::spawn_blocking(move || patch::trusted_tree(&mirror, &source, &of))
+            .await
+            .unwrap_or_else(|e| Err(format!("crashed: {e}")))
+            .inspect_err(|why| tracing::debug!(environment = %env_id, %commit, %why, "a next commit can not be patched from this compile"))
+            .ok()
+    } else {
+        None
+    };
     let export_file = workdir.path().join("export.json");
     let sites_file = workdir.path().join("sites");
     let ran = run_compiler(
@@ -491,7 +501,7 @@ pub(super) async fn build(
         Files {
             export: &export_file,
             facts: &facts_file,
-            remember: spec.sites.is_some().then_some(sites_file.as_path()),
+            remember: trusted.is_some().then_some(sites_file.as_path()),
         },
         timeout,
         virtual_env.as_deref(),
@@ -550,11 +560,12 @@ pub(super) async fn build(
     let read_at = Instant::now();
     let memory = spec.memory.and_then(Option::take);
     let not_patched = spec.sites.clone().flatten();
-    let keep = spec.sites.is_some().then(|| {
+    let keep = trusted.map(|tree| {
         (
             mirror.to_path_buf(),
             source.clone(),
             commit.clone(),
+            tree,
             steward_bin.to_path_buf(),
             project.clone(),
         )
@@ -562,8 +573,17 @@ pub(super) async fn build(
     let read = tokio::task::spawn_blocking(move || {
         let text = std::sync::Arc::new(read_export(&export_file)?);
         let read = memory::read(memory, env_id, text.clone())?;
-        let sites = keep.map(|(mirror, source, commit, bin, project)| {
-            patch::keep(&mirror, &source, &commit, &bin, &project, &sites_file, text)
+        let sites = keep.map(|(mirror, source, commit, tree, bin, project)| {
+            patch::keep(
+                &mirror,
+                &source,
+                &commit,
+                tree,
+                &bin,
+                &project,
+                &sites_file,
+                text,
+            )
         });
         Ok::<_, String>((read, sites))
     })

@@ -49,25 +49,42 @@ pub struct Sites {
     compiler: Option<cache::Stamp>,
 }
 
-/// The sites of the compile of `commit` (the sites file `sites_file` the compiler wrote in
-/// `project`, the checkout, beside the export `export`), when the server can trust them to
-/// patch a later commit; `Err` says why not.
+/// The project directory of `commit`, when a compile of it can leave sites the server
+/// trusts: it holds no code a compile may run (then nothing but our compiler runs in the
+/// child, and what it writes is the compiler's) and no symbolic link, and its main file is a
+/// plain file. Asked before the compile: a compile of any other project is not asked for
+/// its sites. `Err` says why not.
+pub(super) fn trusted_tree(
+    mirror: &Path,
+    source: &SourceRow,
+    commit: &str,
+) -> Result<git::ProjectTree, String> {
+    let tree =
+        git::project_tree(mirror, commit, subpath(source), MAIN_FILE).map_err(|e| e.to_string())?;
+    if let Some(why) = git::could_run_code(mirror, tree.id).map_err(|e| e.to_string())? {
+        return Err(why);
+    }
+    if tree.main.is_none() {
+        return Err(format!("{MAIN_FILE} is not a plain file"));
+    }
+    Ok(tree)
+}
+
+/// The sites of the compile of `commit`, whose project is `tree` ([`trusted_tree`]): the
+/// sites file `sites_file` the compiler wrote for the checkout `project`, beside the export
+/// `export`, when the compile read nothing outside the project and its main file was the
+/// commit's; `Err` says why not.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn keep(
     mirror: &Path,
     source: &SourceRow,
     commit: &str,
+    tree: git::ProjectTree,
     compiler: &Path,
     project: &Path,
     sites_file: &Path,
     export: Arc<Vec<u8>>,
 ) -> Result<Sites, String> {
-    let tree =
-        git::project_tree(mirror, commit, subpath(source), MAIN_FILE).map_err(|e| e.to_string())?;
-    // first what the commit holds: with code a compile may run in it, the sites file is
-    // not known to be the compiler's
-    if let Some(why) = git::could_run_code(mirror, tree.id).map_err(|e| e.to_string())? {
-        return Err(why);
-    }
     let Some(main) = tree.main else {
         return Err(format!("{MAIN_FILE} is not a plain file"));
     };
