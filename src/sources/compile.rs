@@ -583,6 +583,7 @@ pub(super) async fn build(
                 &project,
                 &sites_file,
                 text,
+                read.id,
             )
         });
         Ok::<_, String>((read, sites))

@@ -35,6 +35,9 @@ pub struct Memory {
     /// order again: lines are looked up by position first)
     entries: IndexMap<String, Entry>,
     tree: ContentTree,
+    /// The export ([`Read::id`]) whose lines the entries are, one for one and in order:
+    /// the lines a patch did not change need not be hashed again ([`read_patched`]).
+    lines_of: Option<u64>,
 }
 
 /// What the memory holds of one resource.
@@ -60,6 +63,8 @@ pub struct Read {
     lines: Option<(LineHasher, Vec<u64>)>,
     /// The export as the compiler wrote it: read again whole when its changes are refused.
     text: std::sync::Arc<Vec<u8>>,
+    /// Which export this is (unique in this process).
+    pub id: u64,
 }
 
 /// An export as the changes against a memory: what `versions::store_delta` takes.
@@ -90,6 +95,35 @@ pub fn read(
     env: uuid::Uuid,
     text: std::sync::Arc<Vec<u8>>,
 ) -> Result<Read, String> {
+    read_hinted(memory, env, text, None)
+}
+
+/// [`read`] of an export patched from the export `from` ([`Read::id`]): only the lines at
+/// `changed` (their places among the resources) differ from it. When the memory's entries
+/// are that export's lines, only those lines are hashed.
+pub fn read_patched(
+    memory: Option<Memory>,
+    env: uuid::Uuid,
+    text: std::sync::Arc<Vec<u8>>,
+    from: u64,
+    changed: &[usize],
+) -> Result<Read, String> {
+    read_hinted(memory, env, text, Some((from, changed)))
+}
+
+/// A new export's [`Read::id`].
+pub fn new_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn read_hinted(
+    memory: Option<Memory>,
+    env: uuid::Uuid,
+    text: std::sync::Arc<Vec<u8>>,
+    patched: Option<(u64, &[usize])>,
+) -> Result<Read, String> {
+    let id = new_id();
     let Some(lines) = export_lines::split(&text) else {
         // not written by this compiler (or with no resource): parsed whole, no memory
         let export: ExportFile = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
@@ -99,16 +133,30 @@ pub fn read(
             changes: None,
             lines: None,
             text,
+            id,
         });
     };
     let lines = lines.map_err(|e| e.to_string())?;
     let hasher = memory
         .as_ref()
         .map_or_else(LineHasher::new, |m| m.lines.clone());
-    let hashes = crate::model::par_map(&lines.resources, |l| hasher.hash_one(l));
     let memory = memory.filter(|m| m.env == env);
+    let hashes = match (&memory, patched) {
+        (Some(m), Some((from, changed)))
+            if m.lines_of == Some(from)
+                && m.entries.len() == lines.resources.len()
+                && changed.iter().all(|&i| i < lines.resources.len()) =>
+        {
+            let mut hashes: Vec<u64> = m.entries.values().map(|e| e.line).collect();
+            for &i in changed {
+                hashes[i] = hasher.hash_one(lines.resources[i]);
+            }
+            hashes
+        }
+        _ => crate::model::par_map(&lines.resources, |l| hasher.hash_one(l)),
+    };
     if let Some(memory) = memory
-        && let Some(changes) = memory.compare(&lines, &hashes)
+        && let Some(changes) = memory.compare(&lines, &hashes, id)
     {
         let (changes, export) = changes?;
         let resources = lines.resources.len();
@@ -118,6 +166,7 @@ pub fn read(
             changes: Some(changes),
             lines: None,
             text,
+            id,
         });
     }
     let resources = lines.resources.len();
@@ -128,13 +177,17 @@ pub fn read(
         changes: None,
         lines: Some((hasher, hashes)),
         text,
+        id,
     })
 }
 
 impl Read {
     /// The same export, whole (its changes were refused).
     pub fn whole(self, env: uuid::Uuid) -> Result<Read, String> {
-        read(None, env, self.text)
+        let id = self.id;
+        let mut whole = read(None, env, self.text)?;
+        whole.id = id;
+        Ok(whole)
     }
 
     /// The memory of this export, stored whole as `version` with `content_hash`, its
@@ -192,6 +245,7 @@ impl Read {
             lines,
             entries,
             tree,
+            lines_of: Some(self.id),
         })
     }
 }
@@ -205,6 +259,7 @@ impl Memory {
         mut self,
         lines: &Lines<'_>,
         hashes: &[u64],
+        id: u64,
     ) -> Option<Result<(Changes, ExportFile), String>> {
         let rest = &lines.rest;
         let undefined: HashSet<&str> = rest.undefined.iter().map(|u| u.0.as_str()).collect();
@@ -311,6 +366,10 @@ impl Memory {
             resources.push(r);
         }
         let content_hash = content::with_handlers(self.tree.root(), &rest.handlers);
+        // the entries are this export's lines when each line's entry is at its place
+        let in_order = self.entries.len() == hashes.len()
+            && self.entries.values().zip(hashes).all(|(e, h)| e.line == *h);
+        self.lines_of = in_order.then_some(id);
         let export = ExportFile {
             format: rest.format,
             resources,
@@ -563,6 +622,69 @@ mod tests {
                 previous = export;
             }
         }
+    }
+
+    /// A patched export read with its hint gives what it gives read without one, hashing
+    /// only the changed lines, and only when the memory's entries are the hinted export's
+    /// lines; the memory after it is the new export's lines again, for the next patch.
+    #[test]
+    fn a_patched_export_reads_alike_with_and_without_its_hint() {
+        let env = uuid::Uuid::new_v4();
+        let mut specs: Vec<Spec> = (0..50)
+            .map(|id| Spec {
+                id,
+                content: 0,
+                requires: vec![],
+                undefined: false,
+                reordered: false,
+            })
+            .collect();
+        let first = export_of(&specs);
+        let memory_of_first = || {
+            let mut r = read(None, env, text_of(&first)).unwrap();
+            let hashes = crate::model::hash_all(&r.export.resources);
+            let from = r.id;
+            let m = r.memory(env, 1, &whole_hash(&first), hashes).unwrap();
+            assert_eq!(m.lines_of, Some(from));
+            (m, from)
+        };
+        let mut changed = vec![3, 17, 49];
+        for &i in &changed {
+            specs[i].content = 1;
+        }
+        let second = export_of(&specs);
+        let outcome = |r: Read| {
+            let c = r.changes.expect("read as changes");
+            let ids: Vec<String> = r.export.resources.iter().map(|x| x.id.0.clone()).collect();
+            (c.content_hash.clone(), ids, c.memory.lines_of.is_some())
+        };
+        let (plain, _) = memory_of_first();
+        let without = outcome(read(Some(plain), env, text_of(&second)).unwrap());
+        let (hinted, from) = memory_of_first();
+        let with = read_patched(Some(hinted), env, text_of(&second), from, &changed).unwrap();
+        let next_from = with.id;
+        let with = outcome(with);
+        assert_eq!(with, without);
+        assert_eq!(with.0, whole_hash(&second));
+        assert_eq!(with.1.len(), 3);
+        // the memory after it holds the new export's lines: the next patch hints again
+        assert!(with.2);
+        // a hint of another export is not taken: the same outcome, every line hashed
+        let (other, _) = memory_of_first();
+        let wrong = read_patched(Some(other), env, text_of(&second), from + 1000, &[]).unwrap();
+        assert_eq!(outcome(wrong), without);
+        // a chain of patches: the memory a patched read leaves takes the next hint
+        let (m, from) = memory_of_first();
+        let r = read_patched(Some(m), env, text_of(&second), from, &changed).unwrap();
+        let second_id = r.id;
+        let m = r.changes.unwrap().stored_as(2);
+        assert_eq!(m.lines_of, Some(second_id));
+        changed = vec![0];
+        specs[0].content = 2;
+        let third = export_of(&specs);
+        let r = read_patched(Some(m), env, text_of(&third), second_id, &changed).unwrap();
+        assert_eq!(r.changes.unwrap().content_hash, whole_hash(&third));
+        assert_ne!(next_from, second_id);
     }
 
     #[test]

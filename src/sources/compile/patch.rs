@@ -40,6 +40,8 @@ const MAX_READ: usize = super::MAX_EXPORT as usize;
 #[derive(Clone)]
 pub struct Sites {
     held: cache::Held,
+    /// The export it holds, as read ([`memory::Read::id`]).
+    export_id: u64,
     /// The commit it was made from, and that commit's project directory.
     commit: String,
     tree: git::ProjectTree,
@@ -84,6 +86,7 @@ pub(super) fn keep(
     project: &Path,
     sites_file: &Path,
     export: Arc<Vec<u8>>,
+    export_id: u64,
 ) -> Result<Sites, String> {
     let Some(main) = tree.main else {
         return Err(format!("{MAIN_FILE} is not a plain file"));
@@ -109,6 +112,7 @@ pub(super) fn keep(
     }
     Ok(Sites {
         held,
+        export_id,
         commit: commit.to_string(),
         tree,
         url: source.url.clone(),
@@ -121,8 +125,10 @@ pub(super) fn keep(
 pub(super) struct Patched {
     /// The export, one resource per line.
     pub lines: Arc<Vec<u8>>,
-    /// How many resources the patch changed.
-    pub changed: usize,
+    /// The places (among the export's resources) of those the patch changed.
+    pub changed: Vec<usize>,
+    /// The export it was patched from ([`memory::Read::id`]).
+    pub from_export: u64,
     /// What the model printed.
     pub prints: Vec<String>,
     /// The commit it was patched from.
@@ -167,6 +173,7 @@ pub(super) fn patch(
     let read_ms = started.elapsed().as_secs_f64() * 1e3;
     let Sites {
         held,
+        export_id,
         commit: from,
         url,
         path,
@@ -178,11 +185,14 @@ pub(super) fn patch(
         read_ms,
         patch_ms: started.elapsed().as_secs_f64() * 1e3 - read_ms,
         lines: patched.lines.clone(),
-        changed: patched.changed.len(),
+        changed: patched.changed.iter().map(|c| c.0).collect(),
+        from_export: export_id,
         prints: patched.prints.clone(),
         from,
         next: Sites {
             held,
+            // made known when it is read
+            export_id: 0,
             commit: commit.to_string(),
             tree,
             url,
@@ -218,14 +228,19 @@ pub(super) async fn patched(
             .unwrap_or_else(|e| Err(format!("crashed: {e}")))?;
     let (lines, stored) = (patched.lines.clone(), stored.take());
     let compared = std::time::Instant::now();
-    let read = tokio::task::spawn_blocking(move || memory::read(stored, env, lines))
-        .await
-        .unwrap_or_else(|e| Err(format!("crashed: {e}")))
-        .map_err(|e| format!("the patched export does not read ({e})"))?;
+    let (from, changed) = (patched.from_export, patched.changed.clone());
+    let read = tokio::task::spawn_blocking(move || {
+        memory::read_patched(stored, env, lines, from, &changed)
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("crashed: {e}")))
+    .map_err(|e| format!("the patched export does not read ({e})"))?;
+    let mut patched = patched;
+    patched.next.export_id = read.id;
     let detail = format!(
         "{} resources, {} changed: patched from the compile of {} (only literals of the main file changed) in {} ms ({MAIN_FILE} read in {:.0} ms, the export patched in {:.0}, compared with the last one in {:.0}); no checkout, no compiler run",
         read.resources,
-        patched.changed,
+        patched.changed.len(),
         short(&patched.from),
         at.1.elapsed().as_millis(),
         patched.read_ms,
