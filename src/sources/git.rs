@@ -566,9 +566,11 @@ mod checkout;
 mod history;
 mod merge;
 mod pulls;
+#[cfg(test)]
+mod test_git;
 mod tree;
 pub use checkout::checkout;
-use history::subtree_id;
+use history::project_dir_id;
 pub use history::{
     commit_on_branch, commits_between, has_commit, is_ancestor_or_equal, read_file, resolve_branch,
     subtree_changed,

@@ -7,21 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use crate::gitops_support::{Repo, compiled, follow, read, webhook_url};
+use crate::gitops_support::{Repo, compiled, export_here, follow, read, webhook_url};
 use crate::support::{Rng, TestServer, wait_deployed};
-
-/// The export of the model in the working tree, compiled here in full.
-fn export_here(repo: &Repo) -> steward::model::ExportFile {
-    let opts = steward::compiler::CompileOptions {
-        project_dir: repo.work.clone(),
-        export: true,
-        ..Default::default()
-    };
-    match steward::compiler::compile(&opts, &mut |_| {}).result {
-        Ok(Some(x)) => x,
-        other => panic!("the model does not compile here: {:?}", other.err()),
-    }
-}
 
 /// The detail of a report's stage `name`.
 fn detail(report: &serde_json::Value, name: &str) -> String {

@@ -201,3 +201,16 @@ pub async fn timeline(c: &Client, env: &str, commit: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// The export of the model in the working tree, compiled here in full.
+pub fn export_here(repo: &Repo) -> steward::model::ExportFile {
+    let opts = steward::compiler::CompileOptions {
+        project_dir: repo.work.clone(),
+        export: true,
+        ..Default::default()
+    };
+    match steward::compiler::compile(&opts, &mut |_| {}).result {
+        Ok(Some(x)) => x,
+        other => panic!("the model does not compile here: {:?}", other.err()),
+    }
+}

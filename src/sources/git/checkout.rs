@@ -17,12 +17,7 @@ pub fn checkout(
     let mut repo = open_mirror(mirror_dir)?;
     repo.object_cache_size_if_unset(16 * 1024 * 1024);
     let commit = parse_commit_id(commit_hex)?;
-    let tree = subtree_id(&repo, commit, subpath)?.ok_or_else(|| {
-        GitError::NotFound(format!(
-            "path {:?} not found in commit {commit}",
-            subpath.unwrap_or_default()
-        ))
-    })?;
+    let tree = project_dir_id(&repo, commit, subpath)?;
 
     let io = |what: &str, p: &Path, e: std::io::Error| {
         GitError::Other(format!("cannot {what} {}: {e}", p.display()))

@@ -125,7 +125,22 @@ pub fn commit_on_branch(
 
 /// Tree id at `subpath` (or the root tree) of `commit`; `None` if the path does not exist.
 /// Errors if the path exists but is not a directory.
-pub(super) fn subtree_id(
+/// The tree of the project directory `subpath` (or the root) of `commit`; not found when
+/// the commit has no such directory.
+pub(super) fn project_dir_id(
+    repo: &gix::Repository,
+    commit: gix::ObjectId,
+    subpath: Option<&str>,
+) -> Result<gix::ObjectId, GitError> {
+    subtree_id(repo, commit, subpath)?.ok_or_else(|| {
+        GitError::NotFound(format!(
+            "path {:?} not found in commit {commit}",
+            subpath.unwrap_or_default()
+        ))
+    })
+}
+
+fn subtree_id(
     repo: &gix::Repository,
     commit: gix::ObjectId,
     subpath: Option<&str>,

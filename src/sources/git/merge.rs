@@ -183,19 +183,7 @@ mod tests {
         mirror: std::path::PathBuf,
     }
 
-    fn sh(dir: &Path, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(dir)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
+    use super::super::test_git::sh;
 
     fn commit(r: &Repos, file: &str, text: &str) -> String {
         std::fs::write(r.work.join(file), text).unwrap();

@@ -36,12 +36,7 @@ pub fn project_tree(
 ) -> Result<ProjectTree, GitError> {
     let repo = open_mirror(mirror_dir)?;
     let commit = parse_commit_id(commit_hex)?;
-    let id = subtree_id(&repo, commit, subpath)?.ok_or_else(|| {
-        GitError::NotFound(format!(
-            "path {:?} not found in commit {commit}",
-            subpath.unwrap_or_default()
-        ))
-    })?;
+    let id = project_dir_id(&repo, commit, subpath)?;
     let tree = repo
         .find_tree(id)
         .map_err(other(format_args!("cannot read tree {id}")))?;
@@ -133,21 +128,8 @@ const MAX_ENTRIES: usize = 100_000;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::Command;
 
-    fn sh(dir: &Path, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(dir)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
+    use super::super::test_git::sh;
 
     /// Write `files` (path, text; `None` removes) in `work`, commit, and give the commit.
     fn commit(work: &Path, files: &[(&str, Option<&str>)]) -> String {
