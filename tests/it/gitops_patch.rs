@@ -303,16 +303,11 @@ def shout(s: "string") -> "string":
     return s.upper()
 "#;
 
-/// The attack on the memory: a commit whose plugin writes a well-formed sites file where
-/// the compiler writes its own, claiming that the literal a plugin reads goes as it is into
-/// a file's content. If the server kept it, the next commit changing that literal would be
-/// patched to the literal (`bye`) where the model says the plugin's answer (`BYE`).
-#[tokio::test(flavor = "multi_thread")]
-async fn a_sites_file_a_commits_code_writes_is_never_used() {
+/// A project whose plugin forges the compiler's sites file (see
+/// [`a_sites_file_a_commits_code_writes_is_never_used`]): its first commit, with the word
+/// `hello`; `main(word)` is its main file with another word.
+fn forging_project(repo: &Repo) -> (String, impl Fn(&str) -> String + '_) {
     use steward::compiler::incremental::{PatchSites, Site, SiteType, Target, cache};
-    let srv = TestServer::start_deploying().await;
-    let c = srv.admin_client();
-    let repo = Repo::new();
     let main = |word: &str| {
         format!(
             "import fs\nimport evil\nhost = std::Host(name=\"localhost\", os=std::linux)\n\
@@ -355,6 +350,19 @@ async fn a_sites_file_a_commits_code_writes_is_never_used() {
     )
     .unwrap();
     let commit = repo.commit(&first, "a plugin that forges the compiler's memory");
+    (commit, main)
+}
+
+/// The attack on the memory: a commit whose plugin writes a well-formed sites file where
+/// the compiler writes its own, claiming that the literal a plugin reads goes as it is into
+/// a file's content. If the server kept it, the next commit changing that literal would be
+/// patched to the literal (`bye`) where the model says the plugin's answer (`BYE`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sites_file_a_commits_code_writes_is_never_used() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let repo = Repo::new();
+    let (commit, main) = forging_project(&repo);
     let env = follow(&c, "forged", &repo, json!({})).await;
     repo.install_post_receive(&webhook_url(&srv.url, &env), "s3cret");
     repo.push_ok();
@@ -378,4 +386,97 @@ async fn a_sites_file_a_commits_code_writes_is_never_used() {
         "{compile}"
     );
     assert!(compile.contains("the compiler ran"), "{compile}");
+}
+
+/// The same attack on a server run by an ordinary user (its compiles as that user, in
+/// namespaces), and that such a server patches a project with no code: the version the
+/// forged memory would make is never stored, the one a literal edit makes is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_is_not_root_patches_but_never_from_a_forged_sites_file() {
+    use crate::attacker::unprivileged::{NOBODY, open_to, unprivileged_server};
+    let test = "a_server_that_is_not_root_patches_but_never_from_a_forged_sites_file";
+    let Some(srv) = unprivileged_server(test).await else {
+        return;
+    };
+    let c = srv.client.clone();
+    let repo = Repo::new();
+    let (first, main) = forging_project(&repo);
+    repo.push_ok();
+    open_to(&repo, NOBODY);
+    let env = follow(&c, "forged", &repo, json!({})).await;
+    let report = compiled(&c, &env, &first, 120).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    let second = repo.commit(&main("bye"), "another word");
+    push_to_theirs(&repo);
+    c.trigger_compile(&env, None).await.unwrap();
+    let report = compiled(&c, &env, &second, 120).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    let compile = detail(&report, "compile");
+    let v = report["version"].as_i64().unwrap() as i32;
+    // what a full compile of the commit stores: the plugin's answer
+    assert_eq!(
+        resources(&c, &env, v).await,
+        resources_of(&export_here(&repo)),
+        "{compile}"
+    );
+    assert!(compile.contains("the compiler ran"), "{compile}");
+
+    // a project with no code: its literal edit is patched by this server too
+    let repo = Repo::new();
+    let model = |word: &str| {
+        format!(
+            "import fs\nhost = std::Host(name=\"localhost\", os=std::linux)\n\
+             fs::File(host=host, path=\"/nonexistent/plain\", content=\"{word}\", mode=644)\n"
+        )
+    };
+    let first = repo.commit(&model("one"), "plain");
+    repo.push_ok();
+    open_to(&repo, NOBODY);
+    let env = follow(&c, "plain", &repo, json!({})).await;
+    let report = compiled(&c, &env, &first, 120).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    let second = repo.commit(&model("two"), "two");
+    push_to_theirs(&repo);
+    c.trigger_compile(&env, None).await.unwrap();
+    let report = compiled(&c, &env, &second, 120).await;
+    assert_eq!(report["status"], "success", "{report:#}");
+    let compile = detail(&report, "compile");
+    assert!(compile.contains("1 changed: patched"), "{compile}");
+    let v = report["version"].as_i64().unwrap() as i32;
+    assert_eq!(
+        resources(&c, &env, v).await,
+        resources_of(&export_here(&repo))
+    );
+}
+
+/// Push to an origin that `open_to` gave another user (git refuses a repository another
+/// user owns unless told it is safe).
+fn push_to_theirs(repo: &Repo) {
+    crate::gitops_support::git_ok(
+        &repo.work,
+        &[
+            "push",
+            "-q",
+            "--receive-pack=git -c safe.directory=* receive-pack",
+            "origin",
+            "HEAD:main",
+        ],
+    );
+}
+
+/// An export's resources as [`resources`] lists a version's.
+fn resources_of(export: &steward::model::ExportFile) -> BTreeMap<String, serde_json::Value> {
+    let undefined: std::collections::HashSet<&str> =
+        export.undefined.iter().map(|u| u.0.as_str()).collect();
+    export
+        .resources
+        .iter()
+        .map(|r| {
+            let requires: Vec<String> = r.requires.iter().map(|q| q.0.clone()).collect();
+            (
+                r.id.0.clone(),
+                json!([r.hash(), requires, undefined.contains(r.id.0.as_str())]),
+            )
+        })
+        .collect()
 }
