@@ -197,6 +197,7 @@ pub fn cli(srv: &TestServer, token: &str, env: &str, args: &[&str]) -> (i32, Str
         .env("STEWARD_SERVER", &srv.url)
         .env("STEWARD_TOKEN", token)
         .env("STEWARD_ENV", env)
+        .env("XDG_CACHE_HOME", srv.client_cache())
         .env_remove("STEWARD_CA_CERT")
         .output()
         .unwrap();

@@ -132,6 +132,13 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    /// Where `steward` commands run against this server keep what they cache
+    /// (`XDG_CACHE_HOME`: the last-upload memories), gone with the server rather than left
+    /// in the user's `~/.cache`.
+    pub fn client_cache(&self) -> std::path::PathBuf {
+        self._data.path().join("client-cache")
+    }
+
     pub async fn start(no_auth: bool) -> TestServer {
         let db_url = new_database();
         Self::start_on(db_url, no_auth).await
