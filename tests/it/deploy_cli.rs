@@ -11,6 +11,7 @@ use crate::support::{TestServer, fs_file, steward_bin, wait_deployed};
 pub fn cli(srv: &TestServer, env: &str, args: &[&str]) -> Output {
     std::process::Command::new(steward_bin())
         .args(args)
+        .env("XDG_CACHE_HOME", srv.client_cache())
         .env("STEWARD_SERVER", &srv.url)
         .env("STEWARD_TOKEN", srv.admin.as_deref().unwrap())
         .env("STEWARD_ENV", env)

@@ -575,6 +575,7 @@ async fn source_and_compile_reports_from_the_command_line() {
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_steward"))
             .args(args)
+            .env("XDG_CACHE_HOME", srv.client_cache())
             .env("STEWARD_SERVER", &srv.url)
             .env("STEWARD_TOKEN", srv.admin.as_deref().unwrap())
             .env("STEWARD_ENV", &env)

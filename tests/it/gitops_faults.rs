@@ -271,6 +271,7 @@ async fn source_set_changes_only_what_is_given() {
     let run = |args: &[&str]| {
         std::process::Command::new(crate::support::steward_bin())
             .args(args)
+            .env("XDG_CACHE_HOME", srv.client_cache())
             .env("STEWARD_SERVER", &srv.url)
             .env("STEWARD_TOKEN", srv.admin.as_deref().unwrap())
             .env("STEWARD_ENV", &env)

@@ -240,6 +240,7 @@ async fn ssh_a_model_can_not_send_its_agent_to_a_target_nobody_allowed() {
     let out = std::process::Command::new(steward_bin())
         .args(["export", "-d"])
         .current_dir(&project)
+        .env("XDG_CACHE_HOME", srv.client_cache())
         .env("STEWARD_SERVER", &srv.url)
         .env("STEWARD_TOKEN", t["secret"].as_str().unwrap())
         .env("STEWARD_ENV", &env)
