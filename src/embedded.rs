@@ -2,3 +2,4 @@
 //! `store::cluster`, shared with `steward server`), its scheduler, and progress, in one run.
 
 pub mod deploy;
+pub mod warm;

@@ -15,6 +15,7 @@ pub mod executors;
 pub mod lines;
 pub mod model;
 pub mod queue;
+pub mod snapshot;
 pub mod ssh;
 pub mod timers;
 
@@ -56,11 +57,14 @@ struct Inner {
     tenures: Option<Mutex<HashMap<Uuid, Tenure>>>,
     /// Facts handlers report are told here once stored (recompiles follow them).
     notifier: Notifier,
+    /// What the last schedulers left ([`snapshot::Snapshot`]), by environment: the first
+    /// start of each takes its own.
+    warm: Mutex<HashMap<Uuid, snapshot::Snapshot>>,
 }
 
 struct Running {
     tx: mpsc::UnboundedSender<Control>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Option<snapshot::Snapshot>>,
 }
 
 /// Handle on all environment schedulers of a server (cheap to clone).
@@ -99,6 +103,20 @@ impl Schedulers {
         notifier: &Notifier,
         replica: bool,
     ) -> Schedulers {
+        Self::start_warm(pool, executor_bin, code_dir, notifier, replica, Vec::new()).await
+    }
+
+    /// [`Self::start`], with what the last schedulers left when they stopped
+    /// ([`Self::stop_all_and_snapshot`]). Only for a database nobody changed since: each
+    /// scheduler checks its snapshot is of the version it processed, nothing more.
+    pub async fn start_warm(
+        pool: PgPool,
+        executor_bin: PathBuf,
+        code_dir: PathBuf,
+        notifier: &Notifier,
+        replica: bool,
+        warm: Vec<snapshot::Snapshot>,
+    ) -> Schedulers {
         let s = Schedulers(Arc::new(Inner {
             hub: agents::AgentHub::new(pool.clone()),
             pool,
@@ -107,6 +125,7 @@ impl Schedulers {
             running: Mutex::new(HashMap::new()),
             tenures: replica.then(|| Mutex::new(HashMap::new())),
             notifier: notifier.clone(),
+            warm: Mutex::new(warm.into_iter().map(|w| (w.env, w)).collect()),
         }));
         // subscribe before scanning, so no release falls between the two
         let events = notifier.subscribe();
@@ -182,12 +201,14 @@ impl Schedulers {
             hub: self.0.hub.clone(),
             notifier: self.0.notifier.clone(),
         };
+        let warm = self.0.warm.lock().expect("snapshots").remove(&env);
         let task = tokio::spawn(env::EnvScheduler::run(
             env,
             self.0.pool.clone(),
             links,
             rx,
             tenure,
+            warm,
         ));
         running.insert(
             env,
@@ -299,6 +320,29 @@ impl Schedulers {
             .is_err()
         {
             tracing::warn!("a scheduler did not stop in time");
+        }
+    }
+
+    /// Stop every scheduler and wait, at most `within`, until each has ended; answer what
+    /// they left for their next start ([`snapshot::Snapshot`]: not every stop leaves one).
+    pub async fn stop_all_and_snapshot(&self, within: Duration) -> Vec<snapshot::Snapshot> {
+        let ending: Vec<_> = self
+            .0
+            .running
+            .lock()
+            .expect("scheduler map")
+            .drain()
+            .map(|(_, r)| {
+                let _ = r.tx.send(Control::StopWithSnapshot);
+                r.task
+            })
+            .collect();
+        match tokio::time::timeout(within, futures_util::future::join_all(ending)).await {
+            Ok(ended) => ended.into_iter().filter_map(|e| e.ok().flatten()).collect(),
+            Err(_) => {
+                tracing::warn!("a scheduler did not stop in time");
+                Vec::new()
+            }
         }
     }
 

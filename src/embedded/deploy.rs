@@ -79,6 +79,7 @@ pub struct Runtime {
     token: Uuid,
     server: tokio::task::JoinHandle<()>,
     watchdog: Option<Watchdog>,
+    data_dir: PathBuf,
     _lock: DirLock,
 }
 
@@ -99,10 +100,14 @@ impl Runtime {
         let lock = DirLock::take(data_dir)?;
         let root = data_dir.join("pg");
         let lock_path = lock.path.clone();
-        let cluster = tokio::task::spawn_blocking(move || {
+        let dir = data_dir.to_path_buf();
+        let (cluster, warm) = tokio::task::spawn_blocking(move || {
             let c = PgCluster::new(&root)?;
+            // what the last run's schedulers left, read while the cluster is as that run
+            // left it (this start changes it)
+            let warm = super::warm::take(&dir, &c);
             c.start(true)?;
-            Ok::<_, ClusterError>(std::sync::Arc::new(c))
+            Ok::<_, ClusterError>((std::sync::Arc::new(c), warm))
         })
         .await
         .expect("cluster start task")?;
@@ -134,11 +139,13 @@ impl Runtime {
             None,
         )
         .await?;
-        let state = crate::server::start::app_state_with_schedulers(
+        let warm_resources: usize = warm.iter().map(|w| w.resources()).sum();
+        let state = crate::server::start::app_state_with_warm_schedulers(
             pool.clone(),
             false,
             executor_bin,
             data_dir,
+            warm,
         )
         .await;
         let schedulers = state.schedulers.clone().expect("schedulers");
@@ -164,6 +171,7 @@ impl Runtime {
             cluster_ms,
             connected_ms,
             migrated_ms,
+            warm_resources,
             serving_ms = began.elapsed().as_secs_f64() * 1000.0,
             "the private runtime is up (times since its start)"
         );
@@ -176,6 +184,7 @@ impl Runtime {
             token: token.id,
             server,
             watchdog,
+            data_dir: data_dir.to_path_buf(),
             _lock: lock,
         })
     }
@@ -184,18 +193,27 @@ impl Runtime {
     /// cluster. What was not done is done by the next run.
     pub async fn stop(self) {
         let began = std::time::Instant::now();
-        // each scheduler ends its executors (their input closes, they exit) and hands its
-        // last states to the writer
-        self.schedulers
-            .stop_all_and_wait(std::time::Duration::from_secs(1))
+        // each scheduler ends its executors (their input closes, they exit), hands its
+        // last states to the writer, and leaves what the next run's may read instead of
+        // the database, when it can
+        let snapshots = self
+            .schedulers
+            .stop_all_and_snapshot(std::time::Duration::from_secs(1))
             .await;
         let schedulers_ms = began.elapsed().as_secs_f64() * 1000.0;
         let _ = store::tokens::revoke(&self.pool, self.token).await;
         self.server.abort();
         self.pool.close().await;
         let closed_ms = began.elapsed().as_secs_f64() * 1000.0;
-        let cluster = self.cluster;
-        let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
+        let (cluster, data_dir) = (self.cluster, self.data_dir);
+        let stopped = tokio::task::spawn_blocking(move || {
+            let stopped = cluster.stop();
+            if stopped.is_ok() {
+                super::warm::keep(&data_dir, &cluster, &snapshots);
+            }
+            stopped
+        })
+        .await;
         tracing::debug!(
             schedulers_ms,
             closed_ms,

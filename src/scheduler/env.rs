@@ -26,6 +26,7 @@ use super::code::CodeCache;
 use super::executors::{Pool, ProcId};
 use super::model::{Intent, Model};
 use super::queue::{Priority, Queue, TaskKey};
+use super::snapshot::Snapshot;
 use super::timers::Timers;
 use crate::executor::protocol::ActionKind;
 use crate::model::HandlerCode;
@@ -34,7 +35,8 @@ use crate::replicas::Tenure;
 use crate::store;
 use crate::store::actions::ActionRecord;
 use crate::store::deploy::Batch;
-use persist::{state_from_row, writer};
+pub(super) use persist::state_from_row;
+use persist::writer;
 
 /// What the rest of the server asks of a scheduler.
 pub enum Control {
@@ -67,6 +69,9 @@ pub enum Control {
     },
     Status(oneshot::Sender<Status>),
     Stop,
+    /// Stop, and answer with what the next start may read instead of the database
+    /// ([`Snapshot`]), when this stop leaves one (see [`EnvScheduler::run`]).
+    StopWithSnapshot,
 }
 
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
@@ -163,6 +168,9 @@ pub struct EnvScheduler {
     /// the attributes of the model's resources being read after the start, by hash
     /// ([`EnvScheduler::read_unread_later`])
     unread: Option<UnreadAttributes>,
+    /// What the last scheduler of the environment left when it stopped, for the start to
+    /// read instead of the database (taken by [`EnvScheduler::restore`]).
+    warm: Option<Snapshot>,
 }
 
 type UnreadAttributes = tokio::task::JoinHandle<
@@ -182,14 +190,20 @@ pub struct Links {
 }
 
 impl EnvScheduler {
-    /// Rebuild from the database and run until stopped.
+    /// Rebuild from the database (or from `warm`, what the last scheduler of the
+    /// environment left, when it holds the version the database says was processed) and run
+    /// until stopped. A stop asked with [`Control::StopWithSnapshot`] answers with a
+    /// [`Snapshot`] when the database holds exactly what it says: nothing was running,
+    /// no dry-run open, every state handed to the writer written as it was, and no lease
+    /// (a replica's environment is another's next).
     pub async fn run(
         env: Uuid,
         pool: PgPool,
         links: Links,
         mut control: mpsc::UnboundedReceiver<Control>,
         tenure: Option<Tenure>,
-    ) {
+        warm: Option<Snapshot>,
+    ) -> Option<Snapshot> {
         let Links {
             executor_bin,
             code_dir,
@@ -234,6 +248,7 @@ impl EnvScheduler {
             facts: Default::default(),
             notifier,
             unread: None,
+            warm,
         };
         // the database may be away at start: keep trying
         // (and the executors' sandbox must be ready before any of them starts)
@@ -255,11 +270,16 @@ impl EnvScheduler {
         let mut flush_tick = tokio::time::interval(Duration::from_millis(25));
         flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reap_tick = tokio::time::interval(Duration::from_secs(30));
+        let mut snapshot_wanted = false;
         loop {
             let wake = s.next_wake();
             tokio::select! {
                 c = control.recv() => match c {
                     None | Some(Control::Stop) => break,
+                    Some(Control::StopWithSnapshot) => {
+                        snapshot_wanted = true;
+                        break;
+                    }
                     Some(c) => s.on_control(c).await,
                 },
                 Some(ev) = pool_rx.recv() => {
@@ -302,11 +322,62 @@ impl EnvScheduler {
         s.flush();
         let (closed, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut s.writer, closed));
-        if tokio::time::timeout(Duration::from_secs(3), written)
-            .await
-            .is_err()
-        {
-            tracing::warn!(environment = %env, "the last deploy state was not written in time; the next scheduler of the environment redoes what it misses");
+        let all_written = match tokio::time::timeout(Duration::from_secs(3), written).await {
+            Ok(Ok(as_handed)) => as_handed,
+            Ok(Err(_)) => false,
+            Err(_) => {
+                tracing::warn!(environment = %env, "the last deploy state was not written in time; the next scheduler of the environment redoes what it misses");
+                false
+            }
+        };
+        if !snapshot_wanted {
+            return None;
+        }
+        let why_not = if !all_written {
+            Some("not every state was written as it was handed over")
+        } else if !s.running.is_empty() {
+            Some("actions were running")
+        } else if !s.dryruns.is_empty() {
+            Some("a dry-run was open")
+        } else if s.tenure.is_some() {
+            Some("the environment is leased")
+        } else if s.model.version.is_none() {
+            Some("no version was merged")
+        } else {
+            None
+        };
+        match why_not {
+            Some(why) => {
+                tracing::debug!(environment = %env, why, "no snapshot of the scheduler");
+                None
+            }
+            None => Some(s.snapshot()),
+        }
+    }
+
+    /// The rows the next start would read (see [`Snapshot`]).
+    fn snapshot(&self) -> Snapshot {
+        let resources = self
+            .model
+            .intents
+            .iter()
+            .map(|i| store::versions::ResourceDigestRow {
+                resource_id: i.id.clone(),
+                resource_type: i.type_name.clone(),
+                agent: i.agent.clone(),
+                hash: i.hash.clone(),
+                requires: i.requires.clone(),
+                undefined: i.undefined,
+            })
+            .collect();
+        let states = (0..self.model.len())
+            .map(|r| Snapshot::keep_state(self.state_row(r)))
+            .collect();
+        Snapshot {
+            env: self.env,
+            version: self.model.version.unwrap_or_default(),
+            resources,
+            states,
         }
     }
 
@@ -363,19 +434,41 @@ impl EnvScheduler {
             .filter(|a| a.paused)
             .map(|a| a.name)
             .collect();
-        store::deploy::clear_leases(&self.pool, self.env).await?;
         let processed = store::deploy::load_progress(&self.pool, self.env).await?;
+        let warm = match self.warm.take() {
+            Some(w) if w.env == self.env && Some(w.version) == processed => Some(w),
+            Some(w) => {
+                tracing::info!(environment = %self.env, snapshot = w.version, processed = ?processed, "the scheduler's snapshot is not of the processed version: reading the database");
+                None
+            }
+            None => None,
+        };
+        let from_snapshot = warm.is_some();
+        // a snapshot is made with nothing running: no deploy was left open
+        if warm.is_none() {
+            store::deploy::clear_leases(&self.pool, self.env).await?;
+        }
         if let Some(v) = processed {
             mark("settings", &mut phases);
-            // the intents and the states are read at once, on two connections: PostgreSQL
-            // works on both while this task decodes whichever comes first
-            let (pool, env) = (self.pool.clone(), self.env);
-            let (intents, rows) = tokio::join!(
-                // the attributes are read after the start (read_unread_later)
-                self.load_intents_reading(v, true, false),
-                store::deploy::load_states(&pool, env)
-            );
-            let (intents, rows) = (intents?, rows?);
+            let (intents, rows) = match warm {
+                // the rows the last scheduler left, as the database holds them
+                Some(w) => {
+                    let (resources, states) = w.into_rows();
+                    (self.intents_of(resources, true, false).await?, states)
+                }
+                None => {
+                    // the intents and the states are read at once, on two connections:
+                    // PostgreSQL works on both while this task decodes whichever comes
+                    // first
+                    let (pool, env) = (self.pool.clone(), self.env);
+                    let (intents, rows) = tokio::join!(
+                        // the attributes are read after the start (read_unread_later)
+                        self.load_intents_reading(v, true, false),
+                        store::deploy::load_states(&pool, env)
+                    );
+                    (intents?, rows?)
+                }
+            };
             mark("intents and states read", &mut phases);
             // Built on a thread of its own: at 100,000 resources this is 200 ms of work
             // without a wait in it, and on a runtime worker it held up the other tasks there
@@ -430,7 +523,7 @@ impl EnvScheduler {
             .iter()
             .map(|(what, ms)| format!("{what} {ms:.0}"))
             .collect();
-        tracing::info!(environment = %self.env, version = ?self.model.version, resources = self.model.len(), ms_since_start = %phases.join(", "), "scheduler started");
+        tracing::info!(environment = %self.env, version = ?self.model.version, resources = self.model.len(), from_snapshot, ms_since_start = %phases.join(", "), "scheduler started");
         Ok(())
     }
 }

@@ -182,12 +182,26 @@ pub async fn app_state_with_schedulers(
     executor_bin: std::path::PathBuf,
     data_dir: &std::path::Path,
 ) -> AppState {
+    app_state_with_warm_schedulers(pool, no_auth, executor_bin, data_dir, Vec::new()).await
+}
+
+/// [`app_state_with_schedulers`], the schedulers starting from what the last ones left
+/// (`steward deploy`, on a database nobody touched since: see `embedded::warm`).
+pub async fn app_state_with_warm_schedulers(
+    pool: sqlx::PgPool,
+    no_auth: bool,
+    executor_bin: std::path::PathBuf,
+    data_dir: &std::path::Path,
+    warm: Vec<crate::scheduler::snapshot::Snapshot>,
+) -> AppState {
     let mut state = app_state(pool, no_auth);
-    let schedulers = crate::scheduler::Schedulers::start(
+    let schedulers = crate::scheduler::Schedulers::start_warm(
         state.pool.clone(),
         executor_bin,
         data_dir.join("code"),
         &state.notifier,
+        false,
+        warm,
     )
     .await;
     state.schedulers = Some(schedulers);

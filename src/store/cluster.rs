@@ -257,6 +257,17 @@ impl PgCluster {
         self.root.join("data")
     }
 
+    /// A digest of the cluster's control file (`global/pg_control`). PostgreSQL rewrites it
+    /// on every start (its state becomes "in production") and on every stop (a new shutdown
+    /// checkpoint, always written, at a later WAL position): the same digest after a stop
+    /// and before the next start means nobody ran this cluster in between, so its data is
+    /// as that stop left it. None when it can not be read.
+    pub fn control_stamp(&self) -> Option<[u8; 32]> {
+        use sha2::Digest;
+        let bytes = std::fs::read(self.data_dir().join("global").join("pg_control")).ok()?;
+        Some(sha2::Sha256::digest(&bytes).into())
+    }
+
     /// Whether a cluster rooted at `root` was made already (its data dir is initialized).
     pub fn exists_at(root: &Path) -> bool {
         root.join("data").join("PG_VERSION").is_file()

@@ -368,7 +368,7 @@ pub async fn resources(
 }
 
 /// A resource of a version without its attributes (those are fetched by hash, when needed).
-#[derive(Clone, Debug, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct ResourceDigestRow {
     pub resource_id: String,
     pub resource_type: String,

@@ -259,6 +259,8 @@ fn a_killed_run_is_picked_up_by_the_next() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    // a killed run leaves no snapshot of its scheduler: the next one reads the database
+    assert!(!dir.join("data/deploy/warm").exists());
     let again = deploy(dir, &[]);
     assert!(again.status.success(), "{}", text(&again));
     let all = std::fs::read_to_string(out.join("steps")).unwrap();

@@ -27,6 +27,7 @@ mod deploy_changes;
 mod deploy_cli;
 mod deploy_faults;
 mod deploy_records;
+mod deploy_snapshot;
 mod embedded;
 mod facts_api;
 mod facts_builtin;

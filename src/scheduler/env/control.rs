@@ -66,7 +66,7 @@ impl EnvScheduler {
             Control::Status(ack) => {
                 let _ = ack.send(self.status());
             }
-            Control::Stop => {}
+            Control::Stop | Control::StopWithSnapshot => {}
         }
     }
 

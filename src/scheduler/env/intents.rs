@@ -45,7 +45,7 @@ impl EnvScheduler {
     /// version): attributes the model holds under the same hash are taken from it (moved
     /// out when `take`, copied otherwise; unread ones are only moved), the others read by
     /// hash, once per hash, or left unread when not `read`.
-    async fn intents_of(
+    pub(super) async fn intents_of(
         &mut self,
         rows: Vec<store::versions::ResourceDigestRow>,
         take: bool,

@@ -21,7 +21,7 @@ pub(super) fn parse_outcome(s: &str) -> Option<Outcome> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
 }
 
-pub(super) fn state_from_row(row: &StateRow) -> RState {
+pub(in crate::scheduler) fn state_from_row(row: &StateRow) -> RState {
     RState {
         compliance: Compliance::parse(&row.compliance),
         last_run: crate::scheduler::model::LastRun::parse(&row.last_run),
@@ -40,14 +40,17 @@ pub(super) fn state_from_row(row: &StateRow) -> RState {
     }
 }
 
-/// Write batches in order; retry while the database is away (nothing is dropped).
+/// Write batches in order; retry while the database is away (nothing is dropped). Answers,
+/// once its input is closed, whether every batch was written as it was handed over (not
+/// when another scheduler took over, nor when rows were refused and written one by one).
 pub(super) async fn writer(
     pool: PgPool,
     env: Uuid,
     mut rx: mpsc::UnboundedReceiver<Batch>,
     fence: Option<Fence>,
     notifier: crate::events::Notifier,
-) {
+) -> bool {
+    let mut as_handed = true;
     let fence = fence.as_ref();
     // this scheduler's epoch: from now on, an older scheduler of the environment (one that
     // outlived its server) can no longer write
@@ -110,7 +113,7 @@ pub(super) async fn writer(
                         environment = %env, epoch,
                         "another scheduler took over this environment; this one writes no more"
                     );
-                    return;
+                    return false;
                 }
                 Err(Fenced::Store(e)) => match e {
                     // the database is away: wait for it, however long it takes
@@ -127,6 +130,7 @@ pub(super) async fn writer(
                                 environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
                                 "the database refuses this deploy state; writing it row by row"
                             );
+                            as_handed = false;
                             let facts = write_row_by_row(&pool, env, epoch, fence, batch).await;
                             // the facts that were stored are told, as after a batch
                             if !facts.changed.is_empty() || !facts.resolved_versions.is_empty() {
@@ -147,6 +151,7 @@ pub(super) async fn writer(
             delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
+    as_handed
 }
 
 /// One row per transaction: what can be written is; a refused action is written again as a
