@@ -23,7 +23,7 @@ use crate::store::versions::{StoredResource, VersionInfo};
 
 mod changes;
 mod fingerprint;
-pub use changes::{LastUpload, PatchedUpload, Sent, memory_path};
+pub use changes::{Compared, LastUpload, PatchedUpload, Sent, memory_path};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -115,21 +115,32 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     // the compile's memory is written while the version deploys
     let compile_memory = compile_memory.detach(Some(&export));
     let compile_memory = std::thread::spawn(move || compile_memory.write());
+    // compared with what the last run uploaded while the private server starts (a model
+    // that asks for facts is compiled again with them first)
+    let remembered = remembered.join().unwrap_or(None);
+    // (a later round reads the memory the first one left)
+    let (compared, loaded) = if export.unknowns.is_empty() {
+        (
+            Some(crate::client::Compared::new(&export, None, remembered)),
+            None,
+        )
+    } else {
+        (None, Some(remembered))
+    };
     rt.block_on(async move {
         let runtime = match early {
             Some(starting) => starting.await.context("starting the private server")?,
             None => Runtime::start(&data_dir, Schedulers::default_executor_bin()).await,
         }
         .with_context(|| format!("starting the private server under {}", data_dir.display()))?;
-        let remembered = remembered.join().unwrap_or(None);
         let provenance = provenance.join().unwrap_or_else(|_| json!({}));
         let mut memory = Memory {
             path: memory,
-            loaded: Some(remembered),
+            loaded,
             saving: None,
         };
         let result = tokio::select! {
-            r = deploy(&runtime.client, &args, &project, export, provenance, &mut memory) => r,
+            r = deploy(&runtime.client, &args, &project, (export, compared), provenance, &mut memory) => r,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("\ninterrupted: stopping; the next `steward deploy` picks up where this one stopped");
                 Ok(ExitCode::from(130))
@@ -194,7 +205,7 @@ async fn deploy(
     c: &Client,
     args: &DeployArgs,
     project: &std::path::Path,
-    first: ExportFile,
+    (first, mut compared): (ExportFile, Option<crate::client::Compared>),
     mut provenance: Value,
     memory: &mut Memory,
 ) -> anyhow::Result<ExitCode> {
@@ -205,6 +216,7 @@ async fn deploy(
     let mut export = if first.unknowns.is_empty() {
         first
     } else {
+        compared = None;
         match compile_with_facts(c, &env, args, project).await? {
             Some(x) => x,
             None => return Ok(ExitCode::from(1)),
@@ -213,10 +225,17 @@ async fn deploy(
     let mut round = 1;
     loop {
         // as its changes against the last run's version, when that is still the newest
-        let last = memory.take().await;
-        let sent = c
-            .upload_changes(&env, &export, provenance.clone(), last)
-            .await?;
+        let sent = match compared.take() {
+            Some(compared) => {
+                c.upload_compared(&env, &export, compared, provenance.clone())
+                    .await?
+            }
+            None => {
+                let last = memory.take().await;
+                c.upload_changes(&env, &export, provenance.clone(), last)
+                    .await?
+            }
+        };
         memory.keep(sent.last);
         let sent_as_changes = sent.as_changes;
         let v = sent.answer;

@@ -389,14 +389,36 @@ impl Client {
         provenance: serde_json::Value,
         last: Option<LastUpload>,
     ) -> Result<Sent> {
-        let started = std::time::Instant::now();
+        let compared = Compared::new(export, Some(env), last);
+        self.upload_compared(env, export, compared, provenance)
+            .await
+    }
+
+    /// [`Client::upload_changes`] of an export compared already ([`Compared::new`] with
+    /// this `export`); compared for another environment, it goes whole.
+    pub async fn upload_compared(
+        &self,
+        env: &str,
+        export: &ExportFile,
+        compared: Compared,
+        provenance: serde_json::Value,
+    ) -> Result<Sent> {
+        let compared = if compared.resources == export.resources.len()
+            && (compared.changes.is_none() || compared.environment == env)
+        {
+            compared
+        } else {
+            Compared::new(export, Some(env), None)
+        };
+        let Compared {
+            key,
+            fingerprints,
+            changes,
+            ..
+        } = compared;
         let undefined: std::collections::HashSet<&str> =
             export.undefined.iter().map(|u| u.0.as_str()).collect();
         let is_undefined = |id: &str| !undefined.is_empty() && undefined.contains(id);
-        let memory = last.filter(|l| l.environment == env);
-        let key = memory.as_ref().map_or_else(fingerprint::new_key, |m| m.key);
-        let fingerprints = crate::model::par_map(&export.resources, |r| fingerprint::of(key, r));
-        let fingerprinted = started.elapsed();
         let remembered = |i: usize, hash: String| {
             let r = &export.resources[i];
             Remembered {
@@ -407,39 +429,7 @@ impl Client {
                 bucket: content::bucket(&r.id.0),
             }
         };
-        let memory_and_delta = memory.and_then(|m| {
-            let delta = m.delta(export, &fingerprints, &is_undefined)?;
-            Some((m, delta))
-        });
-        if let Some((mut memory, delta)) = memory_and_delta {
-            // the memory's tree with the changes is the export's (what was not compared
-            // field by field has the fingerprint it had): its root is the content hash the
-            // export must have
-            // the buckets of restamped resources are opened too, though their lines stay:
-            // an entry that is not what its bucket's seal was made from is then found, and
-            // the tree made from the entries, as a tree without seals is
-            let touched = delta
-                .removed
-                .iter()
-                .map(|id| id.0.as_str())
-                .chain(delta.rewritten(export));
-            let mut tree = memory.take_tree(touched);
-            for id in &delta.removed {
-                tree.remove(&id.0);
-            }
-            for (i, hash) in &delta.changed {
-                let r = &export.resources[*i];
-                tree.insert(&r.id.0, hash, &r.requires, is_undefined(&r.id.0));
-            }
-            let expected = content::with_handlers(tree.root(), &export.handlers);
-            tracing::debug!(
-                resources = export.resources.len(),
-                changed = delta.changed.len(),
-                removed = delta.removed.len(),
-                fingerprinted_ms = fingerprinted.as_secs_f64() * 1e3,
-                compared_ms = started.elapsed().as_secs_f64() * 1e3,
-                "export compared with the last upload"
-            );
+        if let Some((mut memory, delta, tree, expected)) = changes {
             let body = ChangesBody::new(
                 export,
                 delta
@@ -535,5 +525,79 @@ impl Client {
             last,
             as_changes: false,
         })
+    }
+}
+
+/// An export compared with the memory of the last upload, which needs no server: what an
+/// upload of it as changes sends, and the content hash the server must answer with.
+/// `steward deploy` makes it while its private server starts.
+pub struct Compared {
+    /// the environment of the memory compared with ("" without one)
+    environment: String,
+    /// the export's resources (an upload of another export compares again)
+    resources: usize,
+    /// the fingerprints' key (the memory's, or a new one)
+    key: Key,
+    fingerprints: Vec<u64>,
+    /// the memory, what the export changes against it, the memory's content tree with the
+    /// changes in it, and the content hash that tree makes
+    changes: Option<(LastUpload, Delta, ContentTree, String)>,
+}
+
+impl Compared {
+    /// Compare `export` with `last` when that is a memory of `env` (any environment's, when
+    /// `env` is not known yet: the upload checks).
+    pub fn new(export: &ExportFile, env: Option<&str>, last: Option<LastUpload>) -> Compared {
+        let started = std::time::Instant::now();
+        let undefined: std::collections::HashSet<&str> =
+            export.undefined.iter().map(|u| u.0.as_str()).collect();
+        let is_undefined = |id: &str| !undefined.is_empty() && undefined.contains(id);
+        let memory = last.filter(|l| env.is_none_or(|e| l.environment == e));
+        let environment = memory
+            .as_ref()
+            .map(|m| m.environment.clone())
+            .unwrap_or_default();
+        let key = memory.as_ref().map_or_else(fingerprint::new_key, |m| m.key);
+        let fingerprints = crate::model::par_map(&export.resources, |r| fingerprint::of(key, r));
+        let fingerprinted = started.elapsed();
+        let changes = memory.and_then(|mut memory| {
+            let delta = memory.delta(export, &fingerprints, &is_undefined)?;
+            // the memory's tree with the changes is the export's (what was not compared
+            // field by field has the fingerprint it had): its root is the content hash the
+            // export must have
+            // the buckets of restamped resources are opened too, though their lines stay:
+            // an entry that is not what its bucket's seal was made from is then found, and
+            // the tree made from the entries, as a tree without seals is
+            let touched = delta
+                .removed
+                .iter()
+                .map(|id| id.0.as_str())
+                .chain(delta.rewritten(export));
+            let mut tree = memory.take_tree(touched);
+            for id in &delta.removed {
+                tree.remove(&id.0);
+            }
+            for (i, hash) in &delta.changed {
+                let r = &export.resources[*i];
+                tree.insert(&r.id.0, hash, &r.requires, is_undefined(&r.id.0));
+            }
+            let expected = content::with_handlers(tree.root(), &export.handlers);
+            tracing::debug!(
+                resources = export.resources.len(),
+                changed = delta.changed.len(),
+                removed = delta.removed.len(),
+                fingerprinted_ms = fingerprinted.as_secs_f64() * 1e3,
+                compared_ms = started.elapsed().as_secs_f64() * 1e3,
+                "export compared with the last upload"
+            );
+            Some((memory, delta, tree, expected))
+        });
+        Compared {
+            environment,
+            resources: export.resources.len(),
+            key,
+            fingerprints,
+            changes,
+        }
     }
 }

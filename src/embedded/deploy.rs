@@ -70,6 +70,9 @@ impl DirLock {
     }
 }
 
+/// Connections of the private server opened as it starts (see [`Runtime::start`]).
+const WARM_CONNECTIONS: usize = 3;
+
 pub struct Runtime {
     cluster: std::sync::Arc<PgCluster>,
     _supervisor: crate::store::cluster::Supervisor,
@@ -103,10 +106,13 @@ impl Runtime {
         let dir = data_dir.to_path_buf();
         let (cluster, warm) = tokio::task::spawn_blocking(move || {
             let c = PgCluster::new(&root)?;
-            // what the last run's schedulers left, read while the cluster is as that run
-            // left it (this start changes it)
-            let warm = super::warm::take(&dir, &c);
-            c.start(true)?;
+            // what the last run's schedulers left, checked against the cluster as that run
+            // left it (this start changes it), and read while it starts
+            let stamp = c.control_stamp();
+            let reading = std::thread::spawn(move || super::warm::take_stamped(&dir, stamp));
+            let started = c.start(true);
+            let warm = reading.join().unwrap_or_default();
+            started?;
             Ok::<_, ClusterError>((std::sync::Arc::new(c), warm))
         })
         .await
@@ -128,6 +134,19 @@ impl Runtime {
             }
         };
         let connected_ms = began.elapsed().as_secs_f64() * 1000.0;
+        // The scheduler's start, the upload and the scheduler's writer each ask for a
+        // connection within milliseconds of each other; one opened on demand is a backend
+        // forked and a SCRAM login on both sides (~10 ms here). A few are opened now, at
+        // once, while the migrations are checked and the server starts.
+        {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let opened =
+                    futures_util::future::join_all((0..WARM_CONNECTIONS).map(|_| pool.acquire()))
+                        .await;
+                drop(opened);
+            });
+        }
         store::migrate(&pool).await?;
         let migrated_ms = began.elapsed().as_secs_f64() * 1000.0;
         let (token, secret) = store::tokens::create(

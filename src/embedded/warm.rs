@@ -29,12 +29,18 @@ fn path(data_dir: &Path) -> PathBuf {
 /// The snapshots the last run left, when the cluster is as it left it (call before the
 /// cluster starts). The file is removed whatever it held.
 pub fn take(data_dir: &Path, cluster: &PgCluster) -> Vec<Snapshot> {
+    take_stamped(data_dir, cluster.control_stamp())
+}
+
+/// [`take`], with the cluster's control stamp read before it started (`steward deploy`
+/// decodes the file while its cluster starts).
+pub fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Vec<Snapshot> {
     let path = path(data_dir);
     let Ok(bytes) = std::fs::read(&path) else {
         return Vec::new();
     };
     let _ = std::fs::remove_file(&path);
-    match decode(&bytes, cluster.control_stamp()) {
+    match decode(&bytes, stamp) {
         Ok(snapshots) => snapshots,
         Err(why) => {
             tracing::info!(file = %path.display(), why, "the schedulers' snapshot is not used: they read the database");

@@ -38,6 +38,13 @@ use crate::store::deploy::Batch;
 pub(super) use persist::state_from_row;
 use persist::writer;
 
+/// The stored states a start builds its model with: as read from the database (by resource),
+/// or from a snapshot (each at its resource's place).
+enum StoredStates {
+    ById(HashMap<String, store::deploy::StateRow>),
+    Aligned(Vec<Option<store::deploy::StateRow>>),
+}
+
 /// What the rest of the server asks of a scheduler.
 pub enum Control {
     Released(i32),
@@ -453,8 +460,9 @@ impl EnvScheduler {
             let (intents, rows) = match warm {
                 // the rows the last scheduler left, as the database holds them
                 Some(w) => {
-                    let (resources, states) = w.into_rows();
-                    (self.intents_of(resources, true, false).await?, states)
+                    let (resources, states) = w.into_aligned();
+                    let intents = self.intents_of(resources, true, false).await?;
+                    (intents, StoredStates::Aligned(states))
                 }
                 None => {
                     // the intents and the states are read at once, on two connections:
@@ -466,7 +474,7 @@ impl EnvScheduler {
                         self.load_intents_reading(v, true, false),
                         store::deploy::load_states(&pool, env)
                     );
-                    (intents?, rows?)
+                    (intents?, StoredStates::ById(rows?))
                 }
             };
             mark("intents and states read", &mut phases);
@@ -474,10 +482,13 @@ impl EnvScheduler {
             // without a wait in it, and on a runtime worker it held up the other tasks there
             // (`steward deploy`'s first request to its private server waited for it)
             self.model = tokio::task::spawn_blocking(move || {
-                let states = rows
-                    .iter()
-                    .map(|(k, r)| (k.clone(), state_from_row(r)))
-                    .collect();
+                let states = match rows {
+                    StoredStates::Aligned(states) => states,
+                    StoredStates::ById(mut rows) => {
+                        intents.iter().map(|i| rows.remove(&i.id)).collect()
+                    }
+                };
+                let states = states.into_iter().map(|s| s.map(state_from_row)).collect();
                 Model::restore(v, intents, states)
             })
             .await

@@ -337,19 +337,22 @@ impl Model {
         self.index.get(id).copied()
     }
 
-    /// Build from a version's intents and the stored states (missing states are fresh).
-    pub fn restore(
-        version: i32,
-        intents: Vec<Intent>,
-        mut states: HashMap<String, RState>,
-    ) -> Model {
+    /// Build from a version's intents and the stored state of each, at its place (missing
+    /// states are fresh).
+    pub fn restore(version: i32, intents: Vec<Intent>, states: Vec<Option<RState>>) -> Model {
+        debug_assert_eq!(intents.len(), states.len());
         let mut m = Model {
             version: Some(version),
+            index: HashMap::with_capacity(intents.len()),
+            intents: Vec::with_capacity(intents.len()),
+            states: Vec::with_capacity(intents.len()),
             ..Default::default()
         };
+        let mut states = states.into_iter();
         for i in intents {
             let s = states
-                .remove(&i.id)
+                .next()
+                .flatten()
                 .unwrap_or_else(|| RState::fresh(i.undefined));
             m.push(i, s);
         }

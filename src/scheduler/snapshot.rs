@@ -80,12 +80,27 @@ impl Snapshot {
         }
     }
 
-    /// The rows, as the two reads of a start return them.
-    pub(crate) fn into_rows(self) -> (Vec<ResourceDigestRow>, HashMap<String, StateRow>) {
-        let states = self
+    /// The resources, and the stored state of each at its place (None: no row).
+    pub(crate) fn into_aligned(self) -> (Vec<ResourceDigestRow>, Vec<Option<StateRow>>) {
+        // made in the model's order, one state per resource: then they pair by place
+        let aligned = self.states.len() == self.resources.len()
+            && self
+                .states
+                .iter()
+                .zip(&self.resources)
+                .all(|(s, r)| s.resource_id == r.resource_id);
+        if aligned {
+            return (self.resources, self.states.into_iter().map(Some).collect());
+        }
+        let mut by_id: HashMap<String, StateRow> = self
             .states
             .into_iter()
             .map(|s| (s.resource_id.clone(), s))
+            .collect();
+        let states = self
+            .resources
+            .iter()
+            .map(|r| by_id.remove(&r.resource_id))
             .collect();
         (self.resources, states)
     }
@@ -256,7 +271,8 @@ impl Snapshot {
                 }
                 (Some(_), None) => found.push(format!("state of {id}: stored, not held")),
                 // a start without a stored row takes a fresh state: the held one must read so
-                (None, Some(h)) if super::env::state_from_row(h) == RState::fresh(r.undefined) => {}
+                (None, Some(h))
+                    if super::env::state_from_row((*h).clone()) == RState::fresh(r.undefined) => {}
                 (None, Some(h)) => found.push(format!("state of {id}: none stored, held {h:?}")),
                 (None, None) => {}
             }
