@@ -4,6 +4,7 @@
 //! id and attributes; `requires` is not part of it. Same id string ⇒ same resource across
 //! versions.
 
+pub mod codec;
 pub mod content;
 pub mod cron;
 pub mod diff;

@@ -158,13 +158,17 @@ impl Runtime {
             None,
         )
         .await?;
-        let warm_resources: usize = warm.iter().map(|w| w.resources()).sum();
+        let warm_resources: usize = warm.snapshots.iter().map(|w| w.resources()).sum();
+        let warm_manifest: usize = warm.manifests.iter().map(|m| m.resources()).sum();
+        // before the server takes an upload (the store checks each against the newest
+        // version's number and content hash anyway)
+        store::versions::offer_manifests(warm.manifests);
         let state = crate::server::start::app_state_with_warm_schedulers(
             pool.clone(),
             false,
             executor_bin,
             data_dir,
-            warm,
+            warm.snapshots,
         )
         .await;
         let schedulers = state.schedulers.clone().expect("schedulers");
@@ -191,6 +195,7 @@ impl Runtime {
             connected_ms,
             migrated_ms,
             warm_resources,
+            warm_manifest,
             serving_ms = began.elapsed().as_secs_f64() * 1000.0,
             "the private runtime is up (times since its start)"
         );
@@ -219,6 +224,10 @@ impl Runtime {
             .schedulers
             .stop_all_and_snapshot(std::time::Duration::from_secs(1))
             .await;
+        let warm = super::warm::Warm {
+            snapshots,
+            manifests: store::versions::held_manifests(),
+        };
         let schedulers_ms = began.elapsed().as_secs_f64() * 1000.0;
         let _ = store::tokens::revoke(&self.pool, self.token).await;
         self.server.abort();
@@ -228,7 +237,7 @@ impl Runtime {
         let stopped = tokio::task::spawn_blocking(move || {
             let stopped = cluster.stop();
             if stopped.is_ok() {
-                super::warm::keep(&data_dir, &cluster, &snapshots);
+                super::warm::keep(&data_dir, &cluster, &warm);
             }
             stopped
         })

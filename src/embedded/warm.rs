@@ -1,7 +1,8 @@
-//! What `steward deploy` keeps between runs beside its database: the snapshots its
-//! schedulers left when they stopped (`scheduler::snapshot`), in `DATA/warm`, so the next
-//! run's scheduler builds its model from one file instead of reading every resource and
-//! state from a database that just started.
+//! What `steward deploy` keeps between runs beside its database, in `DATA/warm`: the
+//! snapshots its schedulers left when they stopped (`scheduler::snapshot`) and the store's
+//! newest manifests (`store::versions::HeldManifest`), so the next run's scheduler builds
+//! its model from one file, and its first store finds the newest version's manifest,
+//! instead of reading every resource and state from a database that just started.
 //!
 //! Invariants:
 //! - The file is written only after the private cluster stopped cleanly, with the digest of
@@ -17,72 +18,126 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::model::codec::{Reader, Writer};
 use crate::scheduler::snapshot::Snapshot;
 use crate::store::cluster::PgCluster;
+use crate::store::versions::HeldManifest;
 
-const MAGIC: &[u8; 8] = b"STWWARM\n";
+const MAGIC: &[u8; 8] = b"STWWRM2\n";
 
 fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("warm")
 }
 
-/// The snapshots the last run left, when the cluster is as it left it (call before the
-/// cluster starts). The file is removed whatever it held.
-pub fn take(data_dir: &Path, cluster: &PgCluster) -> Vec<Snapshot> {
+/// What a run leaves for the next: its schedulers' snapshots and the store's newest
+/// manifests.
+#[derive(Debug, Default, PartialEq)]
+pub struct Warm {
+    pub snapshots: Vec<Snapshot>,
+    pub manifests: Vec<HeldManifest>,
+}
+
+impl Warm {
+    pub fn is_empty(&self) -> bool {
+        self.snapshots.is_empty() && self.manifests.is_empty()
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(self.snapshots.len() as u32);
+        for s in &self.snapshots {
+            let bytes = s.encode();
+            w.i64(bytes.len() as i64);
+            w.bytes(&bytes);
+        }
+        w.u32(self.manifests.len() as u32);
+        for m in &self.manifests {
+            m.encode(&mut w);
+        }
+        w.0
+    }
+
+    fn decode(body: &[u8]) -> Result<Warm, &'static str> {
+        let mut r = Reader(body);
+        let cut = |_| "the file is cut short";
+        let count = r.count().map_err(cut)?;
+        let mut snapshots = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
+            let bytes = r.take(len).map_err(cut)?;
+            snapshots.push(Snapshot::decode(bytes).map_err(|_| "a snapshot does not decode")?);
+        }
+        let count = r.count().map_err(cut)?;
+        let mut manifests = Vec::with_capacity(count);
+        for _ in 0..count {
+            manifests.push(HeldManifest::decode(&mut r).map_err(|_| "a manifest does not decode")?);
+        }
+        if !r.is_empty() {
+            return Err("bytes after the last manifest");
+        }
+        Ok(Warm {
+            snapshots,
+            manifests,
+        })
+    }
+}
+
+/// What the last run left, when the cluster is as it left it (call before the cluster
+/// starts). The file is removed whatever it held.
+pub fn take(data_dir: &Path, cluster: &PgCluster) -> Warm {
     take_stamped(data_dir, cluster.control_stamp())
 }
 
 /// [`take`], with the cluster's control stamp read before it started (`steward deploy`
 /// decodes the file while its cluster starts).
-pub fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Vec<Snapshot> {
+pub fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Warm {
     let path = path(data_dir);
     let Ok(bytes) = std::fs::read(&path) else {
-        return Vec::new();
+        return Warm::default();
     };
     let _ = std::fs::remove_file(&path);
     match decode(&bytes, stamp) {
-        Ok(snapshots) => snapshots,
+        Ok(warm) => warm,
         Err(why) => {
-            tracing::info!(file = %path.display(), why, "the schedulers' snapshot is not used: they read the database");
-            Vec::new()
+            tracing::info!(file = %path.display(), why, "what the last run left is not used: the database is read");
+            Warm::default()
         }
     }
 }
 
-/// Keep `snapshots` for the next run (call after the cluster stopped).
-pub fn keep(data_dir: &Path, cluster: &PgCluster, snapshots: &[Snapshot]) {
+/// Keep `warm` for the next run (call after the cluster stopped).
+pub fn keep(data_dir: &Path, cluster: &PgCluster, warm: &Warm) {
     let path = path(data_dir);
     let _ = std::fs::remove_file(&path);
-    if snapshots.is_empty() {
+    if warm.is_empty() {
         return;
     }
     let Some(stamp) = cluster.control_stamp() else {
         return;
     };
-    let mut body = Vec::new();
-    body.extend_from_slice(&(snapshots.len() as u32).to_le_bytes());
-    for s in snapshots {
-        let bytes = s.encode();
-        body.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        body.extend_from_slice(&bytes);
+    let file = encode(warm, stamp);
+    let tmp = data_dir.join(".warm.tmp");
+    let written = std::fs::write(&tmp, &file).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!(file = %path.display(), error = %e, "what this run leaves for the next could not be written: the next run reads the database");
     }
+}
+
+fn encode(warm: &Warm, stamp: [u8; 32]) -> Vec<u8> {
+    let body = warm.encode();
     let mut file = Vec::with_capacity(body.len() + 48);
     file.extend_from_slice(MAGIC);
     file.extend_from_slice(&stamp);
     file.extend_from_slice(&checksum(&body).to_le_bytes());
     file.extend_from_slice(&body);
-    let tmp = data_dir.join(".warm.tmp");
-    let written = std::fs::write(&tmp, &file).and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        tracing::warn!(file = %path.display(), error = %e, "the schedulers' snapshot could not be written: the next run reads the database");
-    }
+    file
 }
 
-fn decode(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<Vec<Snapshot>, &'static str> {
+fn decode(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<Warm, &'static str> {
     let header = MAGIC.len() + 32 + 8;
     if bytes.len() < header || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not a snapshot file");
+        return Err("not a file of this version");
     }
     let Some(stamp) = stamp else {
         return Err("the database's control file can not be read");
@@ -91,29 +146,11 @@ fn decode(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<Vec<Snapshot>, &'stat
         return Err("the database changed since it was written");
     }
     let sum = u64::from_le_bytes(bytes[MAGIC.len() + 32..header].try_into().expect("8"));
-    let mut body = &bytes[header..];
+    let body = &bytes[header..];
     if checksum(body) != sum {
         return Err("its checksum does not match (the file is damaged)");
     }
-    let mut take = |n: usize| -> Result<&[u8], &'static str> {
-        if body.len() < n {
-            return Err("the file is cut short");
-        }
-        let (head, rest) = body.split_at(n);
-        body = rest;
-        Ok(head)
-    };
-    let count = u32::from_le_bytes(take(4)?.try_into().expect("4"));
-    let mut snapshots = Vec::new();
-    for _ in 0..count {
-        let len = u64::from_le_bytes(take(8)?.try_into().expect("8"));
-        let bytes = take(usize::try_from(len).map_err(|_| "the file is cut short")?)?;
-        snapshots.push(Snapshot::decode(bytes).map_err(|_| "a snapshot does not decode")?);
-    }
-    if !body.is_empty() {
-        return Err("bytes after the last snapshot");
-    }
-    Ok(snapshots)
+    Warm::decode(body)
 }
 
 /// A fast checksum against a damaged file (a crash after the rename, a cut copy), not
@@ -138,23 +175,18 @@ mod tests {
 
     #[test]
     fn a_damaged_or_foreign_file_is_never_used() {
-        let snapshot = Snapshot {
-            env: uuid::Uuid::new_v4(),
-            version: 3,
-            resources: Vec::new(),
-            states: Vec::new(),
+        let warm = Warm {
+            snapshots: vec![Snapshot {
+                env: uuid::Uuid::new_v4(),
+                version: 3,
+                resources: Vec::new(),
+                states: Vec::new(),
+            }],
+            manifests: Vec::new(),
         };
         let stamp = [7u8; 32];
-        let mut body = Vec::new();
-        body.extend_from_slice(&1u32.to_le_bytes());
-        let enc = snapshot.encode();
-        body.extend_from_slice(&(enc.len() as u64).to_le_bytes());
-        body.extend_from_slice(&enc);
-        let mut file = MAGIC.to_vec();
-        file.extend_from_slice(&stamp);
-        file.extend_from_slice(&checksum(&body).to_le_bytes());
-        file.extend_from_slice(&body);
-        assert_eq!(decode(&file, Some(stamp)).unwrap(), vec![snapshot]);
+        let file = encode(&warm, stamp);
+        assert_eq!(decode(&file, Some(stamp)).unwrap(), warm);
         // another state of the database
         assert!(decode(&file, Some([8u8; 32])).is_err());
         assert!(decode(&file, None).is_err());

@@ -24,6 +24,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::model::RState;
+use crate::model::codec::{CodecError, Reader, Writer};
 use crate::store::deploy::StateRow;
 use crate::store::versions::ResourceDigestRow;
 
@@ -35,10 +36,10 @@ const MAGIC: &[u8; 8] = b"STWSNAP\n";
 pub enum SnapshotError {
     #[error("not a scheduler snapshot of this version of steward")]
     Format,
-    #[error("the snapshot ends early or has bytes after its end")]
-    Truncated,
-    #[error("the snapshot holds text that is not UTF-8")]
-    Text,
+    #[error("the snapshot has bytes after its end")]
+    Trailing,
+    #[error(transparent)]
+    Codec(#[from] CodecError),
 }
 
 /// The rows a scheduler's start reads, as they were when it stopped.
@@ -107,9 +108,9 @@ impl Snapshot {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(64 + self.resources.len() * 256));
-        w.0.extend_from_slice(MAGIC);
+        w.bytes(MAGIC);
         w.u32(FORMAT);
-        w.0.extend_from_slice(self.env.as_bytes());
+        w.bytes(self.env.as_bytes());
         w.i64(self.version as i64);
         w.u32(self.resources.len() as u32);
         for r in &self.resources {
@@ -117,10 +118,7 @@ impl Snapshot {
             w.str(&r.resource_type);
             w.str(&r.agent);
             w.str(&r.hash);
-            w.u32(r.requires.len() as u32);
-            for q in &r.requires {
-                w.str(q);
-            }
+            w.strs(&r.requires);
             w.u8(r.undefined as u8);
         }
         w.u32(self.states.len() as u32);
@@ -161,11 +159,7 @@ impl Snapshot {
             let resource_type = r.string()?;
             let agent = r.string()?;
             let hash = r.string()?;
-            let nreq = r.count()?;
-            let mut requires = Vec::with_capacity(nreq);
-            for _ in 0..nreq {
-                requires.push(r.string()?);
-            }
+            let requires = r.strings()?;
             let undefined = r.u8()? != 0;
             resources.push(ResourceDigestRow {
                 resource_id,
@@ -211,8 +205,8 @@ impl Snapshot {
                 ..Default::default()
             });
         }
-        if !r.0.is_empty() {
-            return Err(SnapshotError::Truncated);
+        if !r.is_empty() {
+            return Err(SnapshotError::Trailing);
         }
         Ok(Snapshot {
             env,
@@ -286,100 +280,6 @@ fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
 }
 
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn i64(&mut self, v: i64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn str(&mut self, s: &str) {
-        self.u32(s.len() as u32);
-        self.0.extend_from_slice(s.as_bytes());
-    }
-    fn opt_str(&mut self, s: Option<&str>) {
-        match s {
-            Some(s) => {
-                self.u8(1);
-                self.str(s);
-            }
-            None => self.u8(0),
-        }
-    }
-    fn opt_time(&mut self, t: Option<DateTime<Utc>>) {
-        match t {
-            Some(t) => {
-                self.u8(1);
-                self.i64(t.timestamp_micros());
-            }
-            None => self.u8(0),
-        }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
-        if self.0.len() < n {
-            return Err(SnapshotError::Truncated);
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, SnapshotError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, SnapshotError> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-    fn i64(&mut self) -> Result<i64, SnapshotError> {
-        Ok(i64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
-    }
-    /// A count of items that each take at least one byte: one larger than what is left is
-    /// refused before anything is allocated for it.
-    fn count(&mut self) -> Result<usize, SnapshotError> {
-        let n = self.u32()? as usize;
-        if n > self.0.len() {
-            return Err(SnapshotError::Truncated);
-        }
-        Ok(n)
-    }
-    fn string(&mut self) -> Result<String, SnapshotError> {
-        let n = self.u32()? as usize;
-        let bytes = self.take(n)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_string)
-            .map_err(|_| SnapshotError::Text)
-    }
-    fn opt_string(&mut self) -> Result<Option<String>, SnapshotError> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => self.string().map(Some),
-            _ => Err(SnapshotError::Format),
-        }
-    }
-    fn opt_time(&mut self) -> Result<Option<DateTime<Utc>>, SnapshotError> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => DateTime::from_timestamp_micros(self.i64()?)
-                .map(Some)
-                .ok_or(SnapshotError::Format),
-            _ => Err(SnapshotError::Format),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,7 +342,7 @@ mod tests {
         longer.push(0);
         assert!(matches!(
             Snapshot::decode(&longer),
-            Err(SnapshotError::Truncated)
+            Err(SnapshotError::Trailing)
         ));
         let mut other = bytes.clone();
         other[8] ^= 1;

@@ -170,10 +170,12 @@ pub fn refresh_statistics_after(pool: &sqlx::PgPool, stored: &Stored) {
 
 mod blobs;
 mod fresh;
+mod held;
 mod spans;
 mod write;
 
 pub(in crate::store) use blobs::collect_blobs;
+pub use held::{HeldManifest, held_manifests, offer_manifests};
 pub use spans::{Entry, OPEN};
 pub use write::{Manifest, store, store_delta, store_hashed, validate_export};
 

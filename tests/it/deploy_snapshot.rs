@@ -97,7 +97,7 @@ fn project() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// to `check`; the cluster is stopped cleanly after.
 async fn with_database<T>(
     dir: &Path,
-    check: impl AsyncFnOnce(Vec<steward::scheduler::snapshot::Snapshot>, &sqlx::PgPool) -> T,
+    check: impl AsyncFnOnce(warm::Warm, &sqlx::PgPool) -> T,
 ) -> T {
     let data = dir.join("data/deploy");
     let cluster = PgCluster::new(&data.join("pg")).unwrap();
@@ -113,8 +113,9 @@ async fn with_database<T>(
 }
 
 /// Random runs (content edits, files added and removed, a resource that fails and comes
-/// back): after every third, the snapshot the run left is compared with the database row by
-/// row; the runs between start from the snapshot and still deploy what the model says.
+/// back): after every third, what the run left (the scheduler's snapshot, the store's newest
+/// manifest) is compared with the database row by row; the runs between start from it and
+/// still deploy what the model says.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_runs_snapshot_holds_what_its_database_holds_over_random_runs() {
     let (_tmp, dir, out) = project();
@@ -176,15 +177,25 @@ async fn a_runs_snapshot_holds_what_its_database_holds_over_random_runs() {
             );
         }
         if round % 3 == 2 {
-            let (snapshots, differences) = with_database(&dir, async |snapshots, pool| {
+            let (warm, differences) = with_database(&dir, async |warm, pool| {
                 let mut differences = Vec::new();
-                for s in &snapshots {
+                for s in &warm.snapshots {
                     differences.extend(s.differences_from_database(pool).await.unwrap());
                 }
-                (snapshots, differences)
+                for m in &warm.manifests {
+                    differences.extend(m.differences_from_database(pool).await.unwrap());
+                }
+                (warm, differences)
             })
             .await;
+            let snapshots = warm.snapshots;
             assert_eq!(snapshots.len(), 1, "round {round}: one environment");
+            assert_eq!(warm.manifests.len(), 1, "round {round}: one manifest");
+            assert_eq!(
+                warm.manifests[0].resources(),
+                snapshots[0].resources(),
+                "round {round}"
+            );
             // the directory, the files, and the broken one when there
             assert_eq!(
                 snapshots[0].resources(),

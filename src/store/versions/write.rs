@@ -13,12 +13,13 @@
 //! written.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::blobs::{Hold, collect_blobs, hold_blobs};
+use super::held::{cached, forget_cached, remember, tree_of};
 use super::spans::{self, Entry};
 use super::{DiffEntry, NewVersion, Stored};
 use crate::model::content::{self, ContentTree};
@@ -447,14 +448,7 @@ async fn write(
             }
             tree
         }
-        None => ContentTree::of(manifest.iter().map(|(id, e)| {
-            (
-                id.as_str(),
-                e.hash.as_str(),
-                e.requires.as_slice(),
-                e.undefined,
-            )
-        })),
+        None => tree_of(&manifest),
     };
     debug_assert_eq!(tree.len(), manifest.len());
     let content_hash = content::with_handlers(tree.root(), &nv.export.handlers);
@@ -743,62 +737,4 @@ async fn apply_retention(c: &mut PgConnection, env: Uuid, keep: u32) -> Result<(
         delete_unchecked(c, env, &old).await?;
     }
     Ok(())
-}
-
-// The newest versions' manifests, kept between stores. Bounded by resources held, so a few
-// large environments do not hold the memory of many.
-const CACHE_RESOURCES: usize = 1_000_000;
-
-struct CachedManifest {
-    env: Uuid,
-    number: i32,
-    content_hash: String,
-    manifest: Arc<Manifest>,
-    /// its content tree (taken by the store that reads it: the next version's is made from it)
-    tree: Option<ContentTree>,
-}
-
-static CACHE: Mutex<Vec<CachedManifest>> = Mutex::new(Vec::new());
-
-fn cached(
-    env: Uuid,
-    number: i32,
-    content_hash: &str,
-) -> Option<(Arc<Manifest>, Option<ContentTree>)> {
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    cache
-        .iter_mut()
-        .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
-        .map(|m| (m.manifest.clone(), m.tree.take()))
-}
-
-/// Drop the environment's manifest from the cache (it is being made the next version's).
-fn forget_cached(env: Uuid) {
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    cache.retain(|m| m.env != env);
-}
-
-fn remember(
-    env: Uuid,
-    number: i32,
-    content_hash: &str,
-    manifest: Arc<Manifest>,
-    tree: ContentTree,
-) {
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    cache.retain(|m| m.env != env);
-    if manifest.len() > CACHE_RESOURCES {
-        return;
-    }
-    cache.push(CachedManifest {
-        env,
-        number,
-        content_hash: content_hash.to_string(),
-        manifest,
-        tree: Some(tree),
-    });
-    // oldest first out
-    while cache.iter().map(|m| m.manifest.len()).sum::<usize>() > CACHE_RESOURCES {
-        cache.remove(0);
-    }
 }

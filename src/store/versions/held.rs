@@ -1,0 +1,269 @@
+//! The newest versions' manifests, kept in memory between stores, and handed from a process
+//! that stops cleanly to the next one (`steward deploy`, whose private database nobody
+//! changes in between: `embedded::warm` checks that).
+//!
+//! Invariants: an entry is used only for the version number and content hash the database
+//! says are the environment's newest ([`cached`], under the environment's row lock), so a
+//! store by another replica, a deletion, or a manifest from an earlier process that does not
+//! fit is never used; the cache is bounded by the resources it holds.
+
+use std::sync::{Arc, Mutex};
+
+use uuid::Uuid;
+
+use super::spans::Entry;
+use super::write::Manifest;
+use crate::model::codec::{CodecError, Reader, Writer};
+use crate::model::content::ContentTree;
+
+// Bounded by resources held, so a few large environments do not hold the memory of many.
+const CACHE_RESOURCES: usize = 1_000_000;
+
+struct CachedManifest {
+    env: Uuid,
+    number: i32,
+    content_hash: String,
+    manifest: Arc<Manifest>,
+    /// its content tree (taken by the store that reads it: the next version's is made from it)
+    tree: Option<ContentTree>,
+}
+
+static CACHE: Mutex<Vec<CachedManifest>> = Mutex::new(Vec::new());
+
+pub(super) fn cached(
+    env: Uuid,
+    number: i32,
+    content_hash: &str,
+) -> Option<(Arc<Manifest>, Option<ContentTree>)> {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .iter_mut()
+        .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
+        .map(|m| (m.manifest.clone(), m.tree.take()))
+}
+
+/// Drop the environment's manifest from the cache (it is being made the next version's).
+pub(super) fn forget_cached(env: Uuid) {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|m| m.env != env);
+}
+
+pub(super) fn remember(
+    env: Uuid,
+    number: i32,
+    content_hash: &str,
+    manifest: Arc<Manifest>,
+    tree: ContentTree,
+) {
+    remember_maybe_tree(env, number, content_hash, manifest, Some(tree));
+}
+
+fn remember_maybe_tree(
+    env: Uuid,
+    number: i32,
+    content_hash: &str,
+    manifest: Arc<Manifest>,
+    tree: Option<ContentTree>,
+) {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|m| m.env != env);
+    if manifest.len() > CACHE_RESOURCES {
+        return;
+    }
+    cache.push(CachedManifest {
+        env,
+        number,
+        content_hash: content_hash.to_string(),
+        manifest,
+        tree,
+    });
+    // oldest first out
+    while cache.iter().map(|m| m.manifest.len()).sum::<usize>() > CACHE_RESOURCES {
+        cache.remove(0);
+    }
+}
+
+/// The content tree of a manifest (what a store makes when the cache has none).
+pub(super) fn tree_of(manifest: &Manifest) -> ContentTree {
+    ContentTree::of(manifest.iter().map(|(id, e)| {
+        (
+            id.as_str(),
+            e.hash.as_str(),
+            e.requires.as_slice(),
+            e.undefined,
+        )
+    }))
+}
+
+/// An environment's newest manifest as the store held it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeldManifest {
+    pub env: Uuid,
+    pub number: i32,
+    pub content_hash: String,
+    manifest: Arc<Manifest>,
+}
+
+/// The manifests the store holds now (for a process that stops: see the module's note).
+pub fn held_manifests() -> Vec<HeldManifest> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .iter()
+        .map(|m| HeldManifest {
+            env: m.env,
+            number: m.number,
+            content_hash: m.content_hash.clone(),
+            manifest: m.manifest.clone(),
+        })
+        .collect()
+}
+
+/// Take what a stopped process held, for a database nobody changed since. The content
+/// trees are made on a thread (100,000 resources: ~50 ms); a store that comes first makes
+/// its own, as without them.
+pub fn offer_manifests(held: Vec<HeldManifest>) {
+    for h in &held {
+        remember_maybe_tree(h.env, h.number, &h.content_hash, h.manifest.clone(), None);
+    }
+    std::thread::spawn(move || {
+        for h in held {
+            let tree = tree_of(&h.manifest);
+            let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(m) = cache.iter_mut().find(|m| {
+                m.env == h.env
+                    && m.number == h.number
+                    && Arc::ptr_eq(&m.manifest, &h.manifest)
+                    && m.tree.is_none()
+            }) {
+                m.tree = Some(tree);
+            }
+        }
+    });
+}
+
+impl HeldManifest {
+    pub fn resources(&self) -> usize {
+        self.manifest.len()
+    }
+
+    /// How this manifest differs from the environment's newest version in `pool` (empty:
+    /// a store would read the same). For tests, and for anyone who doubts one.
+    pub async fn differences_from_database(
+        &self,
+        pool: &sqlx::PgPool,
+    ) -> crate::store::Result<Vec<String>> {
+        let newest: Option<(i32, String)> = sqlx::query_as(
+            "SELECT number, content_hash FROM versions WHERE environment_id = $1 ORDER BY number DESC LIMIT 1",
+        )
+        .bind(self.env)
+        .fetch_optional(pool)
+        .await?;
+        let mut found = Vec::new();
+        if newest != Some((self.number, self.content_hash.clone())) {
+            found.push(format!(
+                "newest version {newest:?}, held {} {}",
+                self.number, self.content_hash
+            ));
+        }
+        let stored = super::resource_digests(pool, self.env, self.number).await?;
+        if stored.len() != self.manifest.len() {
+            found.push(format!(
+                "{} resources stored, {} held",
+                stored.len(),
+                self.manifest.len()
+            ));
+        }
+        for r in stored {
+            let same = self.manifest.get(&r.resource_id).is_some_and(|e| {
+                e.resource_type == r.resource_type
+                    && e.agent == r.agent
+                    && e.hash == r.hash
+                    && e.requires == r.requires
+                    && e.undefined == r.undefined
+            });
+            if !same {
+                found.push(format!("resource {} differs", r.resource_id));
+            }
+        }
+        Ok(found)
+    }
+
+    pub fn encode(&self, w: &mut Writer) {
+        w.bytes(self.env.as_bytes());
+        w.i64(self.number as i64);
+        w.str(&self.content_hash);
+        w.u32(self.manifest.len() as u32);
+        for (id, e) in self.manifest.iter() {
+            w.str(id);
+            w.str(&e.resource_type);
+            w.str(&e.agent);
+            w.str(&e.hash);
+            w.strs(&e.requires);
+            w.u8(e.undefined as u8);
+        }
+    }
+
+    pub fn decode(r: &mut Reader<'_>) -> Result<HeldManifest, CodecError> {
+        let env = Uuid::from_slice(r.take(16)?).map_err(|_| CodecError::Invalid)?;
+        let number = i32::try_from(r.i64()?).map_err(|_| CodecError::Invalid)?;
+        let content_hash = r.string()?;
+        let n = r.count()?;
+        let mut manifest = Manifest::new();
+        for _ in 0..n {
+            let id = r.string()?;
+            let entry = Entry {
+                resource_type: r.string()?,
+                agent: r.string()?,
+                hash: r.string()?,
+                requires: r.strings()?,
+                undefined: r.u8()? != 0,
+            };
+            manifest.insert(id, entry);
+        }
+        Ok(HeldManifest {
+            env,
+            number,
+            content_hash,
+            manifest: Arc::new(manifest),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_manifest_reads_back_and_a_cut_one_never_does() {
+        let mut manifest = Manifest::new();
+        for i in 0..3 {
+            manifest.insert(
+                format!("fs::File[a,path=/f{i}]"),
+                Entry {
+                    resource_type: "fs::File".into(),
+                    agent: "a".into(),
+                    hash: format!("h{i}"),
+                    requires: (0..i).map(|q| format!("fs::File[a,path=/f{q}]")).collect(),
+                    undefined: i == 2,
+                },
+            );
+        }
+        let held = HeldManifest {
+            env: Uuid::new_v4(),
+            number: 12,
+            content_hash: "c".repeat(64),
+            manifest: Arc::new(manifest),
+        };
+        let mut w = Writer::default();
+        held.encode(&mut w);
+        let mut r = Reader(&w.0);
+        assert_eq!(HeldManifest::decode(&mut r).unwrap(), held);
+        assert!(r.is_empty());
+        for cut in 0..w.0.len() {
+            assert!(
+                HeldManifest::decode(&mut Reader(&w.0[..cut])).is_err(),
+                "cut at {cut}"
+            );
+        }
+    }
+}
