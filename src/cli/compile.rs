@@ -102,34 +102,17 @@ fn compile_with(opts: &CompileOptions, json: bool) -> CompileOutcome {
     outcome
 }
 
-/// [`compile_once`] of an export through the incremental compile's memory
-/// ([`compiler::incremental::compile`]: a patched export is parsed); `full` compiles in full
-/// (and remembers that).
-pub(super) fn compile_remembering(
+/// The compile of `steward export` and `steward deploy`: the last export patched when only
+/// literals changed, else a full compile ([`compiler::incremental::compile_or_patch`]).
+pub(super) fn compile_or_patch(
     project: &Path,
     file: &str,
     json: bool,
     facts: Option<Facts>,
+    full: bool,
     process_ends_after: bool,
-    full: bool,
-) -> (CompileOutcome, compiler::incremental::Pending) {
-    let (opts, memory) = remembering(project, file, facts, process_ends_after, full);
-    let (outcome, pending) =
-        with_prints_to_stdout(|print| compiler::incremental::compile(&opts, &memory, print));
-    report(&outcome, json);
-    (outcome, pending)
-}
-
-/// The compile of `steward export`: the last export patched when only literals changed,
-/// else a full compile ([`compiler::incremental::compile_or_patch`]).
-fn compile_or_patch(
-    project: &Path,
-    file: &str,
-    json: bool,
-    facts: Option<Facts>,
-    full: bool,
 ) -> (Compiled, compiler::incremental::Pending) {
-    let (opts, memory) = remembering(project, file, facts, true, full);
+    let (opts, memory) = remembering(project, file, facts, process_ends_after, full);
     let (compiled, pending) = with_prints_to_stdout(|print| {
         compiler::incremental::compile_or_patch(&opts, &memory, print)
     });
@@ -351,6 +334,7 @@ pub fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
         args.remote.json,
         facts,
         args.full,
+        true,
     );
     let generation = memory.generation();
     let made = match &compiled {
@@ -474,7 +458,7 @@ fn upload_patched(
     remote: &super::remote::Remote,
 ) -> anyhow::Result<ExitCode> {
     use compiler::incremental::cache;
-    let resources = || bytecount_lines(&patched.lines);
+    let resources = || patched.resources();
     if let Some(path) = &args.json_file {
         let written = std::fs::write(path, [patched.lines.as_slice(), b"\n"].concat());
         written.with_context(|| format!("writing {}", path.display()))?;
@@ -524,15 +508,6 @@ fn upload_patched(
         uploaded(args, remote, &env, generation, &sent);
         after_upload(args, remote, &env, memory, sent).await
     })
-}
-
-/// The resources of an export in lines (a line each, between the first and the last).
-fn bytecount_lines(lines: &[u8]) -> usize {
-    lines
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        .saturating_sub(1)
 }
 
 /// The end of `steward export` after an upload: remember it, say what was stored, release.

@@ -13,6 +13,8 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use crate::client::Client;
+use crate::compiler;
+use crate::compiler::incremental::Compiled;
 use crate::embedded::deploy::Runtime;
 use crate::model::ExportFile;
 use crate::scheduler::Schedulers;
@@ -83,29 +85,40 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     };
     let started = Instant::now();
     // without facts first: a model that asks for no fact is compiled once
-    let (outcome, compile_memory) = super::compile::compile_remembering(
+    let (compiled, compile_memory) = super::compile::compile_or_patch(
         &project,
         &args.file,
         false,
         Some(crate::model::Facts::new()),
-        false,
         args.full,
+        false,
     );
-    let patched = outcome.patched;
-    let Ok(Some(export)) = outcome.result else {
-        if let Some(starting) = early
-            && let Ok(Ok(runtime)) = rt.block_on(starting)
-        {
-            rt.block_on(runtime.stop());
+    let generation = compile_memory.generation();
+    let (first, resources, patched) = match compiled {
+        Compiled::Full(outcome) => match outcome.result {
+            Ok(Some(export)) => {
+                let n = export.resources.len();
+                (First::Whole(export), n, None)
+            }
+            _ => {
+                if let Some(starting) = early
+                    && let Ok(Ok(runtime)) = rt.block_on(starting)
+                {
+                    rt.block_on(runtime.stop());
+                }
+                eprintln!("nothing was deployed");
+                return Ok(ExitCode::from(1));
+            }
+        },
+        Compiled::Patched(p) => {
+            let (n, changed) = (p.resources(), p.changed.len());
+            (First::Patched(p), n, Some(changed))
         }
-        eprintln!("nothing was deployed");
-        return Ok(ExitCode::from(1));
     };
     eprintln!(
-        "compiled {} in {} ms: {} resources{}",
+        "compiled {} in {} ms: {resources} resources{}",
         project.display(),
         started.elapsed().as_millis(),
-        export.resources.len(),
         match patched {
             Some(0) => " (as the last compile: the model did not change)".to_string(),
             Some(n) => format!(" (the last compile's export, {n} patched)"),
@@ -113,19 +126,27 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         }
     );
     // the compile's memory is written while the version deploys
-    let compile_memory = compile_memory.detach(Some(&export));
+    let compile_memory = compile_memory.detach(match &first {
+        First::Whole(export) => Some(export),
+        First::Patched(_) => None,
+    });
     let compile_memory = std::thread::spawn(move || compile_memory.write());
-    // compared with what the last run uploaded while the private server starts (a model
-    // that asks for facts is compiled again with them first)
     let remembered = remembered.join().unwrap_or(None);
-    // (a later round reads the memory the first one left)
-    let (compared, loaded) = if export.unknowns.is_empty() {
-        (
-            Some(crate::client::Compared::new(&export, None, remembered)),
-            None,
-        )
-    } else {
-        (None, Some(remembered))
+    let record = Record {
+        memory: compiler::incremental::cache::path(&project, &args.file),
+        server: format!("steward deploy {}", data_dir.display()),
+        generation,
+    };
+    // a whole export is compared with what the last run uploaded while the private server
+    // starts (a model that asks for facts is compiled again with them first); a patched
+    // one needs no compare when the last upload was the export it patched
+    let (first, loaded) = match first {
+        First::Whole(export) if export.unknowns.is_empty() => {
+            let compared = crate::client::Compared::new(&export, None, remembered);
+            (Ready::Compared(export, compared), None)
+        }
+        First::Whole(export) => (Ready::Whole(export), Some(remembered)),
+        First::Patched(p) => (Ready::Patched(p), Some(remembered)),
     };
     rt.block_on(async move {
         let runtime = match early {
@@ -140,7 +161,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
             saving: None,
         };
         let result = tokio::select! {
-            r = deploy(&runtime.client, &args, &project, (export, compared), provenance, &mut memory) => r,
+            r = deploy(&runtime.client, &args, &project, first, &record, provenance, &mut memory) => r,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("\ninterrupted: stopping; the next `steward deploy` picks up where this one stopped");
                 Ok(ExitCode::from(130))
@@ -151,6 +172,65 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         let _ = compile_memory.join();
         result
     })
+}
+
+/// The first compile's result.
+enum First {
+    Whole(ExportFile),
+    Patched(compiler::incremental::cache::Patched),
+}
+
+/// The first compile's result, ready to upload.
+enum Ready {
+    /// compared with the last upload already
+    Compared(ExportFile, crate::client::Compared),
+    Whole(ExportFile),
+    /// the last compile's export, patched: sent as the resources the patch changed when the
+    /// last upload was that export
+    Patched(compiler::incremental::cache::Patched),
+}
+
+/// What `steward deploy` records beside the compile's memory after an upload
+/// ([`compiler::incremental::cache::Uploaded`]): the next run's patch of that memory goes as
+/// its changed resources. The private server is named by its data dir (its port changes
+/// every run).
+struct Record {
+    memory: PathBuf,
+    server: String,
+    generation: Option<u64>,
+}
+
+impl Record {
+    /// Whether the patch `p` was made from the memory whose export `last` remembers, for
+    /// `env` of this private server.
+    fn fits(
+        &self,
+        p: &compiler::incremental::cache::Patched,
+        env: &str,
+        last: &crate::client::LastUpload,
+    ) -> bool {
+        compiler::incremental::cache::Uploaded::load(&self.memory).is_some_and(|r| {
+            r.generation == p.base_generation
+                && r.server == self.server
+                && r.environment == env
+                && r.content_hash == last.content_hash
+        })
+    }
+
+    /// After an upload of the first compile's export (`sent`), or of another (`None`).
+    fn uploaded(&self, env: &str, sent: Option<&crate::client::Sent>) {
+        use compiler::incremental::cache::Uploaded;
+        match (self.generation, sent.and_then(|s| s.last.as_ref())) {
+            (Some(generation), Some(last)) => Uploaded {
+                generation,
+                server: self.server.clone(),
+                environment: env.to_string(),
+                content_hash: last.content_hash.clone(),
+            }
+            .save(&self.memory),
+            _ => Uploaded::forget(&self.memory),
+        }
+    }
 }
 
 /// What was uploaded last (`data_dir/last-upload`): the next upload is sent as its changes
@@ -205,35 +285,65 @@ async fn deploy(
     c: &Client,
     args: &DeployArgs,
     project: &std::path::Path,
-    (first, mut compared): (ExportFile, Option<crate::client::Compared>),
+    first: Ready,
+    record: &Record,
     mut provenance: Value,
     memory: &mut Memory,
 ) -> anyhow::Result<ExitCode> {
-    let env = environment(c, &first.metadata.project).await?;
+    // (a patched export's resources are parsed only when it has to go whole)
+    let rest = match &first {
+        Ready::Patched(p) => Some(p.rest().map_err(anyhow::Error::msg)?),
+        _ => None,
+    };
+    let (project_name, asks_facts) = match (&first, &rest) {
+        (Ready::Compared(x, _) | Ready::Whole(x), _) | (_, Some(x)) => {
+            (x.metadata.project.clone(), !x.unknowns.is_empty())
+        }
+        (Ready::Patched(_), None) => unreachable!("its rest was read above"),
+    };
+    let env = environment(c, &project_name).await?;
+    tracing::debug!(environment = %env, "the environment is known");
     provenance["source"] = json!("steward deploy");
     provenance["project_dir"] = json!(project.display().to_string());
     // the model asks for facts: compile again with what earlier runs' handlers reported
-    let mut export = if first.unknowns.is_empty() {
-        first
-    } else {
-        compared = None;
+    let mut first = Some(first);
+    let mut export = None;
+    if asks_facts {
+        first = None;
         match compile_with_facts(c, &env, args, project).await? {
-            Some(x) => x,
+            Some(x) => export = Some(x),
             None => return Ok(ExitCode::from(1)),
         }
-    };
+    }
     let mut round = 1;
     loop {
         // as its changes against the last run's version, when that is still the newest
-        let sent = match compared.take() {
-            Some(compared) => {
-                c.upload_compared(&env, &export, compared, provenance.clone())
-                    .await?
+        let sent = match first.take() {
+            Some(Ready::Compared(x, compared)) => {
+                let sent = c
+                    .upload_compared(&env, &x, compared, provenance.clone())
+                    .await?;
+                record.uploaded(&env, Some(&sent));
+                sent
+            }
+            Some(Ready::Whole(x)) => {
+                let last = memory.take().await;
+                let sent = c.upload_changes(&env, &x, provenance.clone(), last).await?;
+                record.uploaded(&env, Some(&sent));
+                sent
+            }
+            Some(Ready::Patched(p)) => {
+                let sent =
+                    upload_patched(c, &env, &p, rest.as_ref(), record, &provenance, memory).await?;
+                record.uploaded(&env, Some(&sent));
+                sent
             }
             None => {
                 let last = memory.take().await;
-                c.upload_changes(&env, &export, provenance.clone(), last)
-                    .await?
+                let x = export.as_ref().expect("compiled with facts");
+                let sent = c.upload_changes(&env, x, provenance.clone(), last).await?;
+                record.uploaded(&env, None);
+                sent
             }
         };
         memory.keep(sent.last);
@@ -283,11 +393,44 @@ async fn deploy(
         }
         eprintln!("facts arrived for {known} unknown values: compiling again");
         export = match compile_with_facts(c, &env, args, project).await? {
-            Some(x) => x,
+            Some(x) => Some(x),
             None => return Ok(ExitCode::from(1)),
         };
         round += 1;
     }
+}
+
+/// Upload a patched export as the resources its patch changed, when the last upload was the
+/// export it patched (else whole or as its changes, parsed).
+async fn upload_patched(
+    c: &Client,
+    env: &str,
+    p: &compiler::incremental::cache::Patched,
+    rest: Option<&ExportFile>,
+    record: &Record,
+    provenance: &Value,
+    memory: &mut Memory,
+) -> anyhow::Result<crate::client::Sent> {
+    let mut last = memory.take().await;
+    if let (Some(rest), Some(l)) = (rest, last.take()) {
+        let fits = record.fits(p, env, &l);
+        tracing::debug!(fits, "the last upload was the export patched?");
+        if fits {
+            let upload = crate::client::PatchedUpload {
+                rest,
+                changed: p.changed.iter().map(|(_, r)| r).collect(),
+            };
+            match c.upload_patch(env, &upload, provenance.clone(), l).await? {
+                Ok(sent) => return Ok(sent),
+                Err(back) => last = Some(back),
+            }
+        } else {
+            last = Some(l);
+        }
+    }
+    let export = p.export().map_err(anyhow::Error::msg)?;
+    Ok(c.upload_changes(env, &export, provenance.clone(), last)
+        .await?)
 }
 
 /// Compile the project with the environment's parameters and facts (one list call); None

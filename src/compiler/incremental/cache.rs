@@ -564,6 +564,13 @@ pub struct Patched {
 }
 
 impl Patched {
+    /// How many resources the export holds (a line each, between its first and last).
+    pub fn resources(&self) -> usize {
+        memchr::memchr_iter(b'\n', &self.lines)
+            .count()
+            .saturating_sub(1)
+    }
+
     /// The whole export (every resource parsed).
     pub fn export(&self) -> Result<ExportFile, String> {
         parse(&self.lines)
