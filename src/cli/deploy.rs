@@ -143,7 +143,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
     let (first, loaded) = match first {
         First::Whole(export) if export.unknowns.is_empty() => {
             let compared = crate::client::Compared::new(&export, None, remembered);
-            (Ready::Compared(export, compared), None)
+            (Ready::Compared(export, Box::new(compared)), None)
         }
         First::Whole(export) => (Ready::Whole(export), Some(remembered)),
         First::Patched(p) => (Ready::Patched(p), Some(remembered)),
@@ -183,7 +183,7 @@ enum First {
 /// The first compile's result, ready to upload.
 enum Ready {
     /// compared with the last upload already
-    Compared(ExportFile, crate::client::Compared),
+    Compared(ExportFile, Box<crate::client::Compared>),
     Whole(ExportFile),
     /// the last compile's export, patched: sent as the resources the patch changed when the
     /// last upload was that export
@@ -321,7 +321,7 @@ async fn deploy(
         let sent = match first.take() {
             Some(Ready::Compared(x, compared)) => {
                 let sent = c
-                    .upload_compared(&env, &x, compared, provenance.clone())
+                    .upload_compared(&env, &x, *compared, provenance.clone())
                     .await?;
                 record.uploaded(&env, Some(&sent));
                 sent
