@@ -302,29 +302,8 @@ impl Schedulers {
     }
 
     /// Stop every scheduler and wait, at most `within`, until each has ended (its executors
-    /// told to stop, its last states handed to the writer).
-    pub async fn stop_all_and_wait(&self, within: Duration) {
-        let ending: Vec<_> = self
-            .0
-            .running
-            .lock()
-            .expect("scheduler map")
-            .drain()
-            .map(|(_, r)| {
-                let _ = r.tx.send(Control::Stop);
-                r.task
-            })
-            .collect();
-        if tokio::time::timeout(within, futures_util::future::join_all(ending))
-            .await
-            .is_err()
-        {
-            tracing::warn!("a scheduler did not stop in time");
-        }
-    }
-
-    /// Stop every scheduler and wait, at most `within`, until each has ended; answer what
-    /// they left for their next start ([`snapshot::Snapshot`]: not every stop leaves one).
+    /// told to stop, its last states written); answer what they left for their next start
+    /// ([`snapshot::Snapshot`]: not every stop leaves one).
     pub async fn stop_all_and_snapshot(&self, within: Duration) -> Vec<snapshot::Snapshot> {
         let ending: Vec<_> = self
             .0
