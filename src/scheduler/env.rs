@@ -518,10 +518,7 @@ impl EnvScheduler {
             self.schedule(r, Priority::IntervalDeploy, "the scheduler started", false);
         }
         mark("merged", &mut phases);
-        let now = Utc::now();
-        for r in 0..self.model.len() {
-            self.arm_timer(r, now);
-        }
+        self.arm_all_timers(Utc::now());
         mark("timers", &mut phases);
         // dry-runs that were under way when we stopped run again
         for d in store::deploy::dryruns(&self.pool, self.env).await? {

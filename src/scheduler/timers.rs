@@ -42,6 +42,22 @@ impl Timers {
         }
     }
 
+    /// [`Self::set`] of many at once (a start arms every resource's): one heap built, not
+    /// one push each.
+    pub fn set_all(&mut self, armed: Vec<(String, DateTime<Utc>, TimerKind)>) {
+        let mut entries = std::mem::take(&mut self.heap).into_vec();
+        entries.reserve(armed.len());
+        for (rid, at, kind) in armed {
+            self.next_gen += 1;
+            self.generation.insert(rid.clone(), self.next_gen);
+            entries.push(Reverse((at, self.next_gen, rid, kind)));
+        }
+        let generation = &self.generation;
+        // what the new ones replaced goes now
+        entries.retain(|Reverse((_, g, rid, _))| generation.get(rid) == Some(g));
+        self.heap = BinaryHeap::from(entries);
+    }
+
     pub fn cancel(&mut self, rid: &str) {
         self.generation.remove(rid);
     }
@@ -116,6 +132,42 @@ mod tests {
         assert_eq!(t.next_due(), Some(now + Duration::seconds(20)));
         t.cancel("a");
         assert_eq!(t.next_due(), None);
+    }
+
+    #[test]
+    fn timers_set_all_at_once_pop_as_set_one_by_one() {
+        let now = at("2026-01-01T00:00:00Z");
+        let armed: Vec<(String, DateTime<Utc>, TimerKind)> = (0..200)
+            .map(|i| {
+                let kind = if i % 3 == 0 {
+                    TimerKind::Retry
+                } else {
+                    TimerKind::Repair
+                };
+                (
+                    format!("r{}", i % 150),
+                    now + Duration::seconds((i * 37) % 101),
+                    kind,
+                )
+            })
+            .collect();
+        let (mut one, mut all) = (Timers::default(), Timers::default());
+        // an earlier timer of r1, replaced by both
+        one.set("r1", now, TimerKind::Repair);
+        all.set("r1", now, TimerKind::Repair);
+        for (rid, at, kind) in &armed {
+            one.set(rid, *at, *kind);
+        }
+        all.set_all(armed);
+        for s in (0..=105).step_by(7) {
+            let mut a = one.pop_due(now + Duration::seconds(s));
+            let mut b = all.pop_due(now + Duration::seconds(s));
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "due at {s}");
+            assert_eq!(one.next_due(), all.next_due());
+        }
+        assert_eq!(all.next_due(), None);
     }
 
     #[test]

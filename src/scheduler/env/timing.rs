@@ -81,11 +81,32 @@ impl EnvScheduler {
     /// Per-resource timers: a repair for good resources (seconds mode), a retry with backoff
     /// for failed ones.
     pub(super) fn arm_timer(&mut self, r: usize, now: DateTime<Utc>) {
-        let id = self.model.intents[r].id.clone();
+        match self.timer_of(r, now) {
+            Some((at, kind)) => self.timers.set(&self.model.intents[r].id, at, kind),
+            None => self.timers.cancel(&self.model.intents[r].id),
+        }
+    }
+
+    /// [`Self::arm_timer`] of every resource (a start): the timers' heap is built once, not
+    /// pushed into 100,000 times.
+    pub(super) fn arm_all_timers(&mut self, now: DateTime<Utc>) {
+        let mut armed = Vec::new();
+        for r in 0..self.model.len() {
+            match self.timer_of(r, now) {
+                Some((at, kind)) => armed.push((self.model.intents[r].id.clone(), at, kind)),
+                None => self.timers.cancel(&self.model.intents[r].id),
+            }
+        }
+        self.timers.set_all(armed);
+    }
+
+    /// The timer resource `r` should have now (None: none); a retry's time is kept in its
+    /// state.
+    fn timer_of(&mut self, r: usize, now: DateTime<Utc>) -> Option<(DateTime<Utc>, TimerKind)> {
+        let id = &self.model.intents[r].id;
         let s = &self.model.states[r];
-        if s.blocked == Blocked::Blocked || self.queue.deploy_pending(&id) {
-            self.timers.cancel(&id);
-            return;
+        if s.blocked == Blocked::Blocked || self.queue.deploy_pending(id) {
+            return None;
         }
         if s.compliance == Compliance::NonCompliant && s.blocked == Blocked::NotBlocked {
             // a persisted retry time (from before a restart) is kept; a finished attempt
@@ -105,17 +126,15 @@ impl EnvScheduler {
                 }
             };
             self.model.states[r].next_retry = Some(at);
-            self.timers.set(&id, at, TimerKind::Retry);
-            return;
+            return Some((at, TimerKind::Retry));
         }
         if let Interval::Seconds(n) = self.settings.repair_interval
             && (s.compliance == Compliance::Compliant || s.blocked == Blocked::Temporarily)
         {
             let at = s.last_deployed.unwrap_or(now) + chrono::Duration::seconds(n as i64);
-            self.timers.set(&id, at, TimerKind::Repair);
-            return;
+            return Some((at, TimerKind::Repair));
         }
-        self.timers.cancel(&id);
+        None
     }
 
     pub(super) fn on_time(&mut self, now: DateTime<Utc>) {
