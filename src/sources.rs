@@ -482,7 +482,15 @@ impl Worker for GitSources {
             tenures.lock().expect("tenures").insert(env, tenure);
             let pool = &self.0.pool;
             // the compiler it starts queues again what the previous owner was compiling
-            match store::sources::get_source(pool, env).await {
+            let found = store::sources::get_source(pool, env).await;
+            // workers running now were started under this tenure (losing it stops them): a
+            // source set while it was looked up started them. Started again, they would kill
+            // the compile they run, and the memory its task holds for the next commit.
+            if self.0.workers.lock().expect("workers").contains_key(&env) {
+                self.0.released.notify_one();
+                return;
+            }
+            match found {
                 Ok(Some(_)) => self.restart(env),
                 Ok(None) => {}
                 // the fetcher loads the source itself and says why it can not
