@@ -379,6 +379,26 @@ impl Schedulers {
         self.ask(env, Control::Status).await
     }
 
+    /// The counts per status of `version`'s resources, from the model of the scheduler of
+    /// `env` running here, once the database holds the states they were counted from: what
+    /// `store::state::status_counts` would count then, without reading every resource and
+    /// state (100,000 resources: a count of a few milliseconds instead of a join of hundreds).
+    /// None (count in the database) when no scheduler of `env` runs here, it holds another
+    /// version, or its writes are not confirmed before `deadline`.
+    pub async fn stored_status_counts(
+        &self,
+        env: Uuid,
+        version: i32,
+        deadline: tokio::time::Instant,
+    ) -> Option<Vec<(String, i64)>> {
+        let (ack, rx) = oneshot::channel();
+        self.running_sender(env)?
+            .send(Control::Counts { version, ack })
+            .ok()?;
+        let settled = tokio::time::timeout_at(deadline, rx).await.ok()?.ok()??;
+        settled.stored_by(deadline).await
+    }
+
     /// Start a dry-run (already recorded in the database) of `version`.
     pub fn dryrun(&self, env: Uuid, id: Uuid, version: i32) -> Result<(), SchedulerError> {
         self.sender(env)

@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
 mod calls;
@@ -36,7 +36,7 @@ use crate::store;
 use crate::store::actions::ActionRecord;
 use crate::store::deploy::Batch;
 pub(super) use persist::state_from_row;
-use persist::writer;
+use persist::{Written, writer};
 
 /// The stored states a start builds its model with: as read from the database (by resource),
 /// or from a snapshot (each at its resource's place).
@@ -75,10 +75,42 @@ pub enum Control {
         ack: oneshot::Sender<()>,
     },
     Status(oneshot::Sender<Status>),
+    /// The counts per status of the resources of a version (answers None when the model is
+    /// of another version): see [`SettledCounts`].
+    Counts {
+        version: i32,
+        ack: oneshot::Sender<Option<SettledCounts>>,
+    },
     Stop,
     /// Stop, and answer with what the next start may read instead of the database
     /// ([`Snapshot`]), when this stop leaves one (see [`EnvScheduler::run`]).
     StopWithSnapshot,
+}
+
+/// What a scheduler counted of its version's resources per status (as
+/// `store::state::status_counts` would count its rows), with how far its writer must get for
+/// the database to hold what was counted.
+pub struct SettledCounts {
+    counts: Vec<(String, i64)>,
+    handed: u64,
+    written: watch::Receiver<Written>,
+}
+
+impl SettledCounts {
+    /// The counts, once the database holds the states they were counted from (before
+    /// `deadline`; None if it did not, or a batch was not written as it was handed over).
+    pub async fn stored_by(mut self, deadline: tokio::time::Instant) -> Option<Vec<(String, i64)>> {
+        let handed = self.handed;
+        let reached = tokio::time::timeout_at(
+            deadline,
+            self.written.wait_for(|w| !w.exact || w.batches >= handed),
+        )
+        .await
+        .ok()?
+        .ok()
+        .map(|w| *w)?;
+        (reached.exact && reached.batches >= handed).then_some(self.counts)
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
@@ -148,6 +180,10 @@ pub struct EnvScheduler {
     batch: Batch,
     dirty_states: HashSet<String>,
     writer: mpsc::UnboundedSender<Batch>,
+    /// batches handed to the writer so far
+    handed: u64,
+    /// how far the writer got
+    written: watch::Receiver<Written>,
     dryruns: HashMap<Uuid, DryrunCtx>,
     /// removed resources to delete on their target (opt-in), by id, with the handler code
     /// of the version they were in
@@ -220,12 +256,14 @@ impl EnvScheduler {
         let (exec_pool, mut pool_rx) = Pool::new(executor_bin, 64);
         let exec_pool = exec_pool.with_hub(env, hub);
         let (wtx, wrx) = mpsc::unbounded_channel();
+        let (progress_tx, progress_rx) = watch::channel(Written::default());
         let written = tokio::spawn(writer(
             pool.clone(),
             env,
             wrx,
             tenure.as_ref().map(|t| t.fence().clone()),
             notifier.clone(),
+            progress_tx,
         ));
         let mut s = EnvScheduler {
             env,
@@ -241,6 +279,8 @@ impl EnvScheduler {
             batch: Batch::default(),
             dirty_states: HashSet::new(),
             writer: wtx,
+            handed: 0,
+            written: progress_rx,
             dryruns: HashMap::new(),
             tombstones: HashMap::new(),
             handlers: BTreeMap::new(),

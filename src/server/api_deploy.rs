@@ -497,6 +497,10 @@ pub struct Progress {
     pub done: bool,
     /// Resources being deployed right now, the longest running first (at most 5).
     pub working_on: Vec<String>,
+    /// Who counted the resources per status: `scheduler` (the environment's scheduler on
+    /// this server, from its model, once the database held the states it counted) or
+    /// `database` (a count of the stored states). Both count the same.
+    pub counted_by: String,
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -591,7 +595,23 @@ pub async fn progress_now(state: &AppState, env: uuid::Uuid, number: i32) -> Api
     // read each time: a wait sees a halt that came meanwhile
     let env = store::environments::get_environment(&state.pool, env).await?;
     let info = versions::get(&state.pool, env.id, number).await?;
-    let summary = store::state::deploy_summary(&state.pool, env.id, number).await?;
+    // the scheduler running here knows every state it wrote: asking it is a few milliseconds
+    // where the database joins every resource with its state (100,000: ~0.25 s)
+    let known = match &state.schedulers {
+        Some(s) => {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+            s.stored_status_counts(env.id, number, deadline).await
+        }
+        None => None,
+    }
+    .filter(|counts| counts.iter().map(|c| c.1).sum::<i64>() == i64::from(info.resource_count));
+    let (summary, counted_by) = match known {
+        Some(counts) => (store::state::DeploySummary::of(counts), "scheduler"),
+        None => (
+            store::state::deploy_summary(&state.pool, env.id, number).await?,
+            "database",
+        ),
+    };
     let active = versions::active(&state.pool, env.id).await?;
     let is_active = active == Some(number);
     let done = is_active && summary.pending == 0;
@@ -623,6 +643,7 @@ pub async fn progress_now(state: &AppState, env: uuid::Uuid, number: i32) -> Api
         // settled: nothing waiting for a first or new deploy, nothing running
         done,
         working_on,
+        counted_by: counted_by.into(),
     })
 }
 

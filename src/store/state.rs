@@ -58,6 +58,41 @@ pub const STATUS_SQL: &str = "CASE \
     WHEN s.last_run_hash IS DISTINCT FROM vr.hash THEN 'available' \
     ELSE s.last_result END";
 
+/// The fields of a state row [`STATUS_SQL`] reads.
+#[derive(Clone, Copy, Debug)]
+pub struct StatusFields<'a> {
+    pub orphaned: bool,
+    pub deploying: bool,
+    pub blocked: &'a str,
+    pub intent_hash: Option<&'a str>,
+    pub last_result: Option<&'a str>,
+    pub last_run_hash: Option<&'a str>,
+}
+
+/// [`STATUS_SQL`] in Rust: the status of a resource of a version (its `hash`, whether it is
+/// `undefined`) with the state row `state` (None: it has none yet). For a scheduler that
+/// counts from what it knows the database holds; a test holds the two to each other.
+pub fn status_of<'a>(state: Option<&StatusFields<'a>>, hash: &str, undefined: bool) -> &'a str {
+    let Some(s) = state else {
+        return if undefined { "undefined" } else { "available" };
+    };
+    if s.orphaned {
+        "orphaned"
+    } else if s.deploying {
+        "deploying"
+    } else if undefined {
+        "undefined"
+    } else if s.blocked == "blocked" && s.intent_hash == Some(hash) {
+        "skipped_for_undefined"
+    } else {
+        match s.last_result {
+            None => "available",
+            Some(_) if s.last_run_hash != Some(hash) => "available",
+            Some(result) => result,
+        }
+    }
+}
+
 /// Resources of `version` with their state, in id order.
 pub async fn list(
     e: impl PgExecutor<'_>,
@@ -160,16 +195,23 @@ pub async fn deploy_summary(
     env: Uuid,
     version: i32,
 ) -> Result<DeploySummary> {
-    let mut s = DeploySummary::default();
-    for (status, n) in status_counts(e, env, version).await? {
-        s.total += n;
-        if PENDING.contains(&status.as_str()) {
-            s.pending += n;
+    Ok(DeploySummary::of(status_counts(e, env, version).await?))
+}
+
+impl DeploySummary {
+    /// The summary of counts per status (in status order, as [`status_counts`] gives them).
+    pub fn of(counts: Vec<(String, i64)>) -> DeploySummary {
+        let mut s = DeploySummary::default();
+        for (status, n) in counts {
+            s.total += n;
+            if PENDING.contains(&status.as_str()) {
+                s.pending += n;
+            }
+            if FAILED.contains(&status.as_str()) {
+                s.failed += n;
+            }
+            s.by_status.insert(status, serde_json::json!(n));
         }
-        if FAILED.contains(&status.as_str()) {
-            s.failed += n;
-        }
-        s.by_status.insert(status, serde_json::json!(n));
+        s
     }
-    Ok(s)
 }

@@ -172,8 +172,20 @@ impl Sequence {
             },
         )
         .await;
+        // the progress endpoint's counts come from the scheduler's model (no join of every
+        // resource with its state), and are those of the database's list
+        let progress = c.progress(env, v).await.unwrap();
         let (_, rows) = c.resources(env).await.unwrap();
         assert_eq!(rows.len(), world.len(), "step {step}");
+        assert_eq!(
+            progress["counted_by"], "scheduler",
+            "step {step}: {progress}"
+        );
+        let mut listed: BTreeMap<&str, i64> = BTreeMap::new();
+        for r in &rows {
+            *listed.entry(r.status.as_str()).or_default() += 1;
+        }
+        assert_eq!(progress["by_status"], json!(listed), "step {step}");
         let rows: BTreeMap<String, _> = rows
             .into_iter()
             .map(|r| (r.resource_id.clone(), r))

@@ -1,12 +1,13 @@
 //! What the rest of the server asks of a scheduler: releases, settings, user deploys and
 //! repairs, dry-runs, pauses, halts, status.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::{AgentStatus, Control, DryrunCtx, EnvScheduler, Status};
+use super::{AgentStatus, Control, DryrunCtx, EnvScheduler, SettledCounts, Status};
+use crate::executor::protocol::ActionKind;
 use crate::scheduler::model::{Blocked, Model};
 use crate::scheduler::queue::{Priority, TaskKey};
 use crate::store;
@@ -66,6 +67,9 @@ impl EnvScheduler {
             Control::Status(ack) => {
                 let _ = ack.send(self.status());
             }
+            Control::Counts { version, ack } => {
+                let _ = ack.send(self.settled_counts(version));
+            }
             Control::Stop | Control::StopWithSnapshot => {}
         }
     }
@@ -97,6 +101,55 @@ impl EnvScheduler {
             running: self.running.len(),
             fact_requests: self.facts.requested,
         }
+    }
+
+    /// What `store::state::status_counts` will count for `version` once the writer wrote
+    /// every state handed to it until now (everything recorded is handed over first). Each
+    /// resource's status is taken from the fields its state row is written with
+    /// ([`EnvScheduler::state_row`]), by the twin of the SQL that counts them.
+    fn settled_counts(&mut self, version: i32) -> Option<SettledCounts> {
+        if self.model.version != Some(version) {
+            return None;
+        }
+        self.flush();
+        // as `state_row` says: a deploy started and not waiting in its executor's input
+        let deploying: HashSet<usize> = self
+            .running
+            .iter()
+            .filter(|(_, x)| x.kind == ActionKind::Deploy && !x.waiting)
+            .filter_map(|(key, _)| match key {
+                TaskKey::Deploy(id) => self.model.get(id),
+                _ => None,
+            })
+            .collect();
+        let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+        for (r, (i, s)) in self
+            .model
+            .intents
+            .iter()
+            .zip(&self.model.states)
+            .enumerate()
+        {
+            let fields = store::state::StatusFields {
+                orphaned: false,
+                deploying: deploying.contains(&r),
+                blocked: s.blocked.as_str(),
+                intent_hash: Some(&i.hash),
+                last_result: s.last_result.map(|o| o.as_str()),
+                last_run_hash: s.last_run_hash.as_deref(),
+            };
+            *counts
+                .entry(store::state::status_of(Some(&fields), &i.hash, i.undefined))
+                .or_default() += 1;
+        }
+        Some(SettledCounts {
+            counts: counts
+                .into_iter()
+                .map(|(status, n)| (status.to_string(), n))
+                .collect(),
+            handed: self.handed,
+            written: self.written.clone(),
+        })
     }
 
     pub(super) fn trigger(

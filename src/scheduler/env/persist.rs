@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use super::EnvScheduler;
@@ -52,6 +52,25 @@ pub(in crate::scheduler) fn state_from_row(row: StateRow) -> RState {
     }
 }
 
+/// How far a scheduler's writer got: the batches it wrote (counted as they were handed to
+/// it), and whether each was written as it was handed over (not row by row after a refusal,
+/// not after another scheduler took over). What the scheduler knew when it had handed over
+/// its `n`th batch is what the database holds once `batches >= n` while `exact` holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::scheduler) struct Written {
+    pub batches: u64,
+    pub exact: bool,
+}
+
+impl Default for Written {
+    fn default() -> Written {
+        Written {
+            batches: 0,
+            exact: true,
+        }
+    }
+}
+
 /// Write batches in order; retry while the database is away (nothing is dropped). Answers,
 /// once its input is closed, whether every batch was written as it was handed over (not
 /// when another scheduler took over, nor when rows were refused and written one by one).
@@ -61,6 +80,7 @@ pub(super) async fn writer(
     mut rx: mpsc::UnboundedReceiver<Batch>,
     fence: Option<Fence>,
     notifier: crate::events::Notifier,
+    written: watch::Sender<Written>,
 ) -> bool {
     let mut as_handed = true;
     let fence = fence.as_ref();
@@ -78,8 +98,10 @@ pub(super) async fn writer(
         }
     };
     while let Some(mut batch) = rx.recv().await {
+        let mut handed = 1;
         // merge what queued up meanwhile into one transaction
         while let Ok(more) = rx.try_recv() {
+            handed += 1;
             batch.states.extend(more.states);
             batch.actions.extend(more.actions);
             batch.orphaned.extend(more.orphaned);
@@ -109,6 +131,7 @@ pub(super) async fn writer(
             match r {
                 Ok(facts) => {
                     tracing::debug!(environment = %env, states = batch.states.len(), actions = batch.actions.len(), took_ms = began.elapsed().as_secs_f64() * 1000.0, "deploy state written");
+                    written.send_modify(|w| w.batches += handed);
                     // facts are told once stored: a recompile may follow them
                     if !facts.changed.is_empty() || !facts.resolved_versions.is_empty() {
                         notifier.send(crate::events::Event::facts(
@@ -125,6 +148,7 @@ pub(super) async fn writer(
                         environment = %env, epoch,
                         "another scheduler took over this environment; this one writes no more"
                     );
+                    written.send_modify(|w| w.exact = false);
                     return false;
                 }
                 Err(Fenced::Store(e)) => match e {
@@ -144,6 +168,10 @@ pub(super) async fn writer(
                             );
                             as_handed = false;
                             let facts = write_row_by_row(&pool, env, epoch, fence, batch).await;
+                            written.send_modify(|w| {
+                                w.batches += handed;
+                                w.exact = false;
+                            });
                             // the facts that were stored are told, as after a batch
                             if !facts.changed.is_empty() || !facts.resolved_versions.is_empty() {
                                 notifier.send(crate::events::Event::facts(
@@ -409,7 +437,9 @@ impl EnvScheduler {
         }
         if !self.batch.is_empty() {
             let b = std::mem::take(&mut self.batch);
-            let _ = self.writer.send(b);
+            if self.writer.send(b).is_ok() {
+                self.handed += 1;
+            }
         }
     }
 }
