@@ -113,7 +113,18 @@ struct Inner {
     envs_made: Arc<Notify>,
     /// Facts that arrived, by environment, waiting out the recompile backoff.
     fact_waits: Mutex<HashMap<Uuid, facts::PendingFacts>>,
+    /// Where the deploy reporter gets a version's counts per status without the database's
+    /// count (the server's schedulers), if anywhere.
+    known_counts: std::sync::OnceLock<KnownCounts>,
 }
+
+/// A version's counts per status (environment, version) from somewhere quicker than a count
+/// in the database; None: count there.
+pub type KnownCounts = Arc<
+    dyn Fn(Uuid, i32) -> futures_util::future::BoxFuture<'static, Option<Vec<(String, i64)>>>
+        + Send
+        + Sync,
+>;
 
 /// Handle on the git side of a server (cheap to clone).
 #[derive(Clone)]
@@ -161,6 +172,7 @@ impl GitSources {
             pip_sources: Mutex::new(compile::PipSources::default()),
             envs_made: Arc::new(Notify::new()),
             fact_waits: Mutex::new(HashMap::new()),
+            known_counts: std::sync::OnceLock::new(),
         }));
         let events = notifier.subscribe();
         if replica {
@@ -241,6 +253,12 @@ impl GitSources {
             .data_dir
             .join("git")
             .join(format!("{}.git", &digest[..16]))
+    }
+
+    /// Take a version's counts per status from `counts` when it has them (the server's
+    /// schedulers: a count of their model, not of every stored state) when reporting deploys.
+    pub fn count_with(&self, counts: KnownCounts) {
+        let _ = self.0.known_counts.set(counts);
     }
 
     /// Allow (or not) sources on this machine's disk.

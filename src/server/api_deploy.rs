@@ -603,15 +603,15 @@ pub async fn progress_now(state: &AppState, env: uuid::Uuid, number: i32) -> Api
             s.stored_status_counts(env.id, number, deadline).await
         }
         None => None,
-    }
-    .filter(|counts| counts.iter().map(|c| c.1).sum::<i64>() == i64::from(info.resource_count));
-    let (summary, counted_by) = match known {
-        Some(counts) => (store::state::DeploySummary::of(counts), "scheduler"),
-        None => (
-            store::state::deploy_summary(&state.pool, env.id, number).await?,
-            "database",
-        ),
     };
+    let (summary, counted_by) = store::state::summary_known_or_counted(
+        &state.pool,
+        env.id,
+        number,
+        known,
+        info.resource_count,
+    )
+    .await?;
     let active = versions::active(&state.pool, env.id).await?;
     let is_active = active == Some(number);
     let done = is_active && summary.pending == 0;

@@ -222,7 +222,25 @@ pub async fn enable_git(
         &state.notifier,
     )
     .await;
+    if let Some(schedulers) = &state.schedulers {
+        sources.count_with(known_counts(schedulers));
+    }
     state.sources = Some(sources);
+}
+
+/// The schedulers' counts of a version's resources per status, for the deploy reporter of
+/// git sources (see `Schedulers::stored_status_counts`).
+fn known_counts(schedulers: &crate::scheduler::Schedulers) -> crate::sources::KnownCounts {
+    let schedulers = schedulers.clone();
+    Arc::new(move |env, version| {
+        let schedulers = schedulers.clone();
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+            schedulers
+                .stored_status_counts(env, version, deadline)
+                .await
+        })
+    })
 }
 
 /// Run the server until SIGINT/SIGTERM.
@@ -375,6 +393,7 @@ async fn serve(
         // before the replica adopts environments and their fetchers start
         sources.set_allow_local(config.allow_local_git_sources);
         sources.set_pip_sources(config.pip_sources.clone());
+        sources.count_with(known_counts(&schedulers));
         r.add_worker(Arc::new(schedulers.clone()));
         r.add_worker(Arc::new(sources.clone()));
         crate::replicas::bridge::start(pool.clone(), &state.notifier, r.clone());

@@ -90,7 +90,13 @@ impl GitSources {
             settle(seen);
             return Ok(());
         }
-        let summary = store::state::deploy_summary(pool, env, active).await?;
+        let known = match self.0.known_counts.get() {
+            Some(counts) => counts(env, active).await,
+            None => None,
+        };
+        let (summary, counted_by) =
+            store::state::summary_known_or_counted(pool, env, active, known, info.resource_count)
+                .await?;
         if summary.pending > 0 || summary.total == 0 && info.resource_count > 0 {
             return Ok(());
         }
@@ -113,7 +119,7 @@ impl GitSources {
         );
         self.record(src, &[(commit, event, detail)], out).await?;
         settle(seen);
-        tracing::info!(environment = %env, commit, version = active, event, "commit deploy settled");
+        tracing::info!(environment = %env, commit, version = active, event, counted_by, "commit deploy settled");
         Ok(())
     }
 

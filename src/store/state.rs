@@ -198,6 +198,24 @@ pub async fn deploy_summary(
     Ok(DeploySummary::of(status_counts(e, env, version).await?))
 }
 
+/// The summary of `version`: from `known` counts (a scheduler's, see
+/// `Schedulers::stored_status_counts`) when they add up to its `resources`, else counted in
+/// the database; and which of the two (`scheduler` or `database`).
+pub async fn summary_known_or_counted(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+    known: Option<Vec<(String, i64)>>,
+    resources: i32,
+) -> Result<(DeploySummary, &'static str)> {
+    match known {
+        Some(counts) if counts.iter().map(|c| c.1).sum::<i64>() == i64::from(resources) => {
+            Ok((DeploySummary::of(counts), "scheduler"))
+        }
+        _ => Ok((deploy_summary(e, env, version).await?, "database")),
+    }
+}
+
 impl DeploySummary {
     /// The summary of counts per status (in status order, as [`status_counts`] gives them).
     pub fn of(counts: Vec<(String, i64)>) -> DeploySummary {
