@@ -384,13 +384,13 @@ impl Schedulers {
     /// `store::state::status_counts` would count then, without reading every resource and
     /// state (100,000 resources: a count of a few milliseconds instead of a join of hundreds).
     /// None (count in the database) when no scheduler of `env` runs here, it holds another
-    /// version, or its writes are not confirmed before `deadline`.
+    /// version, or its writes are not confirmed within [`COUNTS_WAIT`].
     pub async fn stored_status_counts(
         &self,
         env: Uuid,
         version: i32,
-        deadline: tokio::time::Instant,
     ) -> Option<Vec<(String, i64)>> {
+        let deadline = tokio::time::Instant::now() + COUNTS_WAIT;
         let (ack, rx) = oneshot::channel();
         self.running_sender(env)?
             .send(Control::Counts { version, ack })
@@ -407,6 +407,10 @@ impl Schedulers {
             .map_err(|_| SchedulerError::Unavailable(env))
     }
 }
+
+/// How long a count waits for a busy scheduler to answer and for its writer to store what
+/// it counted, before the database counts instead.
+pub const COUNTS_WAIT: Duration = Duration::from_secs(1);
 
 impl Worker for Schedulers {
     fn adopt(&self, env: Uuid, tenure: Tenure) -> futures_util::future::BoxFuture<'_, ()> {

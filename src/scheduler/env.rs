@@ -160,6 +160,13 @@ struct RunInfo {
     start_record: Option<Box<ActionRecord>>,
 }
 
+impl RunInfo {
+    /// A deploy that has started on its target (what a state row's `deploying_since` says).
+    fn deploys_now(&self) -> bool {
+        self.kind == ActionKind::Deploy && !self.waiting
+    }
+}
+
 struct DryrunCtx {
     version: i32,
     intents: HashMap<String, Intent>,
@@ -370,7 +377,7 @@ impl EnvScheduler {
         let (closed, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut s.writer, closed));
         let all_written = match tokio::time::timeout(Duration::from_secs(3), written).await {
-            Ok(Ok(as_handed)) => as_handed,
+            Ok(Ok(())) => s.written.borrow().exact,
             Ok(Err(_)) => false,
             Err(_) => {
                 tracing::warn!(environment = %env, "the last deploy state was not written in time; the next scheduler of the environment redoes what it misses");

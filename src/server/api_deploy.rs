@@ -598,10 +598,7 @@ pub async fn progress_now(state: &AppState, env: uuid::Uuid, number: i32) -> Api
     // the scheduler running here knows every state it wrote: asking it is a few milliseconds
     // where the database joins every resource with its state (100,000: ~0.25 s)
     let known = match &state.schedulers {
-        Some(s) => {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
-            s.stored_status_counts(env.id, number, deadline).await
-        }
+        Some(s) => s.stored_status_counts(env.id, number).await,
         None => None,
     };
     let (summary, counted_by) = store::state::summary_known_or_counted(

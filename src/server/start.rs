@@ -234,12 +234,7 @@ fn known_counts(schedulers: &crate::scheduler::Schedulers) -> crate::sources::Kn
     let schedulers = schedulers.clone();
     Arc::new(move |env, version| {
         let schedulers = schedulers.clone();
-        Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
-            schedulers
-                .stored_status_counts(env, version, deadline)
-                .await
-        })
+        Box::pin(async move { schedulers.stored_status_counts(env, version).await })
     })
 }
 

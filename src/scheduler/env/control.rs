@@ -7,7 +7,6 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::{AgentStatus, Control, DryrunCtx, EnvScheduler, SettledCounts, Status};
-use crate::executor::protocol::ActionKind;
 use crate::scheduler::model::{Blocked, Model};
 use crate::scheduler::queue::{Priority, TaskKey};
 use crate::store;
@@ -116,7 +115,7 @@ impl EnvScheduler {
         let deploying: HashSet<usize> = self
             .running
             .iter()
-            .filter(|(_, x)| x.kind == ActionKind::Deploy && !x.waiting)
+            .filter(|(_, x)| x.deploys_now())
             .filter_map(|(key, _)| match key {
                 TaskKey::Deploy(id) => self.model.get(id),
                 _ => None,

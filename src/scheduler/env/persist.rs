@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use super::EnvScheduler;
-use crate::executor::protocol::{ActionKind, Change, Outcome, WorkResult};
+use crate::executor::protocol::{Change, Outcome, WorkResult};
 use crate::scheduler::model::{Blocked, Compliance, RState};
 use crate::scheduler::queue::TaskKey;
 use crate::store::deploy::{Batch, StateRow};
@@ -71,9 +71,8 @@ impl Default for Written {
     }
 }
 
-/// Write batches in order; retry while the database is away (nothing is dropped). Answers,
-/// once its input is closed, whether every batch was written as it was handed over (not
-/// when another scheduler took over, nor when rows were refused and written one by one).
+/// Write batches in order; retry while the database is away (nothing is dropped). How far
+/// it got, and whether every batch was written as it was handed over, it tells on `written`.
 pub(super) async fn writer(
     pool: PgPool,
     env: Uuid,
@@ -81,8 +80,7 @@ pub(super) async fn writer(
     fence: Option<Fence>,
     notifier: crate::events::Notifier,
     written: watch::Sender<Written>,
-) -> bool {
-    let mut as_handed = true;
+) {
     let fence = fence.as_ref();
     // this scheduler's epoch: from now on, an older scheduler of the environment (one that
     // outlived its server) can no longer write
@@ -149,7 +147,7 @@ pub(super) async fn writer(
                         "another scheduler took over this environment; this one writes no more"
                     );
                     written.send_modify(|w| w.exact = false);
-                    return false;
+                    return;
                 }
                 Err(Fenced::Store(e)) => match e {
                     // the database is away: wait for it, however long it takes
@@ -166,7 +164,6 @@ pub(super) async fn writer(
                                 environment = %env, error = %e, states = batch.states.len(), actions = batch.actions.len(),
                                 "the database refuses this deploy state; writing it row by row"
                             );
-                            as_handed = false;
                             let facts = write_row_by_row(&pool, env, epoch, fence, batch).await;
                             written.send_modify(|w| {
                                 w.batches += handed;
@@ -191,7 +188,6 @@ pub(super) async fn writer(
             delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
-    as_handed
 }
 
 /// One row per transaction: what can be written is; a refused action is written again as a
@@ -400,7 +396,7 @@ impl EnvScheduler {
         let deploying = self
             .running
             .get(&TaskKey::Deploy(i.id.clone()))
-            .filter(|x| x.kind == ActionKind::Deploy && !x.waiting)
+            .filter(|x| x.deploys_now())
             .map(|x| x.started);
         StateRow {
             resource_id: i.id.clone(),
