@@ -36,7 +36,7 @@ use crate::store;
 use crate::store::actions::ActionRecord;
 use crate::store::deploy::Batch;
 pub(super) use persist::state_from_row;
-use persist::{Written, writer};
+use persist::{StoredRows, Written, writer};
 
 /// The stored states a start builds its model with: as read from the database (by resource),
 /// or from a snapshot (each at its resource's place).
@@ -186,6 +186,8 @@ pub struct EnvScheduler {
     halted: bool,
     batch: Batch,
     dirty_states: HashSet<String>,
+    /// which resources have a state row (rows that say nothing are not written where none is)
+    stored_rows: StoredRows,
     writer: mpsc::UnboundedSender<Batch>,
     /// batches handed to the writer so far
     handed: u64,
@@ -285,6 +287,7 @@ impl EnvScheduler {
             halted: false,
             batch: Batch::default(),
             dirty_states: HashSet::new(),
+            stored_rows: StoredRows::default(),
             writer: wtx,
             handed: 0,
             written: progress_rx,
@@ -424,7 +427,9 @@ impl EnvScheduler {
                 undefined: i.undefined,
             })
             .collect();
+        // the rows the database holds: none for a resource that has none
         let states = (0..self.model.len())
+            .filter(|&r| !self.stored_rows.is_missing(&self.model.intents[r].id))
             .map(|r| Snapshot::keep_state(self.state_row(r)))
             .collect();
         Snapshot {
@@ -528,15 +533,26 @@ impl EnvScheduler {
             // Built on a thread of its own: at 100,000 resources this is 200 ms of work
             // without a wait in it, and on a runtime worker it held up the other tasks there
             // (`steward deploy`'s first request to its private server waited for it)
-            self.model = tokio::task::spawn_blocking(move || {
-                let states = match rows {
-                    StoredStates::Aligned(states) => states,
+            let (model, stored_rows) = tokio::task::spawn_blocking(move || {
+                // rows of resources outside the model are orphans'; a snapshot holds none
+                let (states, orphans) = match rows {
+                    StoredStates::Aligned(states) => (states, None),
                     StoredStates::ById(mut rows) => {
-                        intents.iter().map(|i| rows.remove(&i.id)).collect()
+                        let states = intents.iter().map(|i| rows.remove(&i.id)).collect();
+                        (states, Some(rows.into_keys().collect()))
                     }
                 };
+                let missing = intents
+                    .iter()
+                    .zip(&states)
+                    .filter(|(_, s)| s.is_none())
+                    .map(|(i, _)| i.id.clone())
+                    .collect();
                 let states = states.into_iter().map(|s| s.map(state_from_row)).collect();
-                Model::restore(v, intents, states)
+                (
+                    Model::restore(v, intents, states),
+                    StoredRows::known(missing, orphans),
+                )
             })
             .await
             .map_err(|e| match e.try_into_panic() {
@@ -544,11 +560,17 @@ impl EnvScheduler {
                 // the runtime is shutting down
                 Err(e) => store::StoreError::Database(format!("building the model: {e}")),
             })?;
+            self.model = model;
+            self.stored_rows = stored_rows;
             mark("model", &mut phases);
             self.read_unread_later();
             self.load_wanted_facts().await;
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
             mark("facts and handlers", &mut phases);
+        } else {
+            // no version merged yet: whatever rows the environment has are orphans'
+            let ids = store::deploy::state_ids(&self.pool, self.env).await?;
+            self.stored_rows = StoredRows::known(HashSet::new(), Some(ids.into_iter().collect()));
         }
         self.read_agent_configs().await?;
         self.refresh_placements();

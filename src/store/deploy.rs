@@ -35,6 +35,32 @@ pub struct StateRow {
     pub orphaned_after: Option<i32>,
 }
 
+impl StateRow {
+    /// Whether every reader of `resource_state` reads this row as it reads no row at all
+    /// (the defaults of [`super::state`]'s COALESCEs and of a scheduler's start: a fresh
+    /// state): a defined resource that never ran, is not blocked, not deploying, not
+    /// orphaned. The columns only the scheduler reads back for a blocked row (`agent`,
+    /// `intent_*`) do not count. A scheduler need not write such a row where none exists.
+    pub fn reads_as_missing(&self) -> bool {
+        !self.undefined
+            && self.compliance == "has_update"
+            && self.last_run == "new"
+            && self.blocked == "not_blocked"
+            && self.failure_count == 0
+            && self.last_result.is_none()
+            && self.last_message.is_none()
+            && self.blocked_reason.is_none()
+            && self.last_run_hash.is_none()
+            && self.last_attempt.is_none()
+            && self.last_deployed.is_none()
+            && self.last_success.is_none()
+            && self.last_produced_events.is_none()
+            && self.next_retry.is_none()
+            && self.deploying_since.is_none()
+            && self.orphaned_after.is_none()
+    }
+}
+
 const STATE_COLUMNS: &str = "resource_id, agent, intent_version, intent_hash, undefined, compliance, last_run, last_result, \
      last_message, blocked, blocked_reason, last_run_hash, last_attempt, last_deployed, last_success, \
      last_produced_events, failure_count, next_retry, deploying_since, orphaned_after";
@@ -49,6 +75,16 @@ pub async fn load_states(e: impl PgExecutor<'_>, env: Uuid) -> Result<HashMap<St
         .into_iter()
         .map(|r| (r.resource_id.clone(), r))
         .collect())
+}
+
+/// The resources of `env` that have a state row.
+pub async fn state_ids(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT resource_id FROM resource_state WHERE environment_id = $1")
+            .bind(env)
+            .fetch_all(e)
+            .await?,
+    )
 }
 
 pub async fn load_progress(e: impl PgExecutor<'_>, env: Uuid) -> Result<Option<i32>> {

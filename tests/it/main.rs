@@ -72,6 +72,7 @@ mod security;
 mod ssh;
 mod ssh_agents;
 mod ssh_support;
+mod state_rows;
 mod status_counts;
 mod stuck_writers;
 mod support;

@@ -142,6 +142,12 @@ impl EnvScheduler {
                 self.model.merge(version, intents)
             }
         };
+        for gone in &merged.deleted {
+            self.stored_rows.removed(&gone.id);
+        }
+        for &r in &merged.new {
+            self.stored_rows.added(&self.model.intents[r].id);
+        }
         let t_merged = t0.elapsed();
         self.load_wanted_facts().await;
         let agents: Vec<String> = self.model.agents.keys().cloned().collect();

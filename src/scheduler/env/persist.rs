@@ -52,6 +52,63 @@ pub(in crate::scheduler) fn state_from_row(row: StateRow) -> RState {
     }
 }
 
+/// Which resources have a `resource_state` row, as far as the scheduler knows: where none
+/// exists, a row that says nothing a missing one does not ([`StateRow::reads_as_missing`]:
+/// a new, defined resource that did not run) is not written. A release of 10,000 new
+/// resources then writes each one's row once, when its deploy starts or ends, instead of
+/// also at the release (the release's 10,000 upserts were a quarter of a first deploy's
+/// writes). Rows appear only through this scheduler's writer while it holds the
+/// environment, so what it saw at its start and what it wrote since is the whole story.
+#[derive(Debug, Default)]
+pub(super) struct StoredRows {
+    /// Resources of the model that have no row.
+    missing: HashSet<String>,
+    /// Resources outside the model that have one (orphans), when known. One that comes
+    /// back finds its old row (orphaned, with its old results) and must write over it.
+    /// None (a start from a snapshot, which holds only the model's rows): not known, and
+    /// every resource that comes is written as before.
+    orphans: Option<HashSet<String>>,
+}
+
+impl StoredRows {
+    pub(super) fn known(missing: HashSet<String>, orphans: Option<HashSet<String>>) -> Self {
+        StoredRows { missing, orphans }
+    }
+
+    /// `id` left the model: its row, if any, stays as an orphan's.
+    pub(super) fn removed(&mut self, id: &str) {
+        if !self.missing.remove(id)
+            && let Some(o) = &mut self.orphans
+        {
+            o.insert(id.to_string());
+        }
+    }
+
+    /// `id` came into the model.
+    pub(super) fn added(&mut self, id: &str) {
+        if let Some(o) = &mut self.orphans
+            && !o.remove(id)
+        {
+            self.missing.insert(id.to_string());
+        }
+    }
+
+    pub(super) fn is_missing(&self, id: &str) -> bool {
+        self.missing.contains(id)
+    }
+
+    /// Whether `row` is to be written; once it is, its resource has a row.
+    fn worth_writing(&mut self, row: &StateRow) -> bool {
+        if self.missing.contains(&row.resource_id) {
+            if row.reads_as_missing() {
+                return false;
+            }
+            self.missing.remove(&row.resource_id);
+        }
+        true
+    }
+}
+
 /// How far a scheduler's writer got: the batches it wrote (counted as they were handed to
 /// it), and whether each was written as it was handed over (not row by row after a refusal,
 /// not after another scheduler took over). What the scheduler knew when it had handed over
@@ -428,7 +485,9 @@ impl EnvScheduler {
         for id in ids {
             if let Some(r) = self.model.get(&id) {
                 let row = self.state_row(r);
-                self.batch.states.push(row);
+                if self.stored_rows.worth_writing(&row) {
+                    self.batch.states.push(row);
+                }
             }
         }
         if !self.batch.is_empty() {
@@ -437,5 +496,188 @@ impl EnvScheduler {
                 self.handed += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blank(id: &str) -> StateRow {
+        StateRow {
+            resource_id: id.into(),
+            agent: "a".into(),
+            intent_version: Some(3),
+            intent_hash: Some("h".into()),
+            compliance: "has_update".into(),
+            last_run: "new".into(),
+            blocked: "not_blocked".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_fresh_defined_state_reads_as_no_row_and_anything_more_does_not() {
+        let row = blank("r");
+        assert!(row.reads_as_missing());
+        // a start given no row takes a fresh state: the same as it takes from this row
+        assert_eq!(state_from_row(row.clone()), RState::fresh(false));
+        let now = Utc::now();
+        let changed: Vec<(&str, StateRow)> = vec![
+            (
+                "undefined",
+                StateRow {
+                    undefined: true,
+                    ..row.clone()
+                },
+            ),
+            (
+                "compliance",
+                StateRow {
+                    compliance: "compliant".into(),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_run",
+                StateRow {
+                    last_run: "success".into(),
+                    ..row.clone()
+                },
+            ),
+            (
+                "blocked",
+                StateRow {
+                    blocked: "blocked".into(),
+                    ..row.clone()
+                },
+            ),
+            (
+                "failure_count",
+                StateRow {
+                    failure_count: 1,
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_result",
+                StateRow {
+                    last_result: Some("deployed".into()),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_message",
+                StateRow {
+                    last_message: Some("m".into()),
+                    ..row.clone()
+                },
+            ),
+            (
+                "blocked_reason",
+                StateRow {
+                    blocked_reason: Some("b".into()),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_run_hash",
+                StateRow {
+                    last_run_hash: Some("h".into()),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_attempt",
+                StateRow {
+                    last_attempt: Some(now),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_deployed",
+                StateRow {
+                    last_deployed: Some(now),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_success",
+                StateRow {
+                    last_success: Some(now),
+                    ..row.clone()
+                },
+            ),
+            (
+                "last_produced_events",
+                StateRow {
+                    last_produced_events: Some(now),
+                    ..row.clone()
+                },
+            ),
+            (
+                "next_retry",
+                StateRow {
+                    next_retry: Some(now),
+                    ..row.clone()
+                },
+            ),
+            (
+                "deploying_since",
+                StateRow {
+                    deploying_since: Some(now),
+                    ..row.clone()
+                },
+            ),
+            (
+                "orphaned_after",
+                StateRow {
+                    orphaned_after: Some(2),
+                    ..row.clone()
+                },
+            ),
+        ];
+        for (field, r) in changed {
+            assert!(
+                !r.reads_as_missing(),
+                "a row with {field} set reads as no row"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_resource_known_to_have_no_row_skips_a_blank_one() {
+        // started from the database: "kept" has a row, "old" is an orphan's
+        let mut rows =
+            StoredRows::known(["new".to_string()].into(), Some(["old".to_string()].into()));
+        assert!(!rows.worth_writing(&blank("new")), "no row, nothing to say");
+        assert!(
+            rows.worth_writing(&blank("kept")),
+            "a row exists: written over"
+        );
+        // an orphan that comes back must write over its old row
+        rows.added("old");
+        assert!(rows.worth_writing(&blank("old")));
+        // a resource that never had a row comes and goes and comes again
+        rows.added("fresh");
+        assert!(!rows.worth_writing(&blank("fresh")));
+        rows.removed("fresh");
+        rows.added("fresh");
+        assert!(!rows.worth_writing(&blank("fresh")));
+        // once something is written, it has a row: a blank one later is written too
+        let started = StateRow {
+            deploying_since: Some(Utc::now()),
+            ..blank("new")
+        };
+        assert!(rows.worth_writing(&started));
+        assert!(rows.worth_writing(&blank("new")));
+        // leaving with a row makes it an orphan
+        rows.removed("new");
+        rows.added("new");
+        assert!(rows.worth_writing(&blank("new")));
+        // where orphans are not known (a start from a snapshot), whatever comes is written
+        let mut unknown = StoredRows::known(Default::default(), None);
+        unknown.added("x");
+        assert!(unknown.worth_writing(&blank("x")));
     }
 }
