@@ -182,3 +182,117 @@ async fn commit_status_and_signed_events_follow_the_pipeline() {
     .await;
     assert_eq!(h["authorization"], "Bearer gh-tok");
 }
+
+/// The statuses `rx` got for `commit` in `repo` (gitea's API path), as (context, state).
+fn statuses_of(rx: &Received, repo: &str, commit: &str) -> Vec<(String, String)> {
+    let path = format!("/api/v1/repos/{repo}/statuses/{commit}");
+    rx.0.lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, _, _)| *p == path)
+        .map(|(_, _, b)| {
+            let s = |k: &str| b[k].as_str().unwrap_or_default().to_string();
+            (s("context"), s("state"))
+        })
+        .collect()
+}
+
+fn deploy_successes(rx: &Received, repo: &str, commit: &str) -> usize {
+    statuses_of(rx, repo, commit)
+        .iter()
+        .filter(|(c, s)| c == "steward/deploy" && s == "success")
+        .count()
+}
+
+/// The deploy reporter looks at every environment with a source once a second, asking the
+/// scheduler for a version's counts (it waits up to a second for them to be stored) before
+/// counting in the database. For 20 s one environment's scheduler can not store a state (a
+/// transaction holds the row its writer takes with every batch) while its commit deployed
+/// in memory: the reporter must not call that commit deployed, must go on reporting the other
+/// environment's commit meanwhile, and must report the held one once, soon after the hold ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_deploy_is_reported_once_when_stored_and_others_are_reported_meanwhile() {
+    let srv = crate::support::TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let (rx_url, rx) = receiver().await;
+    let status = |repo: &str| json!({"status": {"kind": "gitea", "api_url": rx_url, "repo": repo, "token": "t"}});
+    let (held, free) = (Repo::new(), Repo::new());
+    let held_env = follow(&c, "held", &held, status("org/held")).await;
+    let free_env = follow(&c, "free", &free, status("org/free")).await;
+    held.install_post_receive(&webhook_url(&srv.url, &held_env), "s3cret");
+    free.install_post_receive(&webhook_url(&srv.url, &free_env), "s3cret");
+
+    // a first commit deploys and is reported: the scheduler's progress row exists
+    let first = held.commit(&held.model(&[("f", "1")], ""), "one");
+    held.push_ok();
+    compiled(&c, &held_env, &first, 60).await;
+    eventually(60, "the first commit reported deployed", || async {
+        (deploy_successes(&rx, "org/held", &first) == 1).then_some(())
+    })
+    .await;
+
+    // the held environment's writer can store nothing from here on
+    let env_id: uuid::Uuid = held_env.parse().unwrap();
+    let mut hold = srv.pool.begin().await.unwrap();
+    let locked: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM scheduler_progress WHERE environment_id = $1 FOR UPDATE")
+            .bind(env_id)
+            .fetch_optional(&mut *hold)
+            .await
+            .unwrap();
+    assert_eq!(locked, Some(1), "no progress row to hold");
+    let held_since = std::time::Instant::now();
+    let second = held.commit(&held.model(&[("f", "2")], ""), "two");
+    held.push_ok();
+    let other = free.commit(&free.model(&[("g", "1")], ""), "other");
+    free.push_ok();
+
+    let file = held.out.join("f");
+    let mut deployed_in_memory = None;
+    let mut other_reported = None;
+    while held_since.elapsed() < std::time::Duration::from_secs(20) {
+        if deployed_in_memory.is_none()
+            && std::fs::read_to_string(&file).ok().as_deref() == Some("2")
+        {
+            deployed_in_memory = Some(held_since.elapsed());
+        }
+        if other_reported.is_none() && deploy_successes(&rx, "org/free", &other) == 1 {
+            other_reported = Some(held_since.elapsed());
+        }
+        assert_eq!(
+            deploy_successes(&rx, "org/held", &second),
+            0,
+            "the held commit was reported deployed while none of its states was stored"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let deployed_in_memory =
+        deployed_in_memory.expect("the held commit never deployed: the test held nothing");
+    let other_reported = other_reported
+        .expect("the other environment's commit was not reported while one environment was held");
+    assert!(
+        deployed_in_memory < std::time::Duration::from_secs(15),
+        "the held commit deployed only after {deployed_in_memory:?}: too late to be held 5 s"
+    );
+    hold.rollback().await.unwrap();
+    let released = std::time::Instant::now();
+    eventually(15, "the held commit reported deployed", || async {
+        (deploy_successes(&rx, "org/held", &second) >= 1).then_some(())
+    })
+    .await;
+    let reported_after = released.elapsed();
+    // looks go on once a second: nothing is reported twice
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(deploy_successes(&rx, "org/held", &second), 1);
+    assert_eq!(deploy_successes(&rx, "org/free", &other), 1);
+    let t = crate::gitops_support::timeline(&c, &held_env, &second).await;
+    assert_eq!(
+        t.iter().filter(|e| *e == "deployed").count(),
+        1,
+        "the held commit's timeline: {t:?}"
+    );
+    eprintln!(
+        "held commit deployed in memory after {deployed_in_memory:?}, other reported after \
+         {other_reported:?}, held commit reported {reported_after:?} after the hold ended"
+    );
+}
