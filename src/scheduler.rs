@@ -390,7 +390,18 @@ impl Schedulers {
         env: Uuid,
         version: i32,
     ) -> Option<Vec<(String, i64)>> {
-        let deadline = tokio::time::Instant::now() + COUNTS_WAIT;
+        self.stored_status_counts_until(env, version, tokio::time::Instant::now() + COUNTS_WAIT)
+            .await
+    }
+
+    /// [`Self::stored_status_counts`], waiting until `deadline` (a metrics scrape asks every
+    /// environment at once and waits less).
+    pub async fn stored_status_counts_until(
+        &self,
+        env: Uuid,
+        version: i32,
+        deadline: tokio::time::Instant,
+    ) -> Option<Vec<(String, i64)>> {
         let (ack, rx) = oneshot::channel();
         self.running_sender(env)?
             .send(Control::Counts { version, ack })

@@ -38,6 +38,10 @@ impl Metrics {
 /// bounded on a server with very many environments (the rest have none).
 pub const METRICS_ENVIRONMENTS: usize = 100;
 
+/// How long a scrape waits for the schedulers' counts of stored states before the database
+/// counts instead (a scrape should answer well within Prometheus' default 10 s timeout).
+const METRICS_COUNTS_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Count every request by method and status.
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let method = req.method().as_str().to_string();
@@ -264,16 +268,37 @@ pub async fn metrics(State(state): State<AppState>, caller: super::auth::Caller)
         out.push_str(
                 "# HELP steward_resources Resources of the active version, per environment and status.\n# TYPE steward_resources gauge\n",
             );
+        let mut actives = Vec::new();
         for e in &envs {
-            let Ok(Some(active)) = store::versions::active(&state.pool, e.id).await else {
-                continue;
-            };
-            if let Ok(rows) = store::state::status_counts(&state.pool, e.id, active).await {
+            if let Ok(Some(active)) = store::versions::active(&state.pool, e.id).await
+                && let Ok(info) = store::versions::get(&state.pool, e.id, active).await
+            {
+                actives.push((e.id, active, info.resource_count));
+            }
+        }
+        // the schedulers running here count what they stored (all asked at once, each
+        // waited for until the same deadline); the database counts the others' resources
+        let deadline = tokio::time::Instant::now() + METRICS_COUNTS_WAIT;
+        let known = futures_util::future::join_all(actives.iter().map(|&(env, version, _)| {
+            let schedulers = state.schedulers.clone();
+            async move {
+                match schedulers {
+                    Some(s) => s.stored_status_counts_until(env, version, deadline).await,
+                    None => None,
+                }
+            }
+        }))
+        .await;
+        for ((env, active, resources), known) in actives.into_iter().zip(known) {
+            let counted =
+                store::state::counts_known_or_counted(&state.pool, env, active, known, resources)
+                    .await;
+            if let Ok((rows, _)) = counted {
                 for (status, n) in rows {
                     let _ = writeln!(
                         out,
                         "steward_resources{{environment=\"{}\",status=\"{}\"}} {n}",
-                        label(&names[&e.id]),
+                        label(&names[&env]),
                         label(&status)
                     );
                 }

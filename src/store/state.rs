@@ -189,15 +189,6 @@ pub struct DeploySummary {
     pub by_status: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Counts of `version`'s resources by status, with what is still pending and what failed.
-pub async fn deploy_summary(
-    e: impl PgExecutor<'_>,
-    env: Uuid,
-    version: i32,
-) -> Result<DeploySummary> {
-    Ok(DeploySummary::of(status_counts(e, env, version).await?))
-}
-
 /// The summary of `version`: from `known` counts (a scheduler's, see
 /// `Schedulers::stored_status_counts`) when they add up to its `resources`, else counted in
 /// the database; and which of the two (`scheduler` or `database`).
@@ -208,11 +199,24 @@ pub async fn summary_known_or_counted(
     known: Option<Vec<(String, i64)>>,
     resources: i32,
 ) -> Result<(DeploySummary, &'static str)> {
+    let (counts, counted_by) = counts_known_or_counted(e, env, version, known, resources).await?;
+    Ok((DeploySummary::of(counts), counted_by))
+}
+
+/// The counts per status of `version` ([`status_counts`]): `known` ones when they add up
+/// to its `resources`, else counted in the database; and which of the two.
+pub async fn counts_known_or_counted(
+    e: impl PgExecutor<'_>,
+    env: Uuid,
+    version: i32,
+    known: Option<Vec<(String, i64)>>,
+    resources: i32,
+) -> Result<(Vec<(String, i64)>, &'static str)> {
     match known {
         Some(counts) if counts.iter().map(|c| c.1).sum::<i64>() == i64::from(resources) => {
-            Ok((DeploySummary::of(counts), "scheduler"))
+            Ok((counts, "scheduler"))
         }
-        _ => Ok((deploy_summary(e, env, version).await?, "database")),
+        _ => Ok((status_counts(e, env, version).await?, "database")),
     }
 }
 

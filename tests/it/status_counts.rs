@@ -199,6 +199,14 @@ async fn the_schedulers_counts_wait_until_their_states_are_stored() {
         assert_eq!(p["done"], false, "done while no state of it is stored: {p}");
         assert_eq!(p["counted_by"], "database", "{p}");
     }
+    // a metrics scrape does not show what the held writer has not stored
+    let scraped = resource_metrics(&srv, "twin/held").await;
+    let stored: BTreeMap<String, i64> = state::status_counts(&srv.pool, env, 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(scraped, stored, "the scrape did not show what is stored");
     tx.rollback().await.unwrap();
 
     let p = c
@@ -214,6 +222,7 @@ async fn the_schedulers_counts_wait_until_their_states_are_stored() {
         .into_iter()
         .collect();
     assert_eq!(p["by_status"], json!(counted));
+    assert_eq!(resource_metrics(&srv, "twin/held").await, counted);
     // the deploys of the two resources of new intent (r1 changed and failing, r4 new; the
     // others are unchanged) had ended in the scheduler's memory before the last check that
     // found the version not done: that check is what counts answered unstored would have
@@ -231,4 +240,25 @@ async fn the_schedulers_counts_wait_until_their_states_are_stored() {
         ended, 2,
         "not every deploy had ended before the last check at {checked_at}: nothing was tested"
     );
+}
+
+/// The `steward_resources` gauges of `/metrics` for `environment` (project/name), by status.
+async fn resource_metrics(srv: &TestServer, environment: &str) -> BTreeMap<String, i64> {
+    let text = reqwest::Client::new()
+        .get(format!("{}/metrics", srv.url))
+        .bearer_auth(srv.admin.as_deref().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("steward_resources{{environment=\"{environment}\",status=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            let (status, n) = rest.split_once("\"} ").expect("a gauge line");
+            (status.to_string(), n.parse().expect("a count"))
+        })
+        .collect()
 }
