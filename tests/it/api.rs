@@ -3,7 +3,7 @@
 use serde_json::json;
 use steward::client::Client;
 
-use crate::support::{TestServer, null_export};
+use crate::support::{TestServer, metrics_text, null_export};
 
 async fn raw(
     server: &TestServer,
@@ -631,15 +631,7 @@ async fn health_and_metrics() {
     // metrics name environments: no token, no metrics
     let anonymous = reqwest::get(format!("{}/metrics", s.url)).await.unwrap();
     assert_eq!(anonymous.status(), 401);
-    let text = reqwest::Client::new()
-        .get(format!("{}/metrics", s.url))
-        .bearer_auth(s.admin.as_deref().unwrap())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&s.url, s.admin.as_deref().unwrap()).await;
     assert!(
         text.contains("steward_http_requests_total{method=\"POST\",status=\"201\"}"),
         "{text}"
@@ -672,15 +664,7 @@ async fn health_and_metrics() {
         .create_token("metrics-viewer", "viewer", Some(&env))
         .await
         .unwrap();
-    let text = client
-        .get(format!("{}/metrics", s.url))
-        .bearer_auth(scoped["secret"].as_str().unwrap())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&s.url, scoped["secret"].as_str().unwrap()).await;
     assert!(!text.contains("BREW"), "{text}");
     assert!(text.contains("method=\"OTHER\""), "{text}");
     assert!(text.contains("proj/m"), "{text}");

@@ -76,15 +76,7 @@ async fn environments_spread_rebalance_when_a_replica_joins_and_move_at_once_on_
     assert_eq!(text.matches(" live ").count(), 3, "{text}");
     assert!(text.contains("deploy/spread0"), "{text}");
     // and /metrics
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", set.url(1)))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::support::metrics_text(set.url(1), ADMIN).await;
     assert!(metrics.contains("steward_replicas_live 3"), "{metrics}");
     assert!(
         metrics.contains("steward_replica_environments_owned{replica=\""),

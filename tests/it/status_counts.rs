@@ -244,15 +244,7 @@ async fn the_schedulers_counts_wait_until_their_states_are_stored() {
 
 /// The `steward_resources` gauges of `/metrics` for `environment` (project/name), by status.
 async fn resource_metrics(srv: &TestServer, environment: &str) -> BTreeMap<String, i64> {
-    let text = reqwest::Client::new()
-        .get(format!("{}/metrics", srv.url))
-        .bearer_auth(srv.admin.as_deref().unwrap())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&srv.url, srv.admin.as_deref().unwrap()).await;
     let prefix = format!("steward_resources{{environment=\"{environment}\",status=\"");
     text.lines()
         .filter_map(|l| l.strip_prefix(&prefix))

@@ -246,6 +246,19 @@ impl TestServer {
 /// process, and below the kernel's ephemeral range (32768 up): a port `bind(0)` gave out and
 /// released is handed out again by the kernel, so two servers starting at once could get the
 /// same one, and one test's client then talk to another test's server.
+/// `GET {url}/metrics` with `token`: the Prometheus text.
+pub async fn metrics_text(url: &str, token: &str) -> String {
+    reqwest::Client::new()
+        .get(format!("{url}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const LOW: u32 = 20_000;
