@@ -491,6 +491,11 @@ impl EnvScheduler {
     }
 
     async fn restore(&mut self) -> Result<(), store::StoreError> {
+        // from nothing, also when an earlier attempt failed half way: a model it merged
+        // would make the merge below a no-op, and what is known of the stored rows would
+        // no longer describe the model
+        self.model = Model::default();
+        self.stored_rows = StoredRows::default();
         let t0 = std::time::Instant::now();
         let mut phases: Vec<(&str, f64)> = Vec::new();
         let mark = |what: &'static str, phases: &mut Vec<(&str, f64)>| {

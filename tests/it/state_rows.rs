@@ -1,9 +1,10 @@
 //! A scheduler writes a resource's state row when it has something to say: a new resource
 //! released and not yet run reads the same with no row (available, has_update, new), so
-//! its row comes with its first deploy. An orphan that comes back still has its old row
-//! (orphaned, with the results of its earlier life), which must be written over: after the
-//! scheduler saw it go, and after a restart in between (then the scheduler learns of it from
-//! the rows it reads at its start).
+//! its row comes with its first deploy (or, removed before that, as an orphan's). An orphan
+//! that comes back still has its old row (orphaned, with the results of its earlier life),
+//! which must be written over: after the scheduler saw it go, after a restart in between
+//! (then the scheduler learns of it from the rows it reads at its start), and when its
+//! removal and its return reach the writer in one write.
 
 use serde_json::json;
 use steward::client::Client;
@@ -50,19 +51,28 @@ where
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let file = |name: &str| fs_file(AGENT, &format!("{d}/{name}"), name, &[]);
-    let (x, y, z) = (file("x"), file("y"), file("z"));
-    let (xid, yid, zid) = (x.id.0.clone(), y.id.0.clone(), z.id.0.clone());
+    let (x, y, z, w) = (file("x"), file("y"), file("z"), file("w"));
+    let (xid, yid, zid, wid) = (
+        x.id.0.clone(),
+        y.id.0.clone(),
+        z.id.0.clone(),
+        w.id.0.clone(),
+    );
 
     // released while halted: merged, nothing runs, nothing to say
     c.set_halted(env, true).await.unwrap();
-    let v1 = upload(c, env, vec![x.clone(), y.clone()]).await;
+    let v1 = upload(c, env, vec![x.clone(), y.clone(), w.clone()]).await;
     wait_processed(pool, env_id, v1).await;
-    for rid in [&xid, &yid] {
-        assert_eq!(
-            row(pool, env_id, rid).await,
-            (false, false),
-            "{rid} has a row before it ran"
-        );
+    for rid in [&xid, &yid, &wid] {
+        let stored: Option<serde_json::Value> = sqlx::query_scalar(
+            "SELECT to_jsonb(s) FROM resource_state s WHERE environment_id = $1 AND resource_id = $2",
+        )
+        .bind(env_id)
+        .bind(rid)
+        .fetch_optional(pool)
+        .await
+        .unwrap();
+        assert_eq!(stored, None, "{rid} has a row before it ran");
         let s = state_of(c, env, rid).await;
         assert_eq!(
             (
@@ -77,10 +87,23 @@ where
     }
     let p = c.progress(env, v1).await.unwrap();
     assert_eq!(p["done"], false, "{p}");
-    assert_eq!(p["by_status"], json!({"available": 2}), "{p}");
+    assert_eq!(p["by_status"], json!({"available": 3}), "{p}");
+
+    // w goes before it ran: it gets an orphan's row, so that the version it was in shows
+    // it orphaned, as every removed resource
+    let v2 = upload(c, env, vec![x.clone(), y.clone()]).await;
+    wait_processed(pool, env_id, v2).await;
+    eventually(30, "w's orphan row", || async {
+        (row(pool, env_id, &wid).await == (true, true)).then_some(())
+    })
+    .await;
+    let in_v1 = steward::store::state::list(pool, env_id, v1).await.unwrap();
+    let w_in_v1 = in_v1.iter().find(|r| r.resource_id == wid).unwrap();
+    assert_eq!(w_in_v1.status, "orphaned");
+    assert_eq!(row(pool, env_id, &xid).await, (false, false));
 
     c.set_halted(env, false).await.unwrap();
-    wait_deployed(c, env, v1, 60).await;
+    wait_deployed(c, env, v2, 60).await;
     for rid in [&xid, &yid] {
         assert_eq!(
             row(pool, env_id, rid).await,
@@ -91,8 +114,8 @@ where
     }
 
     // y goes: its row stays, an orphan's
-    let v2 = upload(c, env, vec![x.clone()]).await;
-    wait_deployed(c, env, v2, 60).await;
+    let v3 = upload(c, env, vec![x.clone()]).await;
+    wait_deployed(c, env, v3, 60).await;
     eventually(30, "y's row orphaned", || async {
         (row(pool, env_id, &yid).await == (true, true)).then_some(())
     })
@@ -103,8 +126,8 @@ where
     // y comes back (the same intent, the same hash) with a new z, while halted: y's old row
     // must not make it an orphan, nor deployed
     c.set_halted(env, true).await.unwrap();
-    let v3 = upload(c, env, vec![x.clone(), y.clone(), z.clone()]).await;
-    wait_processed(pool, env_id, v3).await;
+    let v4 = upload(c, env, vec![x.clone(), y.clone(), z.clone()]).await;
+    wait_processed(pool, env_id, v4).await;
     eventually(30, "y's row written over", || async {
         (row(pool, env_id, &yid).await == (true, false)).then_some(())
     })
@@ -124,7 +147,7 @@ where
         (false, false),
         "z has a row before it ran"
     );
-    let p = c.progress(env, v3).await.unwrap();
+    let p = c.progress(env, v4).await.unwrap();
     assert_eq!(p["done"], false, "{p}");
     assert_eq!(
         p["by_status"],
@@ -133,7 +156,7 @@ where
     );
 
     c.set_halted(env, false).await.unwrap();
-    let p = wait_deployed(c, env, v3, 60).await;
+    let p = wait_deployed(c, env, v4, 60).await;
     assert_eq!(p["by_status"], json!({"deployed": 3}), "{p}");
     for rid in [&xid, &yid, &zid] {
         assert_eq!(row(pool, env_id, rid).await, (true, false), "{rid}");
@@ -168,4 +191,57 @@ async fn a_restarted_scheduler_finds_the_orphans_rows_it_must_write_over() {
         .to_string();
     let server = &mut server;
     rows_follow_what_they_say(&c, &pool, &env, move || server.restart()).await;
+}
+
+/// Removed and back while the writer waits: the removal's orphan mark and the return's row
+/// reach the writer in batches it merges into one write, and the return must win (the marks
+/// are written after the rows).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resource_removed_and_back_in_one_write_is_not_left_an_orphan() {
+    let srv = TestServer::start_deploying().await;
+    let c = srv.admin_client();
+    let env = c
+        .create_environment("rows", "merged-writes", None)
+        .await
+        .unwrap()
+        .id
+        .to_string();
+    let env_id: Uuid = env.parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let x = |content: &str| fs_file(AGENT, &format!("{d}/x"), content, &[]);
+    let y = fs_file(AGENT, &format!("{d}/y"), "y", &[]);
+    let yid = y.id.0.clone();
+    let v1 = upload(&c, &env, vec![x("1"), y.clone()]).await;
+    wait_deployed(&c, &env, v1, 60).await;
+    c.set_halted(&env, true).await.unwrap();
+
+    // every writer batch takes this row: held, the writer waits in its first batch (v2's
+    // merge) while the next two queue up behind it
+    let mut hold = srv.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM scheduler_progress WHERE environment_id = $1 FOR UPDATE")
+        .bind(env_id)
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let pause = || tokio::time::sleep(std::time::Duration::from_secs(2));
+    upload(&c, &env, vec![x("2"), y.clone()]).await;
+    pause().await;
+    upload(&c, &env, vec![x("3")]).await;
+    pause().await;
+    let v4 = upload(&c, &env, vec![x("4"), y.clone()]).await;
+    pause().await;
+    assert_eq!(
+        processed(&srv.pool, env_id).await,
+        Some(v1),
+        "the writer was not held"
+    );
+    hold.rollback().await.unwrap();
+
+    wait_processed(&srv.pool, env_id, v4).await;
+    eventually(30, "y's row written over", || async {
+        (row(&srv.pool, env_id, &yid).await == (true, false)).then_some(())
+    })
+    .await;
+    assert_eq!(state_of(&c, &env, &yid).await.status, "available");
 }

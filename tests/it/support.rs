@@ -241,11 +241,6 @@ impl TestServer {
     }
 }
 
-/// A free TCP port on 127.0.0.1.
-/// A port nothing listens on, for a server a test starts. Never the same twice in this
-/// process, and below the kernel's ephemeral range (32768 up): a port `bind(0)` gave out and
-/// released is handed out again by the kernel, so two servers starting at once could get the
-/// same one, and one test's client then talk to another test's server.
 /// `GET {url}/metrics` with `token`: the Prometheus text.
 pub async fn metrics_text(url: &str, token: &str) -> String {
     reqwest::Client::new()
@@ -259,6 +254,11 @@ pub async fn metrics_text(url: &str, token: &str) -> String {
         .unwrap()
 }
 
+/// A free TCP port on 127.0.0.1.
+/// A port nothing listens on, for a server a test starts. Never the same twice in this
+/// process, and below the kernel's ephemeral range (32768 up): a port `bind(0)` gave out and
+/// released is handed out again by the kernel, so two servers starting at once could get the
+/// same one, and one test's client then talk to another test's server.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const LOW: u32 = 20_000;

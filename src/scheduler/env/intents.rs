@@ -143,7 +143,10 @@ impl EnvScheduler {
             }
         };
         for gone in &merged.deleted {
-            self.stored_rows.removed(&gone.id);
+            if self.stored_rows.removed(&gone.id) {
+                let row = super::persist::orphan_row(gone, old_version.unwrap_or(version));
+                self.batch.states.push(row);
+            }
         }
         for &r in &merged.new {
             self.stored_rows.added(&self.model.intents[r].id);

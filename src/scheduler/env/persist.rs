@@ -75,13 +75,15 @@ impl StoredRows {
         StoredRows { missing, orphans }
     }
 
-    /// `id` left the model: its row, if any, stays as an orphan's.
-    pub(super) fn removed(&mut self, id: &str) {
-        if !self.missing.remove(id)
-            && let Some(o) = &mut self.orphans
-        {
+    /// `id` left the model: its row stays as an orphan's. True when it had none: the caller
+    /// writes one ([`orphan_row`]), so that the versions it was in show it orphaned, as
+    /// they show every removed resource.
+    pub(super) fn removed(&mut self, id: &str) -> bool {
+        let had_none = self.missing.remove(id);
+        if let Some(o) = &mut self.orphans {
             o.insert(id.to_string());
         }
+        had_none
     }
 
     /// `id` came into the model.
@@ -106,6 +108,23 @@ impl StoredRows {
             self.missing.remove(&row.resource_id);
         }
         true
+    }
+}
+
+/// The row of `gone`, which leaves the model without one: never run, orphaned after
+/// version `after` (the last it was in).
+pub(super) fn orphan_row(gone: &crate::scheduler::model::Intent, after: i32) -> StateRow {
+    StateRow {
+        resource_id: gone.id.clone(),
+        agent: gone.agent.clone(),
+        intent_version: Some(after),
+        intent_hash: Some(gone.hash.clone()),
+        undefined: gone.undefined,
+        compliance: Compliance::HasUpdate.as_str().into(),
+        last_run: crate::scheduler::model::LastRun::New.as_str().into(),
+        blocked: Blocked::NotBlocked.as_str().into(),
+        orphaned_after: Some(after),
+        ..Default::default()
     }
 }
 
@@ -157,6 +176,14 @@ pub(super) async fn writer(
         // merge what queued up meanwhile into one transaction
         while let Ok(more) = rx.try_recv() {
             handed += 1;
+            // a later batch's row is of a resource back in the model: it clears an earlier
+            // batch's orphan mark, which would win otherwise (the marks are written after
+            // the rows; a later mark after an earlier row wins, as it should)
+            if !batch.orphaned.is_empty() && !more.states.is_empty() {
+                let back: HashSet<&str> =
+                    more.states.iter().map(|s| s.resource_id.as_str()).collect();
+                batch.orphaned.retain(|(id, _)| !back.contains(id.as_str()));
+            }
             batch.states.extend(more.states);
             batch.actions.extend(more.actions);
             batch.orphaned.extend(more.orphaned);
@@ -658,12 +685,16 @@ mod tests {
         // an orphan that comes back must write over its old row
         rows.added("old");
         assert!(rows.worth_writing(&blank("old")));
-        // a resource that never had a row comes and goes and comes again
+        // a resource that never had a row comes and goes (its orphan row is written: the
+        // caller is told) and comes again: it then has a row to write over
         rows.added("fresh");
         assert!(!rows.worth_writing(&blank("fresh")));
-        rows.removed("fresh");
+        assert!(
+            rows.removed("fresh"),
+            "a rowless resource left without its orphan row"
+        );
         rows.added("fresh");
-        assert!(!rows.worth_writing(&blank("fresh")));
+        assert!(rows.worth_writing(&blank("fresh")));
         // once something is written, it has a row: a blank one later is written too
         let started = StateRow {
             deploying_since: Some(Utc::now()),
@@ -672,7 +703,7 @@ mod tests {
         assert!(rows.worth_writing(&started));
         assert!(rows.worth_writing(&blank("new")));
         // leaving with a row makes it an orphan
-        rows.removed("new");
+        assert!(!rows.removed("new"));
         rows.added("new");
         assert!(rows.worth_writing(&blank("new")));
         // where orphans are not known (a start from a snapshot), whatever comes is written
