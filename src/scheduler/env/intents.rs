@@ -142,12 +142,6 @@ impl EnvScheduler {
                 self.model.merge(version, intents)
             }
         };
-        for gone in &merged.deleted {
-            if self.stored_rows.removed(&gone.id) {
-                let row = super::persist::orphan_row(gone, old_version.unwrap_or(version));
-                self.batch.states.push(row);
-            }
-        }
         for &r in &merged.new {
             self.stored_rows.added(&self.model.intents[r].id);
         }
@@ -165,9 +159,14 @@ impl EnvScheduler {
             self.queue.drop_deploy(&gone.id);
             self.queue.mark_stale(&gone.id);
             self.timers.cancel(&gone.id);
-            self.batch
-                .orphaned
-                .push((gone.id.clone(), old_version.unwrap_or(version)));
+            let after = old_version.unwrap_or(version);
+            // one that never had a row gets an orphan's, so that its versions show it so
+            if self.stored_rows.removed(&gone.id) {
+                self.batch
+                    .states
+                    .push(super::persist::orphan_row(gone, after));
+            }
+            self.batch.orphaned.push((gone.id.clone(), after));
             if self.settings.delete_removed_resources && gone.attributes.is_unread() {
                 tracing::error!(environment = %self.env, resource = %gone.id, "removed from the model, but not deleted on its target: its attributes could not be read (the database was away)");
             } else if self.settings.delete_removed_resources {
