@@ -328,6 +328,13 @@ impl Queue {
             .collect()
     }
 
+    /// A running task is not to run again when it ends (what asked for it is void).
+    pub fn forget_follow_up(&mut self, key: &TaskKey) {
+        if let Some(r) = self.running.get_mut(key) {
+            r.follow_up = None;
+        }
+    }
+
     pub fn mark_stale(&mut self, rid: &str) {
         if let Some(r) = self.running.get_mut(&TaskKey::Deploy(rid.to_string())) {
             r.stale = true;

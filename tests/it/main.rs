@@ -22,6 +22,7 @@ mod console_pages;
 mod console_resources;
 mod console_support;
 mod console_versions;
+mod deletes;
 mod deploy;
 mod deploy_changes;
 mod deploy_cli;

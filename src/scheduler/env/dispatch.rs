@@ -656,7 +656,29 @@ impl EnvScheduler {
                     info.label,
                     &res,
                 ));
-                if self.tombstones.remove(rid).is_some() {
+                if info.label == "delete" {
+                    self.tombstones.remove(rid);
+                    // back in the model while its delete ran: deployed again
+                    if let Some(r) = self.model.get(rid) {
+                        self.schedule(
+                            r,
+                            Priority::NewVersion,
+                            "back in the model while it was being deleted",
+                            false,
+                        );
+                        self.mark_state(r);
+                    }
+                    return;
+                }
+                if let Some((gone, _)) = self.tombstones.get(rid) {
+                    // removed while this deploy ran: the delete waited for it, and runs now
+                    let agent = gone.agent.clone();
+                    let (p, reason) = run.and_then(|r| r.follow_up).unwrap_or((
+                        Priority::NewVersion,
+                        super::intents::DELETE_REASON.to_string(),
+                    ));
+                    self.queue
+                        .schedule(key.clone(), &agent, p, &reason, &[], &[], false);
                     return;
                 }
                 let stale = run.as_ref().is_some_and(|r| r.stale);

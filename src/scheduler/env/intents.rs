@@ -7,6 +7,9 @@ use crate::scheduler::model::{Attributes, Blocked, Intent, Model};
 use crate::scheduler::queue::{Priority, TaskKey};
 use crate::store;
 
+/// Why a removed resource's delete is queued (`delete_removed_resources`).
+pub(super) const DELETE_REASON: &str = "removed from the model: deleting it on its target";
+
 impl EnvScheduler {
     /// The intents of `version`: the one place they are built (restart, release, dry-run).
     /// Attributes the model already holds (same hash) are taken over instead of being read
@@ -181,7 +184,7 @@ impl EnvScheduler {
                     TaskKey::Deploy(t.id.clone()),
                     &t.agent,
                     Priority::NewVersion,
-                    "removed from the model: deleting it on its target",
+                    DELETE_REASON,
                     &[],
                     &[],
                     false,
@@ -201,6 +204,26 @@ impl EnvScheduler {
         let dropped = self.queue.drop_priority(Priority::IntervalRepair);
         if !dropped.is_empty() {
             self.repair_pending = true;
+        }
+        // back before its removal's delete started: the delete is not needed (one that
+        // started ends first; its finish deploys the resource again)
+        for &r in &merged.new {
+            let id = self.model.intents[r].id.clone();
+            if !self.tombstones.contains_key(&id) {
+                continue;
+            }
+            let key = TaskKey::Deploy(id.clone());
+            if self
+                .running
+                .get(&key)
+                .is_some_and(|run| run.label == "delete")
+            {
+                continue;
+            }
+            self.tombstones.remove(&id);
+            self.queue.drop_deploy(&id);
+            // the old intent's deploy still running: the delete waiting for it is not made
+            self.queue.forget_follow_up(&key);
         }
         let affected: Vec<usize> = merged
             .new
