@@ -110,10 +110,13 @@ impl Runtime {
             // left it (this start changes it), and read while it starts
             let stamp = c.control_stamp();
             let reading = std::thread::spawn(move || super::warm::take_stamped(&dir, stamp));
-            let started = c.start(true);
-            let warm = reading.join().unwrap_or_default();
-            started?;
-            Ok::<_, ClusterError>((std::sync::Arc::new(c), warm))
+            match c.start(true) {
+                Ok(()) => Ok((std::sync::Arc::new(c), reading)),
+                Err(e) => {
+                    let _ = reading.join();
+                    Err(e)
+                }
+            }
         })
         .await
         .expect("cluster start task")?;
@@ -158,6 +161,11 @@ impl Runtime {
             None,
         )
         .await?;
+        // the file is decoded meanwhile (connecting and migrating do not need it)
+        let warm = tokio::task::spawn_blocking(move || warm.join().unwrap_or_default())
+            .await
+            .unwrap_or_default();
+        let warm_ms = began.elapsed().as_secs_f64() * 1000.0;
         let warm_resources: usize = warm.snapshots.iter().map(|w| w.resources()).sum();
         let warm_manifest: usize = warm.manifests.iter().map(|m| m.resources()).sum();
         // before the server takes an upload (the store checks each against the newest
@@ -194,6 +202,7 @@ impl Runtime {
             cluster_ms,
             connected_ms,
             migrated_ms,
+            warm_ms,
             warm_resources,
             warm_manifest,
             serving_ms = began.elapsed().as_secs_f64() * 1000.0,
