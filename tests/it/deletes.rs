@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde_json::json;
 use steward::client::Client;
+use steward::model::Resource;
 
 use crate::deploy::{deploy_actions, deploying_env, state_of, upload};
 use crate::support::{eventually, exec_run, fs_file, wait_deployed};
@@ -30,18 +31,35 @@ async fn actions_named(c: &Client, env: &str, rid: &str, action: &str) -> usize 
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_resource_removed_while_it_deploys_is_deleted_when_the_deploy_ends() {
-    let (_srv, c, env, dir) =
-        deploying_env("removed-running", json!({"delete_removed_resources": true})).await;
+/// An environment that deletes what its versions remove, a file that stays in every version,
+/// and a command that runs `secs` seconds (it touches `started` first and `done` last).
+async fn with_a_slow_command(
+    name: &str,
+    secs: u32,
+) -> (
+    crate::support::TestServer,
+    Client,
+    String,
+    tempfile::TempDir,
+    Resource,
+    Resource,
+) {
+    let (srv, c, env, dir) = deploying_env(name, json!({"delete_removed_resources": true})).await;
     let d = dir.path().display().to_string();
     let keep = fs_file(AGENT, &format!("{d}/keep"), "k", &[]);
     let slow = exec_run(
         AGENT,
-        &format!("sh -c 'touch {d}/started; sleep 3; touch {d}/done'"),
+        &format!("sh -c 'touch {d}/started; sleep {secs}; touch {d}/done'"),
         json!({}),
         &[],
     );
+    (srv, c, env, dir, keep, slow)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resource_removed_while_it_deploys_is_deleted_when_the_deploy_ends() {
+    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("removed-running", 3).await;
+    let d = dir.path().display().to_string();
     let rid = slow.id.0.clone();
     let v1 = upload(&c, &env, vec![keep.clone(), slow]).await;
     wait_for_file(&format!("{d}/started"), "the slow command to start").await;
@@ -72,22 +90,14 @@ async fn a_resource_removed_while_it_deploys_is_deleted_when_the_deploy_ends() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resource_back_before_its_delete_ran_is_deployed_and_stored_as_deployed() {
-    let (_srv, c, env, dir) =
-        deploying_env("back-early", json!({"delete_removed_resources": true})).await;
+    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("back-early", 4).await;
     let d = dir.path().display().to_string();
-    let keep = fs_file(AGENT, &format!("{d}/keep"), "k", &[]);
     // more than an executor is handed at once (LOCAL_DEPTH): some deletes wait in it,
     // others in the scheduler's queue
     let files: Vec<_> = (1..=6)
         .map(|i| fs_file(AGENT, &format!("{d}/f{i}"), &format!("content {i}"), &[]))
         .collect();
-    let slow = exec_run(
-        AGENT,
-        &format!("sh -c 'touch {d}/started; sleep 4; touch {d}/done'"),
-        json!({}),
-        &[],
-    );
-    let with = |extra: &[steward::model::Resource]| {
+    let with = |extra: &[Resource]| {
         let mut all = vec![keep.clone()];
         all.extend(extra.iter().cloned());
         all
@@ -157,16 +167,8 @@ async fn a_resource_back_before_its_delete_ran_is_deployed_and_stored_as_deploye
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resource_removed_and_back_while_it_deploys_is_never_deleted() {
-    let (_srv, c, env, dir) =
-        deploying_env("back-running", json!({"delete_removed_resources": true})).await;
+    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("back-running", 3).await;
     let d = dir.path().display().to_string();
-    let keep = fs_file(AGENT, &format!("{d}/keep"), "k", &[]);
-    let slow = exec_run(
-        AGENT,
-        &format!("sh -c 'touch {d}/started; sleep 3; touch {d}/done'"),
-        json!({}),
-        &[],
-    );
     let rid = slow.id.0.clone();
     upload(&c, &env, vec![keep.clone(), slow.clone()]).await;
     wait_for_file(&format!("{d}/started"), "the slow command to start").await;

@@ -259,21 +259,28 @@ impl HeldManifest {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_held_manifest_reads_back_and_a_cut_one_never_does() {
-        let mut manifest = Manifest::new();
-        for i in 0..3 {
-            manifest.insert(
-                format!("fs::File[a,path=/f{i}]"),
-                Entry {
+    /// `n` files, file `i` requiring the `chain(i)` files before it; the last undefined
+    /// when `last_undefined`.
+    fn files(n: usize, chain: impl Fn(usize) -> usize, last_undefined: bool) -> Manifest {
+        (0..n)
+            .map(|i| {
+                let entry = Entry {
                     resource_type: "fs::File".into(),
                     agent: "a".into(),
                     hash: format!("h{i}"),
-                    requires: (0..i).map(|q| format!("fs::File[a,path=/f{q}]")).collect(),
-                    undefined: i == 2,
-                },
-            );
-        }
+                    requires: (i - chain(i)..i)
+                        .map(|q| format!("fs::File[a,path=/f{q}]"))
+                        .collect(),
+                    undefined: last_undefined && i == n - 1,
+                };
+                (format!("fs::File[a,path=/f{i}]"), entry)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_held_manifest_reads_back_and_a_cut_one_never_does() {
+        let manifest = files(3, |i| i, true);
         let held = HeldManifest {
             env: Uuid::new_v4(),
             number: 12,
@@ -295,19 +302,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_offered_manifests_tree_is_handed_to_the_first_store_only() {
-        let mut manifest = Manifest::new();
-        for i in 0..20_000 {
-            manifest.insert(
-                format!("fs::File[a,path=/f{i}]"),
-                Entry {
-                    resource_type: "fs::File".into(),
-                    agent: "a".into(),
-                    hash: format!("h{i}"),
-                    requires: vec![],
-                    undefined: false,
-                },
-            );
-        }
+        let manifest = files(20_000, |i| i.min(1), false);
         let expected = tree_of(&manifest).root();
         let env = Uuid::new_v4();
         let hash = "d".repeat(64);
