@@ -42,20 +42,23 @@ impl Timers {
         }
     }
 
-    /// [`Self::set`] of many at once (a start arms every resource's): one heap built, not
-    /// one push each.
+    /// [`Self::set`] of many at once (a start arms every resource's, a part at a time): the
+    /// heap takes them in one go, not one push each, and is swept of what they replaced
+    /// only when they replaced something.
     pub fn set_all(&mut self, armed: Vec<(String, DateTime<Utc>, TimerKind)>) {
-        let mut entries = std::mem::take(&mut self.heap).into_vec();
-        entries.reserve(armed.len());
+        let mut replaced = false;
+        let mut entries = Vec::with_capacity(armed.len());
         for (rid, at, kind) in armed {
             self.next_gen += 1;
-            self.generation.insert(rid.clone(), self.next_gen);
+            replaced |= self.generation.insert(rid.clone(), self.next_gen).is_some();
             entries.push(Reverse((at, self.next_gen, rid, kind)));
         }
-        let generation = &self.generation;
-        // what the new ones replaced goes now
-        entries.retain(|Reverse((_, g, rid, _))| generation.get(rid) == Some(g));
-        self.heap = BinaryHeap::from(entries);
+        if replaced {
+            let generation = &self.generation;
+            self.heap
+                .retain(|Reverse((_, g, rid, _))| generation.get(rid) == Some(g));
+        }
+        self.heap.extend(entries);
     }
 
     pub fn cancel(&mut self, rid: &str) {
@@ -137,7 +140,7 @@ mod tests {
     #[test]
     fn timers_set_all_at_once_pop_as_set_one_by_one() {
         let now = at("2026-01-01T00:00:00Z");
-        let armed: Vec<(String, DateTime<Utc>, TimerKind)> = (0..200)
+        let mut armed: Vec<(String, DateTime<Utc>, TimerKind)> = (0..200)
             .map(|i| {
                 let kind = if i % 3 == 0 {
                     TimerKind::Retry
@@ -158,7 +161,10 @@ mod tests {
         for (rid, at, kind) in &armed {
             one.set(rid, *at, *kind);
         }
+        // in two parts, the second replacing some of the first's
+        let second = armed.split_off(120);
         all.set_all(armed);
+        all.set_all(second);
         for s in (0..=105).step_by(7) {
             let mut a = one.pop_due(now + Duration::seconds(s));
             let mut b = all.pop_due(now + Duration::seconds(s));

@@ -87,17 +87,59 @@ impl EnvScheduler {
         }
     }
 
-    /// [`Self::arm_timer`] of every resource (a start): the timers' heap is built once, not
-    /// pushed into 100,000 times.
-    pub(super) fn arm_all_timers(&mut self, now: DateTime<Utc>) {
-        let mut armed = Vec::new();
-        for r in 0..self.model.len() {
+    /// One turn's part of a start's arming of its timers (see [`super::Arming`]).
+    pub(super) async fn arm_timers_part(&mut self, arming: super::Arming) -> super::Arming {
+        use super::Arming;
+        let (from, began) = match arming {
+            Arming::Done => return Arming::Done,
+            Arming::Later(at) => {
+                if !self.running.is_empty() && tokio::time::Instant::now() < at {
+                    return arming;
+                }
+                // the writer was just handed the deploys' states: it starts writing them
+                // before this task is busy (a task woken from here would wait for it)
+                tokio::task::yield_now().await;
+                (0, std::time::Instant::now())
+            }
+            Arming::From {
+                next,
+                version,
+                began,
+            } => (
+                if version == self.model.version {
+                    next
+                } else {
+                    0
+                },
+                began,
+            ),
+        };
+        let next = self.arm_timers(from, super::TIMERS_PER_TURN, Utc::now());
+        if next < self.model.len() {
+            return Arming::From {
+                next,
+                version: self.model.version,
+                began,
+            };
+        }
+        tracing::debug!(environment = %self.env, resources = self.model.len(), ms = began.elapsed().as_secs_f64() * 1e3, "timers armed");
+        Arming::Done
+    }
+
+    /// [`Self::arm_timer`] of up to `count` resources from the `from`th on (a start arms
+    /// them all, a part per turn of its loop); returns where the next part begins. The
+    /// timers' heap takes each part at once, not one push per resource.
+    pub(super) fn arm_timers(&mut self, from: usize, count: usize, now: DateTime<Utc>) -> usize {
+        let to = from.saturating_add(count).min(self.model.len());
+        let mut armed = Vec::with_capacity(to.saturating_sub(from));
+        for r in from..to {
             match self.timer_of(r, now) {
                 Some((at, kind)) => armed.push((self.model.intents[r].id.clone(), at, kind)),
                 None => self.timers.cancel(&self.model.intents[r].id),
             }
         }
         self.timers.set_all(armed);
+        to
     }
 
     /// The timer resource `r` should have now (None: none); a retry's time is kept in its
