@@ -42,6 +42,9 @@ use persist::{StoredRows, Written, writer};
 /// long after it (a long first deploy does not hold up a due retry for long).
 const TIMERS_AT_THE_LATEST: Duration = Duration::from_secs(2);
 
+/// The action-log label of a removed resource's delete (`delete_removed_resources`).
+const DELETE_LABEL: &str = "delete";
+
 /// How many resources' timers a turn of the loop arms (100,000 resources: ~14 ms a part).
 const TIMERS_PER_TURN: usize = 10_000;
 
@@ -186,6 +189,12 @@ impl RunInfo {
     /// A deploy that has started on its target (what a state row's `deploying_since` says).
     fn deploys_now(&self) -> bool {
         self.kind == ActionKind::Deploy && !self.waiting
+    }
+
+    /// Whether this is the delete of a resource removed from the model (its label says so
+    /// in the action log too).
+    fn is_delete(&self) -> bool {
+        self.label == DELETE_LABEL
     }
 }
 

@@ -109,7 +109,7 @@ impl EnvScheduler {
         let label = match &key {
             TaskKey::Dryrun(..) => "dryrun",
             TaskKey::Facts(..) => "getfact",
-            TaskKey::Deploy(id) if self.tombstones.contains_key(id) => "delete",
+            TaskKey::Deploy(id) if self.tombstones.contains_key(id) => super::DELETE_LABEL,
             _ if matches!(priority, Priority::UserRepair | Priority::IntervalRepair) => "repair",
             _ => "deploy",
         };
@@ -656,7 +656,7 @@ impl EnvScheduler {
                     info.label,
                     &res,
                 ));
-                if info.label == "delete" {
+                if info.is_delete() {
                     self.tombstones.remove(rid);
                     // back in the model while its delete ran: deployed again
                     if let Some(r) = self.model.get(rid) {

@@ -213,11 +213,7 @@ impl EnvScheduler {
                 continue;
             }
             let key = TaskKey::Deploy(id.clone());
-            if self
-                .running
-                .get(&key)
-                .is_some_and(|run| run.label == "delete")
-            {
+            if self.running.get(&key).is_some_and(|run| run.is_delete()) {
                 continue;
             }
             self.tombstones.remove(&id);
