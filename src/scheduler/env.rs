@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 mod calls;
 mod control;
+mod deletes;
 mod dispatch;
 mod facts;
 mod intents;
@@ -225,9 +226,8 @@ pub struct EnvScheduler {
     /// how far the writer got
     written: watch::Receiver<Written>,
     dryruns: HashMap<Uuid, DryrunCtx>,
-    /// removed resources to delete on their target (opt-in), by id, with the handler code
-    /// of the version they were in
-    tombstones: HashMap<String, (Intent, Option<HandlerCode>)>,
+    /// removed resources to delete on their target (`delete_removed_resources`), by id
+    tombstones: HashMap<String, deletes::Tombstone>,
     /// resource type -> module handler code, for the model's version
     handlers: BTreeMap<String, HandlerCode>,
     code: CodeCache,
@@ -438,6 +438,9 @@ impl EnvScheduler {
             Some("actions were running")
         } else if !s.dryruns.is_empty() {
             Some("a dry-run was open")
+        } else if !s.tombstones.is_empty() {
+            // (their marks are in the database, which a start from the snapshot does not read)
+            Some("deletes of removed resources were pending")
         } else if s.tenure.is_some() {
             Some("the environment is leased")
         } else if s.model.version.is_none() {
@@ -622,6 +625,12 @@ impl EnvScheduler {
         self.read_agent_configs().await?;
         self.refresh_placements();
         self.arm_sweeps(Utc::now());
+        self.tombstones.clear();
+        self.take_up_pending_deletes().await?;
+        mark("pending deletes", &mut phases);
+        // the marks it cleared go before the merge's rows: a resource back in the model
+        // must not have its row orphaned by a mark written after it
+        self.flush();
         let active = store::versions::active(&self.pool, self.env).await?;
         if let Some(a) = active
             && Some(a) != processed

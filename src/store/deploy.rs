@@ -97,6 +97,77 @@ pub async fn load_progress(e: impl PgExecutor<'_>, env: Uuid) -> Result<Option<i
     Ok(v.flatten())
 }
 
+/// A removed resource whose delete on its target (`delete_removed_resources`) was decided
+/// and has not run: its orphan mark says so ([`OrphanMark::delete_pending`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingDelete {
+    pub resource_id: String,
+    /// The last version that held it: the intent its delete is made with.
+    pub after: i32,
+    /// The resource as that version has it; None when the version's rows are gone.
+    pub resource: Option<super::versions::ResourceDigestRow>,
+}
+
+/// The resources of `env` whose delete is pending, each with the resource as the version
+/// it was orphaned after holds it.
+pub async fn pending_deletes(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<PendingDelete>> {
+    type Row = (
+        String,
+        i32,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<Vec<String>>,
+        Option<bool>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT s.resource_id, s.orphaned_after, r.resource_type, r.agent, r.hash, r.requires, r.undefined \
+         FROM resource_state s LEFT JOIN resource_spans r ON r.environment_id = s.environment_id \
+         AND r.resource_id = s.resource_id AND r.first_version <= s.orphaned_after AND r.last_version >= s.orphaned_after \
+         WHERE s.environment_id = $1 AND s.delete_pending AND s.orphaned_after IS NOT NULL \
+         ORDER BY s.resource_id",
+    )
+    .bind(env)
+    .fetch_all(e)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(resource_id, after, rtype, agent, hash, requires, undefined)| {
+                let resource = match (rtype, agent, hash) {
+                    (Some(resource_type), Some(agent), Some(hash)) => {
+                        Some(super::versions::ResourceDigestRow {
+                            resource_id: resource_id.clone(),
+                            resource_type,
+                            agent,
+                            hash,
+                            requires: requires.unwrap_or_default(),
+                            undefined: undefined.unwrap_or(false),
+                        })
+                    }
+                    _ => None,
+                };
+                PendingDelete {
+                    resource_id,
+                    after,
+                    resource,
+                }
+            },
+        )
+        .collect())
+}
+
+/// The versions that pending deletes of `env` take their intent from: kept while they wait.
+pub async fn versions_pending_deletes_need(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<i32>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT orphaned_after FROM resource_state \
+         WHERE environment_id = $1 AND delete_pending AND orphaned_after IS NOT NULL ORDER BY 1",
+    )
+    .bind(env)
+    .fetch_all(e)
+    .await?)
+}
+
 /// Deploys in flight when the scheduler stopped are forgotten (their resources redeploy) and
 /// their open action records are closed as interrupted, so the log tells what happened.
 pub async fn clear_leases(pool: &sqlx::PgPool, env: Uuid) -> Result<u64> {
@@ -127,13 +198,24 @@ pub async fn clear_leases(pool: &sqlx::PgPool, env: Uuid) -> Result<u64> {
 /// of the refusal, or, if that failed too, lost): shown in `/metrics`, alarmed in the log.
 pub static UNSTORED_ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// A resource removed from the model: its row says `orphaned_after`, the last version
+/// that held it, and whether its delete on its target (`delete_removed_resources`) is still
+/// to be done. The mark is written again, not pending, once that delete ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrphanMark {
+    pub resource_id: String,
+    pub after: i32,
+    pub delete_pending: bool,
+}
+
 /// Everything the scheduler has to write, applied in one transaction.
 #[derive(Debug, Default)]
 pub struct Batch {
     pub states: Vec<StateRow>,
     pub actions: Vec<ActionRecord>,
-    /// resource ids removed from the model: (id, last version holding them)
-    pub orphaned: Vec<(String, i32)>,
+    /// Resources removed from the model, in the order they were marked (a later mark of a
+    /// resource wins).
+    pub orphaned: Vec<OrphanMark>,
     pub progress: Option<i32>,
     pub dryrun_results: Vec<(Uuid, String, String, serde_json::Value, serde_json::Value)>,
     /// Facts handlers reported (`ctx.set_fact`, a refresh).
@@ -190,15 +272,27 @@ pub async fn write_batch(
         write_actions(&mut *c, env, actions).await?;
     }
     if !b.orphaned.is_empty() {
-        let ids: Vec<&str> = b.orphaned.iter().map(|o| o.0.as_str()).collect();
-        let after: Vec<i32> = b.orphaned.iter().map(|o| o.1).collect();
+        // one mark per resource, the last: an UPDATE joined with two rows of one id takes
+        // either of them
+        let mut seen = std::collections::HashSet::new();
+        let marks: Vec<&OrphanMark> = b
+            .orphaned
+            .iter()
+            .rev()
+            .filter(|m| seen.insert(m.resource_id.as_str()))
+            .collect();
+        let ids: Vec<&str> = marks.iter().map(|m| m.resource_id.as_str()).collect();
+        let after: Vec<i32> = marks.iter().map(|m| m.after).collect();
+        let pending: Vec<bool> = marks.iter().map(|m| m.delete_pending).collect();
         sqlx::query(
-            "UPDATE resource_state s SET orphaned_after = u.after, deploying_since = NULL, updated_at = now() \
-             FROM unnest($2::text[], $3::int[]) AS u(rid, after) WHERE s.environment_id = $1 AND s.resource_id = u.rid",
+            "UPDATE resource_state s SET orphaned_after = u.after, delete_pending = u.pending, deploying_since = NULL, \
+             updated_at = now() FROM unnest($2::text[], $3::int[], $4::bool[]) AS u(rid, after, pending) \
+             WHERE s.environment_id = $1 AND s.resource_id = u.rid",
         )
         .bind(env)
         .bind(&ids)
         .bind(&after)
+        .bind(&pending)
         .execute(&mut *c)
         .await?;
     }
@@ -282,7 +376,7 @@ async fn write_states(c: &mut PgConnection, env: Uuid, states: &[StateRow]) -> R
          last_attempt = EXCLUDED.last_attempt, last_deployed = EXCLUDED.last_deployed, last_success = EXCLUDED.last_success, \
          last_produced_events = EXCLUDED.last_produced_events, failure_count = EXCLUDED.failure_count, \
          next_retry = EXCLUDED.next_retry, deploying_since = EXCLUDED.deploying_since, \
-         orphaned_after = EXCLUDED.orphaned_after, updated_at = now()",
+         orphaned_after = EXCLUDED.orphaned_after, delete_pending = false, updated_at = now()",
     )
     .bind(env)
     .bind(&ids)

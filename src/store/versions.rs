@@ -717,13 +717,22 @@ pub async fn rollback(
     Ok(info)
 }
 
-/// Delete a version; never the active one.
+/// Delete a version; never the active one, nor one a pending delete takes its intent from.
 pub async fn delete(c: &mut PgConnection, env: Uuid, number: i32) -> Result<()> {
     environments::lock(&mut *c, env).await?;
     get(&mut *c, env, number).await?;
     if active(&mut *c, env).await? == Some(number) {
         return Err(StoreError::Conflict(format!(
             "version {number} is the active version and can not be deleted"
+        )));
+    }
+    if super::deploy::versions_pending_deletes_need(&mut *c, env)
+        .await?
+        .contains(&number)
+    {
+        return Err(StoreError::Conflict(format!(
+            "version {number} holds resources that were removed after it and are still to be \
+             deleted on their targets (delete_removed_resources); it can be deleted once they are"
         )));
     }
     write::delete_unchecked(c, env, &[number]).await

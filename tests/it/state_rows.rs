@@ -245,3 +245,102 @@ async fn a_resource_removed_and_back_in_one_write_is_not_left_an_orphan() {
     .await;
     assert_eq!(state_of(&c, &env, &yid).await.status, "available");
 }
+
+/// Orphan marks of one resource in one batch (the writer merges the batches that queued
+/// while it wrote): the last one counts, whatever order PostgreSQL's join would take them
+/// in; a row written over clears a pending delete.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_orphan_mark_of_a_resource_in_a_write_wins() {
+    use steward::store::deploy::{self, Batch, OrphanMark, StateRow};
+    let pool = migrated_pool(2).await;
+    let env = environment_in(&pool, "rows", "marks", &Default::default()).await;
+    let ids: Vec<String> = (0..50).map(|i| format!("t::R[a,n={i}]")).collect();
+    let rows = ids
+        .iter()
+        .map(|id| StateRow {
+            resource_id: id.clone(),
+            agent: "a".into(),
+            compliance: "compliant".into(),
+            last_run: "successful".into(),
+            blocked: "not_blocked".into(),
+            ..Default::default()
+        })
+        .collect();
+    let mark = |id: &str, after, delete_pending| OrphanMark {
+        resource_id: id.into(),
+        after,
+        delete_pending,
+    };
+    let mut c = pool.acquire().await.unwrap();
+    let write = |b: Batch| {
+        let pool = pool.clone();
+        async move {
+            let mut c = pool.acquire().await.unwrap();
+            deploy::write_batch(&mut c, env, &b).await.unwrap();
+        }
+    };
+    deploy::write_batch(
+        &mut c,
+        env,
+        &Batch {
+            states: rows,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // even ids: pending, then done; odd ids: done, then pending again (removed, back, gone)
+    let orphaned = ids
+        .iter()
+        .enumerate()
+        .flat_map(|(i, id)| {
+            if i % 2 == 0 {
+                [mark(id, 3, true), mark(id, 3, false)]
+            } else {
+                [mark(id, 3, false), mark(id, 5, true)]
+            }
+        })
+        .collect();
+    write(Batch {
+        orphaned,
+        ..Default::default()
+    })
+    .await;
+    let marks: Vec<(String, Option<i32>, bool)> = sqlx::query_as(
+        "SELECT resource_id, orphaned_after, delete_pending FROM resource_state \
+         WHERE environment_id = $1",
+    )
+    .bind(env)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(marks.len(), ids.len());
+    for (id, after, pending) in &marks {
+        let i = ids.iter().position(|x| x == id).unwrap();
+        let want = if i % 2 == 0 {
+            (Some(3), false)
+        } else {
+            (Some(5), true)
+        };
+        assert_eq!((*after, *pending), want, "{id}");
+    }
+    let pending = deploy::pending_deletes(&pool, env).await.unwrap();
+    assert_eq!(pending.len(), ids.len() / 2);
+    assert!(pending.iter().all(|p| p.after == 5 && p.resource.is_none()));
+    // back in the model: its row is written over and its delete is no longer pending
+    write(Batch {
+        states: vec![StateRow {
+            resource_id: ids[1].clone(),
+            agent: "a".into(),
+            compliance: "has_update".into(),
+            last_run: "new".into(),
+            blocked: "not_blocked".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+    .await;
+    let pending = deploy::pending_deletes(&pool, env).await.unwrap();
+    assert_eq!(pending.len(), ids.len() / 2 - 1);
+    assert!(pending.iter().all(|p| p.resource_id != ids[1]));
+}

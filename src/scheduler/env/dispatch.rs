@@ -135,12 +135,12 @@ impl EnvScheduler {
                         code,
                     )
                 }
-                (None, Some((t, code))) => (
+                (None, Some(t)) => (
                     ActionKind::Deploy,
-                    t.clone(),
+                    t.intent.clone(),
                     self.model.version.unwrap_or(0),
                     None,
-                    code.clone(),
+                    t.code.clone(),
                 ),
                 (None, None) => {
                     self.queue.finish(&key);
@@ -657,25 +657,15 @@ impl EnvScheduler {
                     &res,
                 ));
                 if info.is_delete() {
-                    self.tombstones.remove(rid);
-                    // back in the model while its delete ran: deployed again
-                    if let Some(r) = self.model.get(rid) {
-                        self.schedule(
-                            r,
-                            Priority::NewVersion,
-                            "back in the model while it was being deleted",
-                            false,
-                        );
-                        self.mark_state(r);
-                    }
+                    self.delete_ended(rid, res.outcome);
                     return;
                 }
-                if let Some((gone, _)) = self.tombstones.get(rid) {
+                if let Some(t) = self.tombstones.get(rid) {
                     // removed while this deploy ran: the delete waited for it, and runs now
-                    let agent = gone.agent.clone();
+                    let agent = t.intent.agent.clone();
                     let (p, reason) = run.and_then(|r| r.follow_up).unwrap_or((
                         Priority::NewVersion,
-                        super::intents::DELETE_REASON.to_string(),
+                        super::deletes::DELETE_REASON.to_string(),
                     ));
                     self.queue
                         .schedule(key.clone(), &agent, p, &reason, &[], &[], false);

@@ -7,9 +7,6 @@ use crate::scheduler::model::{Attributes, Blocked, Intent, Model};
 use crate::scheduler::queue::{Priority, TaskKey};
 use crate::store;
 
-/// Why a removed resource's delete is queued (`delete_removed_resources`).
-pub(super) const DELETE_REASON: &str = "removed from the model: deleting it on its target";
-
 impl EnvScheduler {
     /// The intents of `version`: the one place they are built (restart, release, dry-run).
     /// Attributes the model already holds (same hash) are taken over instead of being read
@@ -169,27 +166,7 @@ impl EnvScheduler {
                     .states
                     .push(super::persist::orphan_row(gone, after));
             }
-            self.batch.orphaned.push((gone.id.clone(), after));
-            if self.settings.delete_removed_resources && gone.attributes.is_unread() {
-                tracing::error!(environment = %self.env, resource = %gone.id, "removed from the model, but not deleted on its target: its attributes could not be read (the database was away)");
-            } else if self.settings.delete_removed_resources {
-                let mut t = gone.clone();
-                t.attributes
-                    .make_mut()
-                    .insert("purged".into(), serde_json::Value::Bool(true));
-                t.requires.clear();
-                let code = old_handlers.get(&t.type_name).cloned();
-                self.tombstones.insert(t.id.clone(), (t.clone(), code));
-                self.queue.schedule(
-                    TaskKey::Deploy(t.id.clone()),
-                    &t.agent,
-                    Priority::NewVersion,
-                    DELETE_REASON,
-                    &[],
-                    &[],
-                    false,
-                );
-            }
+            self.orphan(gone, old_handlers.get(&gone.type_name), after);
         }
         for &r in &merged.newly_blocked {
             let id = self.model.intents[r].id.clone();
@@ -205,21 +182,10 @@ impl EnvScheduler {
         if !dropped.is_empty() {
             self.repair_pending = true;
         }
-        // back before its removal's delete started: the delete is not needed (one that
-        // started ends first; its finish deploys the resource again)
+        // back before its removal's delete started: the delete is not needed
         for &r in &merged.new {
             let id = self.model.intents[r].id.clone();
-            if !self.tombstones.contains_key(&id) {
-                continue;
-            }
-            let key = TaskKey::Deploy(id.clone());
-            if self.running.get(&key).is_some_and(|run| run.is_delete()) {
-                continue;
-            }
-            self.tombstones.remove(&id);
-            self.queue.drop_deploy(&id);
-            // the old intent's deploy still running: the delete waiting for it is not made
-            self.queue.forget_follow_up(&key);
+            self.unbury(&id);
         }
         let affected: Vec<usize> = merged
             .new

@@ -182,7 +182,9 @@ pub(super) async fn writer(
             if !batch.orphaned.is_empty() && !more.states.is_empty() {
                 let back: HashSet<&str> =
                     more.states.iter().map(|s| s.resource_id.as_str()).collect();
-                batch.orphaned.retain(|(id, _)| !back.contains(id.as_str()));
+                batch
+                    .orphaned
+                    .retain(|m| !back.contains(m.resource_id.as_str()));
             }
             batch.states.extend(more.states);
             batch.actions.extend(more.actions);

@@ -182,6 +182,10 @@ impl EnvScheduler {
     pub(super) fn on_time(&mut self, now: DateTime<Utc>) {
         for (id, kind) in self.timers.pop_due(now) {
             let Some(r) = self.model.get(&id) else {
+                // a removed resource whose delete failed
+                if kind == TimerKind::Retry {
+                    self.retry_delete(&id);
+                }
                 continue;
             };
             match kind {

@@ -721,16 +721,19 @@ pub(super) async fn delete_unchecked(
     Ok(())
 }
 
-/// Keep the newest `keep` versions and the active one.
+/// Keep the newest `keep` versions, the active one, and those a pending delete takes its
+/// intent from (a removed resource not yet deleted on its target).
 async fn apply_retention(c: &mut PgConnection, env: Uuid, keep: u32) -> Result<()> {
     let active = super::active(&mut *c, env).await?.unwrap_or(0);
+    let needed = crate::store::deploy::versions_pending_deletes_need(&mut *c, env).await?;
     let old: Vec<i32> = sqlx::query_scalar(
         "SELECT number FROM (SELECT number FROM versions WHERE environment_id = $1 ORDER BY number DESC OFFSET $3) o \
-         WHERE number <> $2",
+         WHERE number <> $2 AND number <> ALL($4)",
     )
     .bind(env)
     .bind(active)
     .bind(keep as i64)
+    .bind(&needed)
     .fetch_all(&mut *c)
     .await?;
     if !old.is_empty() {
