@@ -8,7 +8,6 @@ use std::collections::HashSet;
 
 use sqlx::PgConnection;
 
-use super::fresh::AttributeMap;
 use crate::store::{Result, StoreError};
 
 /// Make sure the blobs `hashes` (with their `attributes`) exist until this transaction ends:
@@ -24,18 +23,18 @@ use crate::store::{Result, StoreError};
 pub(super) async fn hold_blobs(
     c: &mut PgConnection,
     hashes: &[&str],
-    attributes: &[sqlx::types::Json<&AttributeMap>],
+    attributes: &[String],
     first: Hold,
 ) -> Result<()> {
     let rows = crate::store::ROWS_PER_STATEMENT;
     for (h, a) in hashes.chunks(rows).zip(attributes.chunks(rows)) {
         if first == Hold::Lock {
             let held = lock_existing(&mut *c, h).await?;
-            let (h, a): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) = h
+            let (h, a): (Vec<&str>, Vec<String>) = h
                 .iter()
                 .zip(a)
                 .filter(|(hash, _)| !held.contains(**hash))
-                .map(|(hash, a)| (*hash, sqlx::types::Json(a.0)))
+                .map(|(hash, a)| (*hash, a.clone()))
                 .unzip();
             hold_blob_chunk(&mut *c, &h, &a).await?;
         } else {
@@ -87,7 +86,7 @@ pub(super) async fn connection_beside(
 pub(super) async fn write_beside(
     mut c: sqlx::pool::PoolConnection<sqlx::Postgres>,
     hashes: &[&str],
-    attributes: &[sqlx::types::Json<&AttributeMap>],
+    attributes: &[String],
 ) -> Result<u64> {
     let rows = crate::store::ROWS_PER_STATEMENT;
     let mut written = 0;
@@ -101,20 +100,19 @@ pub(super) async fn write_beside(
                 .collect();
         // in hash order, as every writer of blobs: two that write the same ones do not wait
         // for each other crosswise
-        let mut missing: Vec<(&str, sqlx::types::Json<&AttributeMap>)> = h
+        let mut missing: Vec<(&str, &str)> = h
             .iter()
             .zip(a)
             .filter(|(hash, _)| !existing.contains(**hash))
-            .map(|(hash, a)| (*hash, sqlx::types::Json(a.0)))
+            .map(|(hash, a)| (*hash, a.as_str()))
             .collect();
         if missing.is_empty() {
             continue;
         }
         missing.sort_unstable_by_key(|m| m.0);
-        let (h, a): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) =
-            missing.into_iter().unzip();
+        let (h, a): (Vec<&str>, Vec<&str>) = missing.into_iter().unzip();
         written += sqlx::query(
-            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
+            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::json[]) \
              ON CONFLICT (hash) DO NOTHING",
         )
         .bind(&h)
@@ -129,7 +127,7 @@ pub(super) async fn write_beside(
 async fn hold_blob_chunk(
     c: &mut PgConnection,
     hashes: &[&str],
-    attributes: &[sqlx::types::Json<&AttributeMap>],
+    attributes: &[String],
 ) -> Result<()> {
     let mut todo: Vec<usize> = (0..hashes.len()).collect();
     // a blob can only go missing again while a collector deletes it between our insert and
@@ -139,10 +137,9 @@ async fn hold_blob_chunk(
             return Ok(());
         }
         let h: Vec<&str> = todo.iter().map(|&i| hashes[i]).collect();
-        let a: Vec<&sqlx::types::Json<&AttributeMap>> =
-            todo.iter().map(|&i| &attributes[i]).collect();
+        let a: Vec<&str> = todo.iter().map(|&i| attributes[i].as_str()).collect();
         let inserted: HashSet<String> = sqlx::query_scalar(
-            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::jsonb[]) \
+            "INSERT INTO resource_blobs (hash, attributes) SELECT * FROM unnest($1::text[], $2::json[]) \
              ON CONFLICT (hash) DO NOTHING RETURNING hash",
         )
         .bind(&h)

@@ -470,14 +470,15 @@ async fn write(
         .collect();
     let mut sent = HashSet::new();
     let mut fresh = Vec::new();
-    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<sqlx::types::Json<&AttributeMap>>) = opened
+    // as the JSON text the column keeps (serde_json writes an object's keys in their order)
+    let (blob_hashes, blob_attrs): (Vec<&str>, Vec<String>) = opened
         .iter()
         .filter(|(id, e)| against.base(id).is_none_or(|b| b.hash != e.hash))
         .filter(|(_, e)| sent.insert(e.hash.as_str()))
         .filter_map(|(id, e)| {
             given.get(id).map(|&(i, a)| {
                 fresh.push((i, e.hash.clone()));
-                (e.hash.as_str(), sqlx::types::Json(a))
+                (e.hash.as_str(), json_text(a))
             })
         })
         .unzip();
@@ -635,6 +636,11 @@ async fn diff_entries(
 /// The attribute hash an updated resource had in the newest version.
 fn base_hash(against: &Against<'_>, id: &str) -> String {
     against.base(id).map(|b| b.hash.clone()).unwrap_or_default()
+}
+
+/// Attributes as the text `resource_blobs` keeps.
+fn json_text(a: &AttributeMap) -> String {
+    serde_json::to_string(a).expect("a JSON object serializes")
 }
 
 /// Sort one id of the new version (`now`) by its entry in the newest one (`before`): new,
