@@ -395,6 +395,40 @@ pub async fn resource_digests(
     .await?)
 }
 
+/// [`resource_digests`] of a version the store holds the manifest of in memory (the newest,
+/// just stored: a scheduler merging it reads none of its rows; 100,000 resources: ~190 ms
+/// on a busy database), else read. A version is never changed once stored, and its content
+/// hash covers every resource's id (type and agent are in it), hash, requires and
+/// undefined flag: the held manifest of the same number and content hash is the version.
+pub async fn resource_digests_held_or_read(
+    pool: &sqlx::PgPool,
+    env: Uuid,
+    number: i32,
+) -> Result<Vec<ResourceDigestRow>> {
+    let content_hash: Option<String> = sqlx::query_scalar(
+        "SELECT content_hash FROM versions WHERE environment_id = $1 AND number = $2",
+    )
+    .bind(env)
+    .bind(number)
+    .fetch_optional(pool)
+    .await?;
+    let held = content_hash.and_then(|h| held::manifest_of(env, number, &h));
+    let Some(manifest) = held else {
+        return resource_digests(pool, env, number).await;
+    };
+    Ok(manifest
+        .iter()
+        .map(|(id, e)| ResourceDigestRow {
+            resource_id: id.clone(),
+            resource_type: e.resource_type.clone(),
+            agent: e.agent.clone(),
+            hash: e.hash.clone(),
+            requires: e.requires.clone(),
+            undefined: e.undefined,
+        })
+        .collect())
+}
+
 /// What changed from version `from` to the newer `to`: the resources `to` has that `from` had
 /// not so (new or changed), and the ids `from` had that `to` has not so (changed or gone).
 /// Reads the spans that start or end between them, not the versions: `None` when `from` no

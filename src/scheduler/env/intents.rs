@@ -30,7 +30,8 @@ impl EnvScheduler {
         read: bool,
     ) -> Result<Vec<Intent>, store::StoreError> {
         let t0 = std::time::Instant::now();
-        let rows = store::versions::resource_digests(&self.pool, self.env, version).await?;
+        let rows =
+            store::versions::resource_digests_held_or_read(&self.pool, self.env, version).await?;
         let t_digests = t0.elapsed();
         let intents = self.intents_of(rows, take, read).await?;
         tracing::debug!(

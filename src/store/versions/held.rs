@@ -67,6 +67,16 @@ pub(super) fn cached(
         .map(|m| (m.manifest.clone(), std::mem::take(&mut m.tree)))
 }
 
+/// The manifest of `env`'s version `number` with `content_hash`, if the cache holds it (a
+/// reader: its content tree stays for the next store).
+pub(super) fn manifest_of(env: Uuid, number: i32, content_hash: &str) -> Option<Arc<Manifest>> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .iter()
+        .find(|m| m.env == env && m.number == number && m.content_hash == content_hash)
+        .map(|m| m.manifest.clone())
+}
+
 /// Drop the environment's manifest from the cache (it is being made the next version's).
 pub(super) fn forget_cached(env: Uuid) {
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
