@@ -323,3 +323,77 @@ async fn a_restarted_server_agrees_with_the_states_written_in_place() {
         seq.step(&c, &env, step).await;
     }
 }
+
+/// The digests a scheduler takes from the manifest the store holds in memory are the rows
+/// the database has, for the newest version and (read from the database again) for those
+/// the store no longer holds; a number no version has reads the database.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_digests_from_the_stores_memory_are_the_databases() {
+    use steward::store::versions;
+    let pool = migrated_pool(2).await;
+    let env = environment_in(&pool, "held", "digests", &Default::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x0d16_e575);
+    let mut world = World::new();
+    let mut next = 0;
+    for _ in 0..20 {
+        world.insert(next, (format!("c{next}"), BTreeSet::new(), false));
+        next += 1;
+    }
+    let mut numbers = Vec::new();
+    for step in 0..6 {
+        mutate(&mut world, &mut rng, &mut next, step);
+        let export = export(dir.path(), &world);
+        let mut c = pool.acquire().await.unwrap();
+        let n = versions::store(
+            &mut c,
+            env,
+            versions::NewVersion {
+                export: &export,
+                uploader: "test",
+                origin: "push",
+                provenance: json!({}),
+                attributes_beside: None,
+            },
+        )
+        .await
+        .unwrap()
+        .info
+        .number;
+        numbers.push(n);
+        for &v in &numbers {
+            let from_db = versions::resource_digests(&pool, env, v).await.unwrap();
+            let held = versions::resource_digests_held_or_read(&pool, env, v)
+                .await
+                .unwrap();
+            assert_eq!(held, from_db, "version {v} after storing {n}");
+            assert!(!held.is_empty());
+        }
+    }
+    // the newest came from memory: a row changed behind the store's back shows only in
+    // what the database reads
+    let newest = *numbers.last().unwrap();
+    sqlx::query(
+        "UPDATE resource_spans SET undefined = NOT undefined WHERE environment_id = $1 \
+         AND first_version <= $2 AND last_version >= $2",
+    )
+    .bind(env)
+    .bind(newest)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_ne!(
+        versions::resource_digests_held_or_read(&pool, env, newest)
+            .await
+            .unwrap(),
+        versions::resource_digests(&pool, env, newest)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        versions::resource_digests_held_or_read(&pool, env, 999)
+            .await
+            .unwrap(),
+        versions::resource_digests(&pool, env, 999).await.unwrap()
+    );
+}
