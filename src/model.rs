@@ -10,6 +10,7 @@ pub mod cron;
 pub mod diff;
 pub mod export_lines;
 pub mod facts;
+pub mod mapped;
 pub mod placement;
 pub mod settings;
 pub mod urls;
