@@ -321,6 +321,7 @@ impl EnvScheduler {
     /// before it merged the new version, and a `steward deploy` changing one waited for it.
     /// [`Self::settle_unread`] puts them in.
     pub(super) fn read_unread_later(&mut self) {
+        self.unread_later = false;
         let hashes: Vec<String> = self
             .model
             .intents
@@ -349,7 +350,7 @@ impl EnvScheduler {
         if self.unread.as_ref().is_some_and(|r| r.is_finished()) {
             self.settle_unread().await;
         }
-        if self.unread.is_none() {
+        if self.unread.is_none() && !self.unread_later {
             return;
         }
         let mut finished = Vec::new();
@@ -390,7 +391,12 @@ impl EnvScheduler {
     /// unread (its read failed) now. Before anything reads an attribute other than a
     /// deploy's own (events read their dependents' flags).
     pub(super) async fn settle_unread(&mut self) {
+        let later = std::mem::take(&mut self.unread_later);
         let Some(reading) = self.unread.take() else {
+            // not begun yet: what is unread is read below
+            if later && let Err(e) = read_unread(&self.pool, self.model.intents.iter_mut()).await {
+                tracing::warn!(environment = %self.env, error = %e, "the attributes of some resources could not be read; they are read when they deploy");
+            }
             return;
         };
         let read = match reading.await {
