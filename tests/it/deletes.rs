@@ -12,7 +12,7 @@ use steward::client::Client;
 use steward::model::Resource;
 
 use crate::deploy::{deploy_actions, deploying_env, state_of, upload};
-use crate::support::{Spawned, eventually, exec_run, fs_file, wait_deployed};
+use crate::support::{Spawned, eventually, exec_run, fs_file, kill9, wait_deployed};
 
 const AGENT: &str = "localhost";
 
@@ -440,4 +440,78 @@ async fn the_version_a_pending_delete_needs_is_kept() {
     .await;
     assert!(!Path::new(&format!("{d}/gone")).exists());
     c.delete_version(&env, v1).await.unwrap();
+}
+
+/// Deletes handed to an executor behind a slow command, for files that came back into the
+/// model meanwhile, and the executor dies before it started them: they are not needed any
+/// more, and none may run (before, each ran as a "delete" of the file's intent, and the
+/// file was deployed again after it).
+#[tokio::test(flavor = "multi_thread")]
+async fn deletes_an_executor_died_holding_are_dropped_for_resources_back_in_the_model() {
+    let (_srv, c, env, dir) = deploying_env(
+        "back-executor-died",
+        json!({
+            "delete_removed_resources": true,
+            "retry_backoff": {"initial": 1, "factor": 1.0, "max": 1},
+        }),
+    )
+    .await;
+    let d = dir.path().display().to_string();
+    let keep = fs_file(AGENT, &format!("{d}/keep"), "k", &[]);
+    let slow = exec_run(
+        AGENT,
+        &format!("sh -c 'touch {d}/started; sleep 6; touch {d}/done'"),
+        json!({}),
+        &[],
+    );
+    let files: Vec<_> = (1..=3)
+        .map(|i| fs_file(AGENT, &format!("{d}/f{i}"), &format!("content {i}"), &[]))
+        .collect();
+    let with = |extra: &[Resource]| {
+        let mut all = vec![keep.clone()];
+        all.extend(extra.iter().cloned());
+        all
+    };
+    let v1 = upload(&c, &env, with(&files)).await;
+    wait_deployed(&c, &env, v1, 30).await;
+    let mut and_slow = files.clone();
+    and_slow.push(slow.clone());
+    upload(&c, &env, with(&and_slow)).await;
+    wait_for_file(&format!("{d}/started"), "the slow command to start").await;
+    upload(&c, &env, with(std::slice::from_ref(&slow))).await;
+    // the executor runs the command and holds deletes handed to it to start next
+    let pid = eventually(10, "deletes handed to the busy executor", || async {
+        let a = c.agents(&env).await.unwrap();
+        let agent = a["agents"]
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == AGENT)?
+            .clone();
+        (agent["running"].as_u64()? >= 2)
+            .then(|| agent["executors"][0].as_u64())
+            .flatten()
+    })
+    .await;
+    let v4 = upload(&c, &env, with(&and_slow)).await;
+    assert!(
+        !Path::new(&format!("{d}/done")).exists()
+            && (1..=3).all(|i| Path::new(&format!("{d}/f{i}")).exists()),
+        "the test's premise: nothing but the command started before the executor dies"
+    );
+    kill9(pid as u32);
+    wait_deployed(&c, &env, v4, 40).await;
+    for (i, f) in files.iter().enumerate() {
+        let path = format!("{d}/f{}", i + 1);
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some(format!("content {}", i + 1).as_str()),
+            "{path}"
+        );
+        let log = deploy_actions(&c, &env, &f.id.0).await;
+        assert!(
+            log.iter().all(|a| a.action != "delete"),
+            "a delete that was no longer needed ran: {log:?}"
+        );
+        assert_eq!(state_of(&c, &env, &f.id.0).await.status, "deployed");
+    }
 }

@@ -7,20 +7,11 @@ use steward::client::Client;
 
 use crate::deploy::{deploy_actions, deploying_env, env_with, state_of, upload};
 use crate::support::{
-    eventually, exec_run, free_port, fs_file, new_database, spawn_server, wait_deployed,
+    eventually, exec_run, free_port, fs_file, kill9, new_database, spawn_server, wait_deployed,
     wait_healthy,
 };
 
 const AGENT: &str = "localhost";
-
-fn kill9(pid: u32) {
-    let ok = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -9 {pid}");
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn crashed_executor_is_reported_respawned_and_retried() {

@@ -515,6 +515,16 @@ pub fn spawn_server_with(
 /// admin client; killed when dropped. `restart` kills it with -9 and starts it again on
 /// the same database, data dir and port.
 #[allow(dead_code)]
+/// `kill -9` of a process of the test's (an executor, say); it must have been there.
+pub fn kill9(pid: u32) {
+    let ok = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -9 {pid}");
+}
+
 pub struct Spawned {
     pub child: std::process::Child,
     pub url: String,

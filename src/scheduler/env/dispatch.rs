@@ -579,8 +579,8 @@ impl EnvScheduler {
     /// A deploy that its executor never started (the executor died, or was killed for the
     /// action before it) goes back to the queue as it was asked for, with any follow-up it
     /// got meanwhile. Nothing ran, so nothing is recorded. False when it can not be
-    /// queued again (a delete, or a resource no longer in the model): it then ends like the
-    /// action before it.
+    /// queued again (a delete of a resource still out of the model, or a resource no longer
+    /// in it): it then ends like the action before it.
     fn requeue_unstarted(&mut self, key: &TaskKey) -> bool {
         let TaskKey::Deploy(rid) = key else {
             return false;
@@ -589,7 +589,21 @@ impl EnvScheduler {
             return false;
         };
         if self.tombstones.contains_key(rid) {
-            return false;
+            // a delete that never started, of a resource back in the model meanwhile: it is
+            // not needed any more (it would run as a "delete" of the model's intent, and the
+            // resource deploy again after it); the resource deploys, as one back before its
+            // delete started does
+            self.tombstones.remove(rid);
+            self.timers.cancel(rid);
+            self.running.remove(key);
+            self.queue.unrun(key);
+            self.schedule(
+                r,
+                Priority::NewVersion,
+                "back in the model before its delete started",
+                false,
+            );
+            return true;
         }
         self.running.remove(key);
         let rid = rid.clone();
