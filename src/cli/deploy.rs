@@ -112,7 +112,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         },
         Compiled::Patched(p) => {
             let (n, changed) = (p.resources(), p.changed.len());
-            (First::Patched(p), n, Some(changed))
+            (First::Patched(Box::new(p)), n, Some(changed))
         }
     };
     eprintln!(
@@ -177,7 +177,7 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
 /// The first compile's result.
 enum First {
     Whole(ExportFile),
-    Patched(compiler::incremental::cache::Patched),
+    Patched(Box<compiler::incremental::cache::Patched>),
 }
 
 /// The first compile's result, ready to upload.
@@ -187,7 +187,7 @@ enum Ready {
     Whole(ExportFile),
     /// the last compile's export, patched: sent as the resources the patch changed when the
     /// last upload was that export
-    Patched(compiler::incremental::cache::Patched),
+    Patched(Box<compiler::incremental::cache::Patched>),
 }
 
 /// What `steward deploy` records beside the compile's memory after an upload

@@ -109,7 +109,7 @@ impl Runtime {
             // what the last run's schedulers left, checked against the cluster as that run
             // left it (this start changes it), and read while it starts
             let stamp = c.control_stamp();
-            let reading = std::thread::spawn(move || super::warm::take_stamped(&dir, stamp));
+            let reading = std::thread::spawn(move || super::warm::take_prepared(&dir, stamp));
             match c.start(true) {
                 Ok(()) => Ok((std::sync::Arc::new(c), reading)),
                 Err(e) => {
@@ -166,7 +166,7 @@ impl Runtime {
             .await
             .unwrap_or_default();
         let warm_ms = began.elapsed().as_secs_f64() * 1000.0;
-        let warm_resources: usize = warm.snapshots.iter().map(|w| w.resources()).sum();
+        let warm_resources: usize = warm.prepared.iter().map(|w| w.resources()).sum();
         let warm_manifest: usize = warm.manifests.iter().map(|m| m.resources()).sum();
         // before the server takes an upload (the store checks each against the newest
         // version's number and content hash anyway)
@@ -176,7 +176,7 @@ impl Runtime {
             false,
             executor_bin,
             data_dir,
-            warm.snapshots,
+            warm.prepared,
         )
         .await;
         let schedulers = state.schedulers.clone().expect("schedulers");

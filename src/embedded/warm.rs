@@ -19,9 +19,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::model::codec::{Reader, Writer};
-use crate::scheduler::snapshot::Snapshot;
+use crate::scheduler::snapshot::{Prepared, Snapshot};
 use crate::store::cluster::PgCluster;
-use crate::store::versions::HeldManifest;
+use crate::store::versions::{HeldManifest, ReadyManifest};
 
 const MAGIC: &[u8; 8] = b"STWWRM2\n";
 
@@ -56,45 +56,59 @@ impl Warm {
         }
         w.0
     }
+}
 
-    /// The snapshots and the manifests are decoded on two threads: at 100,000 resources
-    /// each is ~100 ms of allocation, on the way of every `steward deploy` that finds them.
-    fn decode(body: &[u8]) -> Result<Warm, &'static str> {
-        let mut r = Reader(body);
-        let cut = |_| "the file is cut short";
-        let count = r.count().map_err(cut)?;
-        let mut encoded = Vec::with_capacity(count);
-        for _ in 0..count {
-            let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
-            encoded.push(r.take(len).map_err(cut)?);
-        }
-        std::thread::scope(|scope| {
-            let manifests = scope.spawn(move || {
-                let count = r.count().map_err(cut)?;
-                let mut manifests = Vec::with_capacity(count);
-                for _ in 0..count {
-                    manifests.push(
-                        HeldManifest::decode(&mut r).map_err(|_| "a manifest does not decode")?,
-                    );
-                }
-                if !r.is_empty() {
-                    return Err("bytes after the last manifest");
-                }
-                Ok(manifests)
-            });
-            let snapshots = encoded
-                .into_iter()
-                .map(|bytes| Snapshot::decode(bytes).map_err(|_| "a snapshot does not decode"))
-                .collect::<Result<Vec<_>, _>>();
-            let manifests = manifests
-                .join()
-                .unwrap_or(Err("decoding the manifests failed"))?;
-            Ok(Warm {
-                snapshots: snapshots?,
-                manifests,
-            })
-        })
+/// What the last run left, each snapshot made into the model its scheduler starts from
+/// ([`take_prepared`]).
+#[derive(Default)]
+pub struct Taken {
+    pub prepared: Vec<Prepared>,
+    pub manifests: Vec<ReadyManifest>,
+}
+
+/// The snapshots and the manifests, decoded on two threads (at 100,000 resources each is
+/// ~100 ms of allocation, on the way of every `steward deploy` that finds them), each made
+/// into what `each` and `each_manifest` make of it on its thread: a scheduler's model built
+/// from its snapshot (~100 ms) and a manifest's content tree (~30-50 ms) are then made
+/// beside the compile and the cluster's start, before the runtime serves, instead of after.
+fn decode_with<T: Send, M: Send>(
+    body: &[u8],
+    each: impl Fn(Snapshot) -> T,
+    each_manifest: impl Fn(HeldManifest) -> M + Send,
+) -> Result<(Vec<T>, Vec<M>), &'static str> {
+    let mut r = Reader(body);
+    let cut = |_| "the file is cut short";
+    let count = r.count().map_err(cut)?;
+    let mut encoded = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
+        encoded.push(r.take(len).map_err(cut)?);
     }
+    std::thread::scope(|scope| {
+        let manifests = scope.spawn(move || {
+            let count = r.count().map_err(cut)?;
+            let mut manifests = Vec::with_capacity(count);
+            for _ in 0..count {
+                manifests
+                    .push(HeldManifest::decode(&mut r).map_err(|_| "a manifest does not decode")?);
+            }
+            if !r.is_empty() {
+                return Err("bytes after the last manifest");
+            }
+            Ok(manifests.into_iter().map(&each_manifest).collect())
+        });
+        // all decoded before any is made into a model: a file that does not decode to its
+        // end is not used at all
+        let snapshots = encoded
+            .into_iter()
+            .map(|bytes| Snapshot::decode(bytes).map_err(|_| "a snapshot does not decode"))
+            .collect::<Result<Vec<_>, _>>();
+        let made = snapshots.map(|s| s.into_iter().map(&each).collect());
+        let manifests = manifests
+            .join()
+            .unwrap_or(Err("decoding the manifests failed"))?;
+        Ok((made?, manifests))
+    })
 }
 
 /// What the last run left, when the cluster is as it left it (call before the cluster
@@ -104,30 +118,56 @@ pub fn take(data_dir: &Path, cluster: &PgCluster) -> Warm {
 }
 
 /// [`take`], with the cluster's control stamp read before it started (`steward deploy`
-/// decodes the file while its cluster starts).
-pub fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Warm {
+/// decodes the file while its cluster starts), each snapshot made into its scheduler's model
+/// on the way.
+pub fn take_prepared(data_dir: &Path, stamp: Option<[u8; 32]>) -> Taken {
+    match take_with(data_dir, stamp, Snapshot::prepare, HeldManifest::with_tree) {
+        Some((prepared, manifests)) => Taken {
+            prepared,
+            manifests,
+        },
+        None => Taken::default(),
+    }
+}
+
+fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Warm {
+    match take_with(data_dir, stamp, |s| s, |m| m) {
+        Some((snapshots, manifests)) => Warm {
+            snapshots,
+            manifests,
+        },
+        None => Warm::default(),
+    }
+}
+
+fn take_with<T: Send, M: Send>(
+    data_dir: &Path,
+    stamp: Option<[u8; 32]>,
+    each: impl Fn(Snapshot) -> T,
+    each_manifest: impl Fn(HeldManifest) -> M + Send,
+) -> Option<(Vec<T>, Vec<M>)> {
     let path = path(data_dir);
     let began = std::time::Instant::now();
     // mapped, not read into a buffer of its own (55 MB at 100,000 resources); removed at
     // once, the mapping keeps its bytes
     let Ok(bytes) = crate::model::mapped::Mapped::open(&path) else {
-        return Warm::default();
+        return None;
     };
     let _ = std::fs::remove_file(&path);
     let read_ms = began.elapsed().as_secs_f64() * 1000.0;
-    match decode(&bytes, stamp) {
-        Ok(warm) => {
+    match body(&bytes, stamp).and_then(|body| decode_with(body, each, each_manifest)) {
+        Ok(decoded) => {
             tracing::debug!(
                 bytes = bytes.len(),
                 read_ms,
                 decoded_ms = began.elapsed().as_secs_f64() * 1000.0,
                 "what the last run left is read"
             );
-            warm
+            Some(decoded)
         }
         Err(why) => {
             tracing::info!(file = %path.display(), why, "what the last run left is not used: the database is read");
-            Warm::default()
+            None
         }
     }
 }
@@ -161,7 +201,18 @@ fn encode(warm: &Warm, stamp: [u8; 32]) -> Vec<u8> {
     file
 }
 
+#[cfg(test)]
 fn decode(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<Warm, &'static str> {
+    let (snapshots, manifests) = decode_with(body(bytes, stamp)?, |s| s, |m| m)?;
+    Ok(Warm {
+        snapshots,
+        manifests,
+    })
+}
+
+/// The body of a file whose header fits the cluster's control stamp and whose checksum is
+/// right.
+fn body(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<&[u8], &'static str> {
     let header = MAGIC.len() + 32 + 8;
     if bytes.len() < header || &bytes[..MAGIC.len()] != MAGIC {
         return Err("not a file of this version");
@@ -177,7 +228,7 @@ fn decode(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<Warm, &'static str> {
     if checksum(body) != sum {
         return Err("its checksum does not match (the file is damaged)");
     }
-    Warm::decode(body)
+    Ok(body)
 }
 
 /// A fast checksum against a damaged file (a crash after the rename, a cut copy), not

@@ -27,7 +27,7 @@ use super::code::CodeCache;
 use super::executors::{Pool, ProcId};
 use super::model::{Intent, Model};
 use super::queue::{Priority, Queue, TaskKey};
-use super::snapshot::Snapshot;
+use super::snapshot::{Prepared, Snapshot};
 use super::timers::Timers;
 use crate::executor::protocol::ActionKind;
 use crate::model::HandlerCode;
@@ -36,15 +36,25 @@ use crate::replicas::Tenure;
 use crate::store;
 use crate::store::actions::ActionRecord;
 use crate::store::deploy::Batch;
+pub(super) use persist::StoredRows;
 pub(super) use persist::state_from_row;
-use persist::{StoredRows, Written, writer};
+use persist::{Written, writer};
 
 /// A start arms the resources' timers once its first deploys ended, and at the latest this
 /// long after it (a long first deploy does not hold up a due retry for long).
 const TIMERS_AT_THE_LATEST: Duration = Duration::from_secs(2);
 
+/// How long after its start a scheduler reads the attributes its start left unread, all
+/// at once (a repair sweep of 100,000 resources would read them one by one).
+const UNREAD_AFTER: Duration = Duration::from_secs(5);
+
 /// The action-log label of a removed resource's delete (`delete_removed_resources`).
 const DELETE_LABEL: &str = "delete";
+
+/// A start that dispatched nothing arms its timers no sooner than this: the version it was
+/// started for usually comes right after (`steward deploy` releases its upload ~50 ms after
+/// the runtime serves), and at 100,000 resources arming took 80-240 ms beside its deploy.
+const TIMERS_WHEN_IDLE: Duration = Duration::from_millis(300);
 
 /// How many resources' timers a turn of the loop arms (100,000 resources: ~14 ms a part).
 const TIMERS_PER_TURN: usize = 10_000;
@@ -52,8 +62,9 @@ const TIMERS_PER_TURN: usize = 10_000;
 /// Where a start is in arming its resources' timers.
 #[derive(Clone, Copy, Debug)]
 enum Arming {
-    /// not yet: once nothing runs, or at this time
-    Later(tokio::time::Instant),
+    /// not yet: once nothing runs (and not before the first of these times), or at the
+    /// second
+    Later(tokio::time::Instant, tokio::time::Instant),
     /// the next part begins at this resource of the model of this version (another
     /// version's model begins again at the first: its resources moved)
     From {
@@ -66,7 +77,7 @@ enum Arming {
 
 /// The stored states a start builds its model with: as read from the database (by resource),
 /// or from a snapshot (each at its resource's place).
-enum StoredStates {
+pub(super) enum StoredStates {
     ById(HashMap<String, store::deploy::StateRow>),
     Aligned(Vec<Option<store::deploy::StateRow>>),
 }
@@ -251,12 +262,13 @@ pub struct EnvScheduler {
     /// the attributes of the model's resources being read after the start, by hash
     /// ([`EnvScheduler::read_unread_later`])
     unread: Option<UnreadAttributes>,
-    /// The model's attributes are still to be read after the start: the read begins once
-    /// the start's own deploys ended ([`EnvScheduler::read_unread_later`]).
-    unread_later: bool,
+    /// The model's attributes are still to be read after the start, in one read that
+    /// begins then ([`EnvScheduler::read_unread_later`]; until it arrives, what needs
+    /// attributes reads its own).
+    unread_later: Option<tokio::time::Instant>,
     /// What the last scheduler of the environment left when it stopped, for the start to
     /// read instead of the database (taken by [`EnvScheduler::restore`]).
-    warm: Option<Snapshot>,
+    warm: Option<Prepared>,
 }
 
 type UnreadAttributes = tokio::task::JoinHandle<
@@ -275,6 +287,29 @@ pub struct Links {
     pub notifier: crate::events::Notifier,
 }
 
+/// The model of version `v` from its intents and the stored states (rows of resources
+/// outside the model are orphans'; a snapshot holds none), and what is known of the rows.
+pub(super) fn build_model(v: i32, intents: Vec<Intent>, rows: StoredStates) -> (Model, StoredRows) {
+    let (states, orphans) = match rows {
+        StoredStates::Aligned(states) => (states, None),
+        StoredStates::ById(mut rows) => {
+            let states = intents.iter().map(|i| rows.remove(&i.id)).collect();
+            (states, Some(rows.into_keys().collect()))
+        }
+    };
+    let missing = intents
+        .iter()
+        .zip(&states)
+        .filter(|(_, s)| s.is_none())
+        .map(|(i, _)| i.id.clone())
+        .collect();
+    let states = states.into_iter().map(|s| s.map(state_from_row)).collect();
+    (
+        Model::restore(v, intents, states),
+        StoredRows::known(missing, orphans),
+    )
+}
+
 impl EnvScheduler {
     /// Rebuild from the database (or from `warm`, what the last scheduler of the
     /// environment left, when it holds the version the database says was processed) and run
@@ -288,7 +323,7 @@ impl EnvScheduler {
         links: Links,
         mut control: mpsc::UnboundedReceiver<Control>,
         tenure: Option<Tenure>,
-        warm: Option<Snapshot>,
+        warm: Option<Prepared>,
     ) -> Option<Snapshot> {
         let Links {
             executor_bin,
@@ -339,7 +374,7 @@ impl EnvScheduler {
             facts: Default::default(),
             notifier,
             unread: None,
-            unread_later: false,
+            unread_later: None,
             warm,
         };
         // the database may be away at start: keep trying
@@ -370,7 +405,8 @@ impl EnvScheduler {
         // resources: arming takes 115-140 ms, which stood before the changed file was
         // written, then before its state was and the progress was answered). A deploy
         // queued or running gets no timer either way; due ones fire in the loop's next turn
-        let mut arming = Arming::Later(tokio::time::Instant::now() + TIMERS_AT_THE_LATEST);
+        let now = tokio::time::Instant::now();
+        let mut arming = Arming::Later(now + TIMERS_WHEN_IDLE, now + TIMERS_AT_THE_LATEST);
         loop {
             let wake = s.next_wake();
             tokio::select! {
@@ -408,7 +444,9 @@ impl EnvScheduler {
             s.executors.wake_agents();
             s.flush();
             arming = s.arm_timers_part(arming).await;
-            if s.unread_later && !matches!(arming, Arming::Later(_)) {
+            if s.unread_later
+                .is_some_and(|at| at <= tokio::time::Instant::now())
+            {
                 s.read_unread_later();
             }
         }
@@ -540,7 +578,7 @@ impl EnvScheduler {
         // no longer describe the model
         self.model = Model::default();
         self.stored_rows = StoredRows::default();
-        self.unread_later = false;
+        self.unread_later = None;
         let t0 = std::time::Instant::now();
         let mut phases: Vec<(&str, f64)> = Vec::new();
         let mark = |what: &'static str, phases: &mut Vec<(&str, f64)>| {
@@ -571,13 +609,14 @@ impl EnvScheduler {
         }
         if let Some(v) = processed {
             mark("settings", &mut phases);
-            let (intents, rows) = match warm {
-                // the rows the last scheduler left, as the database holds them
-                Some(w) => {
-                    let (resources, states) = w.into_aligned();
-                    let intents = self.intents_of(resources, true, false).await?;
-                    (intents, StoredStates::Aligned(states))
-                }
+            let (intents, rows, built) = match warm {
+                // the model of the rows the last scheduler left (as the database holds
+                // them), built while the runtime started
+                Some(w) => (
+                    Vec::new(),
+                    StoredStates::ById(HashMap::new()),
+                    Some(w.into_model()),
+                ),
                 None => {
                     // the intents and the states are read at once, on two connections:
                     // PostgreSQL works on both while this task decodes whichever comes
@@ -588,47 +627,30 @@ impl EnvScheduler {
                         self.load_intents_reading(v, true, false),
                         store::deploy::load_states(&pool, env)
                     );
-                    (intents?, StoredStates::ById(rows?))
+                    (intents?, StoredStates::ById(rows?), None)
                 }
             };
             mark("intents and states read", &mut phases);
             // Built on a thread of its own: at 100,000 resources this is 200 ms of work
             // without a wait in it, and on a runtime worker it held up the other tasks there
             // (`steward deploy`'s first request to its private server waited for it)
-            let (model, stored_rows) = tokio::task::spawn_blocking(move || {
-                // rows of resources outside the model are orphans'; a snapshot holds none
-                let (states, orphans) = match rows {
-                    StoredStates::Aligned(states) => (states, None),
-                    StoredStates::ById(mut rows) => {
-                        let states = intents.iter().map(|i| rows.remove(&i.id)).collect();
-                        (states, Some(rows.into_keys().collect()))
-                    }
-                };
-                let missing = intents
-                    .iter()
-                    .zip(&states)
-                    .filter(|(_, s)| s.is_none())
-                    .map(|(i, _)| i.id.clone())
-                    .collect();
-                let states = states.into_iter().map(|s| s.map(state_from_row)).collect();
-                (
-                    Model::restore(v, intents, states),
-                    StoredRows::known(missing, orphans),
-                )
-            })
-            .await
-            .map_err(|e| match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                // the runtime is shutting down
-                Err(e) => store::StoreError::Database(format!("building the model: {e}")),
-            })?;
+            let (model, stored_rows) = match built {
+                Some(built) => built,
+                None => tokio::task::spawn_blocking(move || build_model(v, intents, rows))
+                    .await
+                    .map_err(|e| match e.try_into_panic() {
+                        Ok(panic) => std::panic::resume_unwind(panic),
+                        // the runtime is shutting down
+                        Err(e) => store::StoreError::Database(format!("building the model: {e}")),
+                    })?,
+            };
             self.model = model;
             self.stored_rows = stored_rows;
             mark("model", &mut phases);
-            // read once the start's own deploys ended, with the timers: a read of every
-            // attribute set beside the first deploys slowed them (100,000 resources: ~240 ms
-            // of PostgreSQL's work on the two cores `steward deploy`'s change-one needs)
-            self.unread_later = true;
+            // read a while after the start: beside the first deploys, a read of every
+            // attribute set slowed them (100,000 resources: ~240 ms of PostgreSQL's work on
+            // the two cores `steward deploy`'s change-one needs, which then stops before)
+            self.unread_later = Some(tokio::time::Instant::now() + UNREAD_AFTER);
             self.load_wanted_facts().await;
             self.handlers = store::code::handlers_of(&self.pool, self.env, v).await?;
             mark("facts and handlers", &mut phases);

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::model::RState;
+use super::model::{Attributes, Intent, Model, RState};
 use crate::model::codec::{CodecError, Reader, Writer};
 use crate::store::deploy::StateRow;
 use crate::store::versions::ResourceDigestRow;
@@ -52,6 +52,24 @@ pub struct Snapshot {
     /// One per resource of the version that has a stored state; only the columns a start
     /// reads are kept (the others are their defaults).
     pub(crate) states: Vec<StateRow>,
+}
+
+/// A snapshot made into the model a start takes from it ([`Snapshot::prepare`]).
+pub struct Prepared {
+    pub env: Uuid,
+    /// The version of its model: the environment's processed version.
+    pub version: i32,
+    built: (Model, super::env::StoredRows),
+}
+
+impl Prepared {
+    pub fn resources(&self) -> usize {
+        self.built.0.len()
+    }
+
+    pub(super) fn into_model(self) -> (Model, super::env::StoredRows) {
+        self.built
+    }
 }
 
 impl Snapshot {
@@ -104,6 +122,35 @@ impl Snapshot {
             .map(|r| by_id.remove(&r.resource_id))
             .collect();
         (self.resources, states)
+    }
+
+    /// The model a start builds from this snapshot, built now (`steward deploy` does it on
+    /// the thread that decoded the snapshot, while its runtime starts).
+    pub fn prepare(self) -> Prepared {
+        let (env, version) = (self.env, self.version);
+        let (resources, states) = self.into_aligned();
+        let intents = resources
+            .into_iter()
+            .map(|r| Intent {
+                id: r.resource_id,
+                type_name: r.resource_type,
+                agent: r.agent,
+                hash: r.hash,
+                // read after the start, as a start from the database does
+                attributes: Attributes::unread(),
+                requires: r.requires,
+                undefined: r.undefined,
+            })
+            .collect();
+        Prepared {
+            env,
+            version,
+            built: super::env::build_model(
+                version,
+                intents,
+                super::env::StoredStates::Aligned(states),
+            ),
+        }
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -175,7 +175,7 @@ mod spans;
 mod write;
 
 pub(in crate::store) use blobs::collect_blobs;
-pub use held::{HeldManifest, held_manifests, offer_manifests};
+pub use held::{HeldManifest, ReadyManifest, held_manifests, offer_manifests};
 pub use spans::{Entry, OPEN};
 pub use write::{Manifest, store, store_delta, store_hashed, validate_export};
 

@@ -321,7 +321,7 @@ impl EnvScheduler {
     /// before it merged the new version, and a `steward deploy` changing one waited for it.
     /// [`Self::settle_unread`] puts them in.
     pub(super) fn read_unread_later(&mut self) {
-        self.unread_later = false;
+        self.unread_later = None;
         let hashes: Vec<String> = self
             .model
             .intents
@@ -350,7 +350,7 @@ impl EnvScheduler {
         if self.unread.as_ref().is_some_and(|r| r.is_finished()) {
             self.settle_unread().await;
         }
-        if self.unread.is_none() && !self.unread_later {
+        if self.unread.is_none() && self.unread_later.is_none() {
             return;
         }
         let mut finished = Vec::new();
@@ -391,7 +391,7 @@ impl EnvScheduler {
     /// unread (its read failed) now. Before anything reads an attribute other than a
     /// deploy's own (events read their dependents' flags).
     pub(super) async fn settle_unread(&mut self) {
-        let later = std::mem::take(&mut self.unread_later);
+        let later = self.unread_later.take().is_some();
         let Some(reading) = self.unread.take() else {
             // not begun yet: what is unread is read below
             if later && let Err(e) = read_unread(&self.pool, self.model.intents.iter_mut()).await {

@@ -60,7 +60,7 @@ pub(in crate::scheduler) fn state_from_row(row: StateRow) -> RState {
 /// writes). Rows appear only through this scheduler's writer while it holds the
 /// environment, so what it saw at its start and what it wrote since is the whole story.
 #[derive(Debug, Default)]
-pub(super) struct StoredRows {
+pub(in crate::scheduler) struct StoredRows {
     /// Resources of the model that have no row.
     missing: HashSet<String>,
     /// Resources outside the model that have one (orphans), when known. One that comes
@@ -71,7 +71,10 @@ pub(super) struct StoredRows {
 }
 
 impl StoredRows {
-    pub(super) fn known(missing: HashSet<String>, orphans: Option<HashSet<String>>) -> Self {
+    pub(in crate::scheduler) fn known(
+        missing: HashSet<String>,
+        orphans: Option<HashSet<String>>,
+    ) -> Self {
         StoredRows { missing, orphans }
     }
 

@@ -92,8 +92,9 @@ impl EnvScheduler {
         use super::Arming;
         let (from, began) = match arming {
             Arming::Done => return Arming::Done,
-            Arming::Later(at) => {
-                if !self.running.is_empty() && tokio::time::Instant::now() < at {
+            Arming::Later(idle, at) => {
+                let now = tokio::time::Instant::now();
+                if now < at && (!self.running.is_empty() || now < idle) {
                     return arming;
                 }
                 // the writer was just handed the deploys' states: it starts writing them

@@ -32,22 +32,16 @@ struct CachedManifest {
 #[derive(Default)]
 pub(super) enum TreeSlot {
     Ready(ContentTree),
-    /// being made on [`offer_manifests`]'s thread: waiting for it costs at most what making
-    /// it again would (a store that comes early at 100,000 resources otherwise spent ~80 ms
-    /// making the tree the thread was about to hand over)
-    Coming(tokio::sync::oneshot::Receiver<ContentTree>),
     /// taken by a store, or never made
     #[default]
     None,
 }
 
 impl TreeSlot {
-    /// The tree, waiting for it when it is being made (`None`: the store makes its own).
-    pub(super) async fn take(self) -> Option<ContentTree> {
+    /// The tree (`None`: the store makes its own).
+    pub(super) fn take(self) -> Option<ContentTree> {
         match self {
             TreeSlot::Ready(tree) => Some(tree),
-            // an error: the thread ended without one (it panicked)
-            TreeSlot::Coming(made) => made.await.ok(),
             TreeSlot::None => None,
         }
     }
@@ -153,33 +147,39 @@ pub fn held_manifests() -> Vec<HeldManifest> {
         .collect()
 }
 
-/// Take what a stopped process held, for a database nobody changed since. The content
-/// trees are made on a thread (100,000 resources: ~50-100 ms); a store that comes first
-/// waits for its environment's (see [`TreeSlot::Coming`]).
-pub fn offer_manifests(held: Vec<HeldManifest>) {
-    let mut making = Vec::with_capacity(held.len());
-    for h in held {
-        let (tree, coming) = tokio::sync::oneshot::channel();
+/// A held manifest with its content tree made (100,000 resources: ~30-50 ms), on the thread
+/// that decoded it from what a stopped process left ([`HeldManifest::with_tree`]).
+pub struct ReadyManifest(HeldManifest, ContentTree);
+
+impl ReadyManifest {
+    pub fn resources(&self) -> usize {
+        self.0.resources()
+    }
+}
+
+/// Take what a stopped process held, for a database nobody changed since: the first store
+/// of each environment finds its newest manifest and that manifest's content tree.
+pub fn offer_manifests(held: Vec<ReadyManifest>) {
+    for ReadyManifest(h, tree) in held {
         remember_with(
             h.env,
             h.number,
             &h.content_hash,
-            h.manifest.clone(),
-            TreeSlot::Coming(coming),
+            h.manifest,
+            TreeSlot::Ready(tree),
         );
-        making.push((h.manifest, tree));
     }
-    std::thread::spawn(move || {
-        for (manifest, tree) in making {
-            // nobody waiting (the entry was replaced or dropped, or its store is done): fine
-            let _ = tree.send(tree_of(&manifest));
-        }
-    });
 }
 
 impl HeldManifest {
     pub fn resources(&self) -> usize {
         self.manifest.len()
+    }
+
+    /// This manifest with its content tree made (the store takes both: [`offer_manifests`]).
+    pub fn with_tree(self) -> ReadyManifest {
+        let tree = tree_of(&self.manifest);
+        ReadyManifest(self, tree)
     }
 
     /// How this manifest differs from the environment's newest version in `pool` (empty:
@@ -244,7 +244,7 @@ impl HeldManifest {
         let number = i32::try_from(r.i64()?).map_err(|_| CodecError::Invalid)?;
         let content_hash = r.string()?;
         let n = r.count()?;
-        let mut manifest = Manifest::new();
+        let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
             let id = r.string()?;
             let entry = Entry {
@@ -254,8 +254,11 @@ impl HeldManifest {
                 requires: r.strings()?,
                 undefined: r.u8()? != 0,
             };
-            manifest.insert(id, entry);
+            entries.push((id, entry));
         }
+        // written in the map's order: built in one pass, not by 100,000 inserts (a map
+        // from entries out of order, or with an id twice, is the same as by inserts)
+        let manifest: Manifest = entries.into_iter().collect();
         Ok(HeldManifest {
             env,
             number,
@@ -310,26 +313,28 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_offered_manifests_tree_is_handed_to_the_first_store_only() {
+    #[test]
+    fn an_offered_manifests_tree_is_handed_to_the_first_store_only() {
         let manifest = files(20_000, |i| i.min(1), false);
         let expected = tree_of(&manifest).root();
         let env = Uuid::new_v4();
         let hash = "d".repeat(64);
-        offer_manifests(vec![HeldManifest {
-            env,
-            number: 3,
-            content_hash: hash.clone(),
-            manifest: Arc::new(manifest),
-        }]);
-        // asked at once: the thread has hardly begun, the store waits for its tree
+        offer_manifests(vec![
+            HeldManifest {
+                env,
+                number: 3,
+                content_hash: hash.clone(),
+                manifest: Arc::new(manifest),
+            }
+            .with_tree(),
+        ]);
         let (held, tree) = cached(env, 3, &hash).expect("offered manifest cached");
         assert_eq!(held.len(), 20_000);
-        let mut tree = tree.take().await.expect("the thread's tree");
+        let mut tree = tree.take().expect("the offered tree");
         assert_eq!(tree.root(), expected);
         // taken: a second look (another version's store) gets the manifest without a tree
         let (_, again) = cached(env, 3, &hash).expect("still cached");
-        assert!(again.take().await.is_none());
+        assert!(again.take().is_none());
         assert!(cached(env, 4, &hash).is_none());
         forget_cached(env);
     }

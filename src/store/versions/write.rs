@@ -365,7 +365,7 @@ async fn lock_newest(c: &mut PgConnection, env_id: Uuid) -> Result<Locked> {
         Some((n, hash)) => {
             let manifest = match cached(env_id, n, &hash) {
                 Some((m, t)) => {
-                    tree = t.take().await;
+                    tree = t.take();
                     m
                 }
                 None => Arc::new(spans::open_entries(&mut *c, env_id).await?),
