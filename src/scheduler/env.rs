@@ -437,7 +437,7 @@ impl EnvScheduler {
                 // the next part of the timers, after what else waits
                 _ = tokio::task::yield_now(), if matches!(arming, Arming::From { .. }) => {},
             }
-            s.on_time(Utc::now());
+            s.on_time(Utc::now()).await;
             s.refresh_facts().await;
             s.dispatch().await;
             s.executors.send_answers().await;
@@ -487,9 +487,6 @@ impl EnvScheduler {
             Some("actions were running")
         } else if !s.dryruns.is_empty() {
             Some("a dry-run was open")
-        } else if !s.tombstones.is_empty() {
-            // (their marks are in the database, which a start from the snapshot does not read)
-            Some("deletes of removed resources were pending")
         } else if s.tenure.is_some() {
             Some("the environment is leased")
         } else if s.model.version.is_none() {
@@ -687,6 +684,11 @@ impl EnvScheduler {
             }
         }
         mark("dry-runs", &mut phases);
+        // what the start recorded (the merge's marks and rows among it) is written before
+        // anything the loop records: a version released meanwhile and merged in its first
+        // turn would otherwise share a batch with it, and a resource it brings back have its
+        // row written before the earlier removal's mark
+        self.flush();
         let phases: Vec<String> = phases
             .iter()
             .map(|(what, ms)| format!("{what} {ms:.0}"))

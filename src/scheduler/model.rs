@@ -224,6 +224,19 @@ pub struct Intent {
 }
 
 impl Intent {
+    /// The intent of a version's resource (its stored row), with these attributes.
+    pub fn of_row(r: crate::store::versions::ResourceDigestRow, attributes: Attributes) -> Intent {
+        Intent {
+            id: r.resource_id,
+            type_name: r.resource_type,
+            agent: r.agent,
+            hash: r.hash,
+            attributes,
+            requires: r.requires,
+            undefined: r.undefined,
+        }
+    }
+
     pub fn flag(&self, name: &str, default: bool) -> bool {
         self.attributes
             .get(name)

@@ -131,16 +131,8 @@ impl Snapshot {
         let (resources, states) = self.into_aligned();
         let intents = resources
             .into_iter()
-            .map(|r| Intent {
-                id: r.resource_id,
-                type_name: r.resource_type,
-                agent: r.agent,
-                hash: r.hash,
-                // read after the start, as a start from the database does
-                attributes: Attributes::unread(),
-                requires: r.requires,
-                undefined: r.undefined,
-            })
+            // read after the start, as a start from the database does
+            .map(|r| Intent::of_row(r, Attributes::unread()))
             .collect();
         Prepared {
             env,

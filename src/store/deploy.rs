@@ -104,7 +104,8 @@ pub struct PendingDelete {
     pub resource_id: String,
     /// The last version that held it: the intent its delete is made with.
     pub after: i32,
-    /// The resource as that version has it; None when the version's rows are gone.
+    /// The resource as that version has it; None when the version is gone (a span of an
+    /// older version may still cover it, but not that version's handler code).
     pub resource: Option<super::versions::ResourceDigestRow>,
 }
 
@@ -124,6 +125,7 @@ pub async fn pending_deletes(e: impl PgExecutor<'_>, env: Uuid) -> Result<Vec<Pe
         "SELECT s.resource_id, s.orphaned_after, r.resource_type, r.agent, r.hash, r.requires, r.undefined \
          FROM resource_state s LEFT JOIN resource_spans r ON r.environment_id = s.environment_id \
          AND r.resource_id = s.resource_id AND r.first_version <= s.orphaned_after AND r.last_version >= s.orphaned_after \
+         AND EXISTS (SELECT 1 FROM versions v WHERE v.environment_id = s.environment_id AND v.number = s.orphaned_after) \
          WHERE s.environment_id = $1 AND s.delete_pending AND s.orphaned_after IS NOT NULL \
          ORDER BY s.resource_id",
     )

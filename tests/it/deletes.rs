@@ -32,11 +32,13 @@ async fn actions_named(c: &Client, env: &str, rid: &str, action: &str) -> usize 
         .count()
 }
 
-/// An environment that deletes what its versions remove, a file that stays in every version,
-/// and a command that runs `secs` seconds (it touches `started` first and `done` last).
+/// An environment that deletes what its versions remove (with `more` settings), a file
+/// that stays in every version, and a command that runs `secs` seconds (it touches
+/// `started` first and `done` last).
 async fn with_a_slow_command(
     name: &str,
     secs: u32,
+    more: serde_json::Value,
 ) -> (
     crate::support::TestServer,
     Client,
@@ -45,7 +47,11 @@ async fn with_a_slow_command(
     Resource,
     Resource,
 ) {
-    let (srv, c, env, dir) = deploying_env(name, json!({"delete_removed_resources": true})).await;
+    let mut settings = json!({"delete_removed_resources": true});
+    if let (Some(all), Some(more)) = (settings.as_object_mut(), more.as_object()) {
+        all.extend(more.clone());
+    }
+    let (srv, c, env, dir) = deploying_env(name, settings).await;
     let d = dir.path().display().to_string();
     let keep = fs_file(AGENT, &format!("{d}/keep"), "k", &[]);
     let slow = exec_run(
@@ -59,7 +65,8 @@ async fn with_a_slow_command(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resource_removed_while_it_deploys_is_deleted_when_the_deploy_ends() {
-    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("removed-running", 3).await;
+    let (_srv, c, env, dir, keep, slow) =
+        with_a_slow_command("removed-running", 3, json!({})).await;
     let d = dir.path().display().to_string();
     let rid = slow.id.0.clone();
     let v1 = upload(&c, &env, vec![keep.clone(), slow]).await;
@@ -91,7 +98,7 @@ async fn a_resource_removed_while_it_deploys_is_deleted_when_the_deploy_ends() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resource_back_before_its_delete_ran_is_deployed_and_stored_as_deployed() {
-    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("back-early", 4).await;
+    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("back-early", 4, json!({})).await;
     let d = dir.path().display().to_string();
     // more than an executor is handed at once (LOCAL_DEPTH): some deletes wait in it,
     // others in the scheduler's queue
@@ -168,7 +175,7 @@ async fn a_resource_back_before_its_delete_ran_is_deployed_and_stored_as_deploye
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resource_removed_and_back_while_it_deploys_is_never_deleted() {
-    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("back-running", 3).await;
+    let (_srv, c, env, dir, keep, slow) = with_a_slow_command("back-running", 3, json!({})).await;
     let d = dir.path().display().to_string();
     let rid = slow.id.0.clone();
     upload(&c, &env, vec![keep.clone(), slow.clone()]).await;
@@ -448,22 +455,13 @@ async fn the_version_a_pending_delete_needs_is_kept() {
 /// file was deployed again after it).
 #[tokio::test(flavor = "multi_thread")]
 async fn deletes_an_executor_died_holding_are_dropped_for_resources_back_in_the_model() {
-    let (_srv, c, env, dir) = deploying_env(
+    let (_srv, c, env, dir, keep, slow) = with_a_slow_command(
         "back-executor-died",
-        json!({
-            "delete_removed_resources": true,
-            "retry_backoff": {"initial": 1, "factor": 1.0, "max": 1},
-        }),
+        6,
+        json!({"retry_backoff": {"initial": 1, "factor": 1.0, "max": 1}}),
     )
     .await;
     let d = dir.path().display().to_string();
-    let keep = fs_file(AGENT, &format!("{d}/keep"), "k", &[]);
-    let slow = exec_run(
-        AGENT,
-        &format!("sh -c 'touch {d}/started; sleep 6; touch {d}/done'"),
-        json!({}),
-        &[],
-    );
     let files: Vec<_> = (1..=3)
         .map(|i| fs_file(AGENT, &format!("{d}/f{i}"), &format!("content {i}"), &[]))
         .collect();

@@ -224,17 +224,8 @@ impl EnvScheduler {
                 .get(&after)
                 .and_then(|handlers| handlers.get(&r.resource_type))
                 .cloned();
-            let intent = Intent {
-                id: r.resource_id,
-                type_name: r.resource_type,
-                agent: r.agent,
-                hash: r.hash,
-                attributes,
-                requires: r.requires,
-                undefined: r.undefined,
-            };
             self.bury(
-                intent,
+                Intent::of_row(r, attributes),
                 code,
                 after,
                 "removed from the model before the scheduler stopped: deleting it on its target",

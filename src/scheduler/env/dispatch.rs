@@ -603,6 +603,10 @@ impl EnvScheduler {
                 "back in the model before its delete started",
                 false,
             );
+            // blocked: it is not queued, and what waited for it waits no more
+            if !self.queue.deploy_pending(rid) {
+                self.queue.drop_deploy(rid);
+            }
             return true;
         }
         self.running.remove(key);

@@ -81,15 +81,7 @@ impl EnvScheduler {
                     None => Attributes::default(),
                 },
             };
-            intents.push(Intent {
-                id: r.resource_id,
-                type_name: r.resource_type,
-                agent: r.agent,
-                hash: r.hash,
-                attributes,
-                requires: r.requires,
-                undefined: r.undefined,
-            });
+            intents.push(Intent::of_row(r, attributes));
         }
         Ok(intents)
     }

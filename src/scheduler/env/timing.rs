@@ -180,7 +180,7 @@ impl EnvScheduler {
         None
     }
 
-    pub(super) fn on_time(&mut self, now: DateTime<Utc>) {
+    pub(super) async fn on_time(&mut self, now: DateTime<Utc>) {
         for (id, kind) in self.timers.pop_due(now) {
             let Some(r) = self.model.get(&id) else {
                 // a removed resource whose delete failed
@@ -234,6 +234,17 @@ impl EnvScheduler {
             .filter(|(_, r)| r.deadline <= tokio::time::Instant::now())
             .map(|(k, _)| k.clone())
             .collect();
+        // (their ends send events: the flags of the resources they go to are read first)
+        let timed_out: Vec<usize> = late
+            .iter()
+            .filter_map(|k| match k {
+                TaskKey::Deploy(id) => self.model.get(id),
+                _ => None,
+            })
+            .collect();
+        if !timed_out.is_empty() {
+            self.read_dependents_of(&timed_out).await;
+        }
         for key in late {
             if let Some(info) = self.running.get(&key) {
                 let proc = info.proc;
