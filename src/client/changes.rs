@@ -331,8 +331,11 @@ impl Client {
         {
             Ok(answer) => answer,
             Err(ClientError::Api {
-                status: 409, kind, ..
+                status: 409,
+                kind,
+                message,
             }) if kind == "base_moved" => {
+                tracing::debug!(%message, "the server refused the patched export's changes: sending the export whole");
                 // the tree has the patch in it: made again from the entries when needed
                 memory.tree = None;
                 return Ok(Err(memory));
@@ -489,8 +492,12 @@ impl Client {
                     });
                 }
                 Err(ClientError::Api {
-                    status: 409, kind, ..
-                }) if kind == "base_moved" => {}
+                    status: 409,
+                    kind,
+                    message,
+                }) if kind == "base_moved" => {
+                    tracing::debug!(%message, "the server refused the export's changes: sending it whole");
+                }
                 Err(e) => return Err(e),
             }
         }

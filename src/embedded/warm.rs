@@ -23,7 +23,7 @@ use crate::scheduler::snapshot::{Prepared, Snapshot};
 use crate::store::cluster::PgCluster;
 use crate::store::versions::{HeldManifest, ReadyManifest};
 
-const MAGIC: &[u8; 8] = b"STWWRM2\n";
+const MAGIC: &[u8; 8] = b"STWWRM3\n";
 
 fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("warm")
@@ -69,8 +69,9 @@ pub struct Taken {
 /// The snapshots and the manifests, decoded on two threads (at 100,000 resources each is
 /// ~100 ms of allocation, on the way of every `steward deploy` that finds them), each made
 /// into what `each` and `each_manifest` make of it on its thread: a scheduler's model built
-/// from its snapshot (~100 ms) and a manifest's content tree (~30-50 ms) are then made
-/// beside the compile and the cluster's start, before the runtime serves, instead of after.
+/// from its snapshot (~100 ms) and a manifest's content tree (from its seals; else ~50-70
+/// ms) are then made beside the compile and the cluster's start, before the runtime serves,
+/// instead of after.
 fn decode_with<T: Send, M: Send>(
     body: &[u8],
     each: impl Fn(Snapshot) -> T,

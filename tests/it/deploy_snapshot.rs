@@ -134,6 +134,7 @@ async fn a_runs_snapshot_holds_what_its_database_holds_over_random_runs() {
     let mut expect_warm = false;
     let mut compared = 0;
     let mut warm_runs = 0;
+    let mut stored_before = false;
     for round in 0..12 {
         // edit: a few contents, maybe a file more or less, maybe the broken one toggled
         for _ in 0..=next(3) {
@@ -167,6 +168,17 @@ async fn a_runs_snapshot_holds_what_its_database_holds_over_random_runs() {
             "round {round}\n{}",
             text(&run)
         );
+        // the server takes every run's changes against what it holds, from the snapshot's
+        // manifest (its content tree made from seals) as from the database: none is refused
+        // and sent again whole
+        if stored_before && !broken {
+            assert!(
+                text(&run).contains("sent as its changes"),
+                "round {round}: not stored as its changes\n{}",
+                text(&run)
+            );
+        }
+        stored_before |= !broken;
         warm_runs += expect_warm as usize;
         for (name, content) in &files {
             assert_eq!(

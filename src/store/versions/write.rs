@@ -19,7 +19,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::blobs::{Hold, collect_blobs, hold_blobs};
-use super::held::{cached, forget_cached, remember, tree_of};
+use super::held::{cached, forget_cached, ready_for, remember, tree_of};
 use super::spans::{self, Entry};
 use super::{DiffEntry, NewVersion, Stored};
 use crate::model::content::{self, ContentTree};
@@ -181,6 +181,7 @@ pub async fn store_hashed(
 }
 
 /// What a new version is compared with to find what changed.
+#[derive(Clone, Copy)]
 enum Against<'a> {
     /// The newest version's whole manifest (a version sent whole: every id is compared).
     Whole(&'a Manifest),
@@ -438,7 +439,38 @@ async fn write(
     }
     // the content hash: the newest version's tree changed by what changed (whole when the
     // cache did not have it)
-    let mut tree = match lock.tree.take() {
+    let ready = match lock.tree.take() {
+        Some(tree) => {
+            let touched = closed
+                .iter()
+                .copied()
+                .chain(opened.iter().map(|(id, _)| *id));
+            // the base version's resources: the whole base, or (a delta, whose base became
+            // the new manifest in place) the new manifest's untouched resources and what
+            // the touched ones were
+            let ready = match against {
+                Against::Whole(base) => {
+                    ready_for(tree, base.iter().map(|(id, e)| (id.as_str(), e)), touched)
+                }
+                Against::Touched(was) => {
+                    let kept = manifest
+                        .iter()
+                        .filter(|(id, _)| !was.contains_key(id.as_str()))
+                        .map(|(id, e)| (id.as_str(), e));
+                    let replaced = was
+                        .iter()
+                        .filter_map(|(id, e)| e.as_ref().map(|e| (id.as_str(), e)));
+                    ready_for(tree, kept.chain(replaced), touched)
+                }
+            };
+            if ready.is_none() {
+                tracing::warn!(environment = %env_id, "the held content tree's seals do not fit the newest version's lines: hashing them all");
+            }
+            ready
+        }
+        None => None,
+    };
+    let mut tree = match ready {
         Some(mut tree) => {
             for id in &closed {
                 tree.remove(id);
