@@ -98,6 +98,11 @@ impl<'a> Reader<'a> {
         }
         Ok(n)
     }
+    /// A string borrowed from the bytes (nothing allocated).
+    pub fn str(&mut self) -> Result<&'a str, CodecError> {
+        let n = self.u32()? as usize;
+        std::str::from_utf8(self.take(n)?).map_err(|_| CodecError::Text)
+    }
     pub fn string(&mut self) -> Result<String, CodecError> {
         let n = self.u32()? as usize;
         let bytes = self.take(n)?;

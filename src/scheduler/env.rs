@@ -25,7 +25,7 @@ mod timing;
 
 use super::code::CodeCache;
 use super::executors::{Pool, ProcId};
-use super::model::{Intent, Model};
+use super::model::{Intent, Model, RState};
 use super::queue::{Priority, Queue, TaskKey};
 use super::snapshot::{Prepared, Snapshot};
 use super::timers::Timers;
@@ -37,8 +37,8 @@ use crate::store;
 use crate::store::actions::ActionRecord;
 use crate::store::deploy::Batch;
 pub(super) use persist::StoredRows;
-pub(super) use persist::state_from_row;
 use persist::{Written, writer};
+pub(super) use persist::{parse_outcome, state_from_row};
 
 /// A start arms the resources' timers once its first deploys ended, and at the latest this
 /// long after it (a long first deploy does not hold up a due retry for long).
@@ -75,11 +75,11 @@ enum Arming {
     Done,
 }
 
-/// The stored states a start builds its model with: as read from the database (by resource),
-/// or from a snapshot (each at its resource's place).
+/// The stored states a start builds its model with: as read from the database (rows by
+/// resource), or from a snapshot (each already read, at its resource's place).
 pub(super) enum StoredStates {
     ById(HashMap<String, store::deploy::StateRow>),
-    Aligned(Vec<Option<store::deploy::StateRow>>),
+    Read(Vec<Option<RState>>),
 }
 
 /// What the rest of the server asks of a scheduler.
@@ -290,10 +290,13 @@ pub struct Links {
 /// The model of version `v` from its intents and the stored states (rows of resources
 /// outside the model are orphans'; a snapshot holds none), and what is known of the rows.
 pub(super) fn build_model(v: i32, intents: Vec<Intent>, rows: StoredStates) -> (Model, StoredRows) {
-    let (states, orphans) = match rows {
-        StoredStates::Aligned(states) => (states, None),
+    let (states, orphans): (Vec<Option<RState>>, _) = match rows {
+        StoredStates::Read(states) => (states, None),
         StoredStates::ById(mut rows) => {
-            let states = intents.iter().map(|i| rows.remove(&i.id)).collect();
+            let states = intents
+                .iter()
+                .map(|i| rows.remove(&i.id).map(state_from_row))
+                .collect();
             (states, Some(rows.into_keys().collect()))
         }
     };
@@ -303,7 +306,6 @@ pub(super) fn build_model(v: i32, intents: Vec<Intent>, rows: StoredStates) -> (
         .filter(|(_, s)| s.is_none())
         .map(|(i, _)| i.id.clone())
         .collect();
-    let states = states.into_iter().map(|s| s.map(state_from_row)).collect();
     (
         Model::restore(v, intents, states),
         StoredRows::known(missing, orphans),
@@ -518,10 +520,13 @@ impl EnvScheduler {
                 undefined: i.undefined,
             })
             .collect();
-        // the rows the database holds: none for a resource that has none
+        // what a start reads from the rows the database holds: none for a resource that
+        // has none
         let states = (0..self.model.len())
-            .filter(|&r| !self.stored_rows.is_missing(&self.model.intents[r].id))
-            .map(|r| Snapshot::keep_state(self.state_row(r)))
+            .map(|r| {
+                (!self.stored_rows.is_missing(&self.model.intents[r].id))
+                    .then(|| Snapshot::read_state(self.state_row(r)))
+            })
             .collect();
         Snapshot {
             env: self.env,

@@ -18,7 +18,7 @@ use crate::store::leases::Fence;
 use crate::store::{self, actions::ActionRecord};
 
 /// A stored outcome (its `as_str`); None for one this build does not know.
-pub(super) fn parse_outcome(s: &str) -> Option<Outcome> {
+pub(in crate::scheduler) fn parse_outcome(s: &str) -> Option<Outcome> {
     [
         Outcome::Deployed,
         Outcome::Failed,
