@@ -23,7 +23,7 @@ use crate::scheduler::snapshot::{Prepared, Snapshot};
 use crate::store::cluster::PgCluster;
 use crate::store::versions::{HeldManifest, ReadyManifest};
 
-const MAGIC: &[u8; 8] = b"STWWRM3\n";
+const MAGIC: &[u8; 8] = b"STWWRM4\n";
 
 fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("warm")
@@ -233,17 +233,27 @@ fn body(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<&[u8], &'static str> {
 }
 
 /// A fast checksum against a damaged file (a crash after the rename, a cut copy), not
-/// against a forger: whoever can write the data dir can write the database too.
+/// against a forger: whoever can write the data dir can write the database too. Four lanes
+/// of 8 bytes each, folded at the end: one lane is a chain of multiplies, each waiting for
+/// the last (55 MB at 100,000 resources: ~15 ms on the way of every start; four: ~4 ms).
 fn checksum(bytes: &[u8]) -> u64 {
     const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut h: u64 = bytes.len() as u64 ^ K;
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
-        let w = u64::from_le_bytes(c.try_into().expect("8"));
-        h = (h ^ w).wrapping_mul(K).rotate_left(29);
+    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(K).rotate_left(29);
+    let word = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8"));
+    let mut lanes = [0u64, 1, 2, 3].map(|i| bytes.len() as u64 ^ K.wrapping_mul(i + 1));
+    let mut blocks = bytes.chunks_exact(32);
+    for b in &mut blocks {
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            *lane = mix(*lane, word(&b[i * 8..i * 8 + 8]));
+        }
     }
-    for &b in chunks.remainder() {
-        h = (h ^ b as u64).wrapping_mul(K).rotate_left(29);
+    let mut h = lanes.into_iter().fold(K, mix);
+    let mut rest = blocks.remainder().chunks_exact(8);
+    for c in &mut rest {
+        h = mix(h, word(c));
+    }
+    for &b in rest.remainder() {
+        h = mix(h, b as u64);
     }
     h ^ (h >> 32)
 }

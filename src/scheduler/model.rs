@@ -11,7 +11,10 @@ use serde_json::Value;
 use crate::executor::protocol::{Change, Outcome};
 use crate::model::diff::ChangeKind;
 
+mod id_index;
 mod in_place;
+
+pub use id_index::IdIndex;
 
 pub type Attrs = serde_json::Map<String, Value>;
 
@@ -327,7 +330,7 @@ pub struct Model {
     /// often and must not walk 100,000 intents each time; an agent goes with its last intent).
     pub agents: BTreeMap<String, usize>,
     pub states: Vec<RState>,
-    pub index: HashMap<String, usize>,
+    pub index: IdIndex,
     pub requires: Vec<Vec<usize>>,
     pub provides: Vec<Vec<usize>>,
     /// Resources believed to need a deploy.
@@ -347,7 +350,7 @@ impl Model {
     }
 
     pub fn get(&self, id: &str) -> Option<usize> {
-        self.index.get(id).copied()
+        self.index.get(&self.intents, id)
     }
 
     /// Build from a version's intents and the stored state of each, at its place (missing
@@ -356,9 +359,9 @@ impl Model {
         debug_assert_eq!(intents.len(), states.len());
         // the intents stay where they are (100,000 moved into a new vector were ~20 MB of
         // copies and page faults on a start's way)
-        let mut index = HashMap::with_capacity(intents.len());
-        for (r, i) in intents.iter().enumerate() {
-            index.insert(i.id.clone(), r);
+        let mut index = IdIndex::with_capacity(intents.len());
+        for r in 0..intents.len() {
+            index.insert(&intents, r);
         }
         let states = states
             .into_iter()
@@ -397,8 +400,8 @@ impl Model {
     }
 
     fn push(&mut self, i: Intent, s: RState) {
-        self.index.insert(i.id.clone(), self.intents.len());
         self.intents.push(i);
+        self.index.insert(&self.intents, self.intents.len() - 1);
         self.states.push(s);
     }
 
@@ -458,7 +461,7 @@ impl Model {
                     let culprit = self.intents[r]
                         .requires
                         .iter()
-                        .find(|q| self.index.get(*q).is_some_and(|&q| blocked[q]))
+                        .find(|q| self.index.get(&self.intents, q).is_some_and(|q| blocked[q]))
                         .cloned()
                         .unwrap_or_default();
                     format!("depends on {culprit}, which can not be deployed (unknown values)")
@@ -482,14 +485,14 @@ impl Model {
         let old_dirty = std::mem::take(&mut self.dirty);
         let mut seen = vec![false; old_intents.len()];
         for i in intents {
-            match old_index.get(&i.id) {
+            match old_index.get(&old_intents, &i.id) {
                 None => {
                     let r = self.len();
                     merged.new.push(r);
                     let s = RState::fresh(i.undefined);
                     self.push(i, s);
                 }
-                Some(&o) => {
+                Some(o) => {
                     seen[o] = true;
                     let mut s = old_states[o].clone();
                     let changed =

@@ -20,7 +20,10 @@ impl Model {
         upserts: Vec<Intent>,
         removed: Vec<String>,
     ) -> Option<Merged> {
-        if removed.iter().any(|id| !self.index.contains_key(id)) {
+        if removed
+            .iter()
+            .any(|id| !self.index.contains(&self.intents, id))
+        {
             return None;
         }
         let mut named = HashSet::with_capacity(upserts.len() + removed.len());
@@ -37,14 +40,16 @@ impl Model {
         // only when a change can move it (10-15 ms at 100,000)
         let mut blocking_may_change = false;
         for id in removed {
-            let r = self.index[&id];
+            let Some(r) = self.index.get(&self.intents, &id) else {
+                unreachable!("checked above: every removed id is held")
+            };
             // its dependents may have been blocked through it
             blocking_may_change |= self.states[r].blocked == Blocked::Blocked;
             merged.deleted.push(self.take_out(r));
         }
         let mut added = Vec::new();
         for i in upserts {
-            match self.index.get(&i.id).copied() {
+            match self.index.get(&self.intents, &i.id) {
                 Some(r) => {
                     let (changed, moves_blocking) = self.replace(r, i);
                     blocking_may_change |= moves_blocking;
@@ -131,12 +136,12 @@ impl Model {
     fn append(&mut self, i: Intent) -> usize {
         let r = self.len();
         self.count_agent(&i.agent, true);
-        self.index.insert(i.id.clone(), r);
         self.states.push(RState::fresh(i.undefined));
         self.requires.push(Vec::new());
         self.provides.push(Vec::new());
         let waiting = self.dangling.remove(&i.id).unwrap_or_default();
         self.intents.push(i);
+        self.index.insert(&self.intents, r);
         self.link(r);
         for d in waiting {
             self.requires[d].push(r);
@@ -154,7 +159,7 @@ impl Model {
             self.requires[d].retain(|&x| x != r);
             self.dangling.entry(id.clone()).or_default().push(d);
         }
-        self.index.remove(&id);
+        self.index.remove(&self.intents, &id);
         self.dirty.remove(&r);
         let last = self.len() - 1;
         if r != last {
@@ -174,7 +179,7 @@ impl Model {
                 renumber(&mut self.requires[d]);
             }
             for required in &self.intents[last].requires {
-                if !self.index.contains_key(required)
+                if !self.index.contains(&self.intents, required)
                     && let Some(waiting) = self.dangling.get_mut(required)
                 {
                     renumber(waiting);
@@ -183,9 +188,7 @@ impl Model {
             if self.dirty.remove(&last) {
                 self.dirty.insert(r);
             }
-            if let Some(at) = self.index.get_mut(&self.intents[last].id) {
-                *at = r;
-            }
+            self.index.moving(&self.intents, last, r);
         }
         self.requires.swap_remove(r);
         self.provides.swap_remove(r);
@@ -200,8 +203,8 @@ impl Model {
     pub(super) fn link(&mut self, r: usize) {
         let mut requires = Vec::with_capacity(self.intents[r].requires.len());
         for id in &self.intents[r].requires {
-            match self.index.get(id) {
-                Some(&q) => {
+            match self.index.get(&self.intents, id) {
+                Some(q) => {
                     requires.push(q);
                     self.provides[q].push(r);
                 }
@@ -217,7 +220,7 @@ impl Model {
             self.provides[q].retain(|&x| x != r);
         }
         for id in &self.intents[r].requires {
-            if self.index.contains_key(id) {
+            if self.index.contains(&self.intents, id) {
                 continue;
             }
             if let Some(waiting) = self.dangling.get_mut(id) {

@@ -88,11 +88,11 @@ fn check_bookkeeping(m: &Model) {
     assert_eq!(m.index.len(), m.len());
     let mut waits = 0;
     for r in 0..m.len() {
-        assert_eq!(m.index[&m.intents[r].id], r);
+        assert_eq!(m.index.get(&m.intents, &m.intents[r].id), Some(r));
         let mut resolved = Vec::new();
         for id in &m.intents[r].requires {
-            match m.index.get(id) {
-                Some(&q) => resolved.push(q),
+            match m.index.get(&m.intents, id) {
+                Some(q) => resolved.push(q),
                 None => {
                     assert!(
                         m.dangling[id].contains(&r),
@@ -112,7 +112,11 @@ fn check_bookkeeping(m: &Model) {
         }
     }
     assert_eq!(m.dangling.values().map(Vec::len).sum::<usize>(), waits);
-    assert!(m.dangling.keys().all(|id| !m.index.contains_key(id)));
+    assert!(
+        m.dangling
+            .keys()
+            .all(|id| !m.index.contains(&m.intents, id))
+    );
     assert!(m.dirty.iter().all(|&r| r < m.len()));
 }
 
