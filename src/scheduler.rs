@@ -59,7 +59,7 @@ struct Inner {
     notifier: Notifier,
     /// What the last schedulers left ([`snapshot::Snapshot`]), by environment: the first
     /// start of each takes its own.
-    warm: Mutex<HashMap<Uuid, snapshot::Prepared>>,
+    warm: Mutex<HashMap<Uuid, snapshot::Coming>>,
 }
 
 struct Running {
@@ -115,7 +115,7 @@ impl Schedulers {
         code_dir: PathBuf,
         notifier: &Notifier,
         replica: bool,
-        warm: Vec<snapshot::Prepared>,
+        warm: Vec<snapshot::Coming>,
     ) -> Schedulers {
         let s = Schedulers(Arc::new(Inner {
             hub: agents::AgentHub::new(pool.clone()),

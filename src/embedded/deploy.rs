@@ -161,7 +161,9 @@ impl Runtime {
             None,
         )
         .await?;
-        // the file is decoded meanwhile (connecting and migrating do not need it)
+        // the file is decoded meanwhile (connecting and migrating do not need it); its
+        // snapshots are made into models after, while the server serves (an upload and its
+        // store need the manifests only; each scheduler waits for its model)
         let warm = tokio::task::spawn_blocking(move || warm.join().unwrap_or_default())
             .await
             .unwrap_or_default();

@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::model::codec::{Reader, Writer};
-use crate::scheduler::snapshot::{Prepared, Snapshot};
+use crate::scheduler::snapshot::{Coming, Snapshot};
 use crate::store::cluster::PgCluster;
 use crate::store::versions::{HeldManifest, ReadyManifest};
 
@@ -58,20 +58,18 @@ impl Warm {
     }
 }
 
-/// What the last run left, each snapshot made into the model its scheduler starts from
-/// ([`take_prepared`]).
+/// What the last run left ([`take_prepared`]): each snapshot on its way to the model its
+/// scheduler starts from, the manifests with their content trees.
 #[derive(Default)]
 pub struct Taken {
-    pub prepared: Vec<Prepared>,
+    pub prepared: Vec<Coming>,
     pub manifests: Vec<ReadyManifest>,
 }
 
 /// The snapshots and the manifests, decoded on two threads (at 100,000 resources each is
 /// ~100 ms of allocation, on the way of every `steward deploy` that finds them), each made
-/// into what `each` and `each_manifest` make of it on its thread: a scheduler's model built
-/// from its snapshot (~100 ms) and a manifest's content tree (from its seals; else ~50-70
-/// ms) are then made beside the compile and the cluster's start, before the runtime serves,
-/// instead of after.
+/// into what `each` and `each_manifest` make of it on its thread (a manifest's content tree,
+/// from its seals; else ~50-70 ms): beside the compile and the cluster's start.
 fn decode_with<T: Send, M: Send>(
     body: &[u8],
     each: impl Fn(Snapshot) -> T,
@@ -119,12 +117,13 @@ pub fn take(data_dir: &Path, cluster: &PgCluster) -> Warm {
 }
 
 /// [`take`], with the cluster's control stamp read before it started (`steward deploy`
-/// decodes the file while its cluster starts), each snapshot made into its scheduler's model
-/// on the way.
+/// decodes the file while its cluster starts). Returns once the whole file decoded (a file
+/// that does not is not used at all); each snapshot is then made into its scheduler's model
+/// on a thread of its own, while the runtime starts serving.
 pub fn take_prepared(data_dir: &Path, stamp: Option<[u8; 32]>) -> Taken {
-    match take_with(data_dir, stamp, Snapshot::prepare, HeldManifest::with_tree) {
-        Some((prepared, manifests)) => Taken {
-            prepared,
+    match take_with(data_dir, stamp, |s| s, HeldManifest::with_tree) {
+        Some((snapshots, manifests)) => Taken {
+            prepared: Snapshot::prepare_later(snapshots),
             manifests,
         },
         None => Taken::default(),

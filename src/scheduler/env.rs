@@ -27,7 +27,7 @@ use super::code::CodeCache;
 use super::executors::{Pool, ProcId};
 use super::model::{Intent, Model, RState};
 use super::queue::{Priority, Queue, TaskKey};
-use super::snapshot::{Prepared, Snapshot};
+use super::snapshot::{Coming, Snapshot};
 use super::timers::Timers;
 use crate::executor::protocol::ActionKind;
 use crate::model::HandlerCode;
@@ -268,7 +268,7 @@ pub struct EnvScheduler {
     unread_later: Option<tokio::time::Instant>,
     /// What the last scheduler of the environment left when it stopped, for the start to
     /// read instead of the database (taken by [`EnvScheduler::restore`]).
-    warm: Option<Prepared>,
+    warm: Option<Coming>,
 }
 
 type UnreadAttributes = tokio::task::JoinHandle<
@@ -325,7 +325,7 @@ impl EnvScheduler {
         links: Links,
         mut control: mpsc::UnboundedReceiver<Control>,
         tenure: Option<Tenure>,
-        warm: Option<Prepared>,
+        warm: Option<Coming>,
     ) -> Option<Snapshot> {
         let Links {
             executor_bin,
@@ -597,7 +597,14 @@ impl EnvScheduler {
             .collect();
         let processed = store::deploy::load_progress(&self.pool, self.env).await?;
         let warm = match self.warm.take() {
-            Some(w) if w.env == self.env && Some(w.version) == processed => Some(w),
+            // built meanwhile (the settings and the progress were read beside it)
+            Some(w) if w.env == self.env && Some(w.version) == processed => {
+                let ready = w.ready().await;
+                if ready.is_none() {
+                    tracing::warn!(environment = %self.env, "the scheduler's snapshot was not made into a model: reading the database");
+                }
+                ready
+            }
             Some(w) => {
                 tracing::info!(environment = %self.env, snapshot = w.version, processed = ?processed, "the scheduler's snapshot is not of the processed version: reading the database");
                 None

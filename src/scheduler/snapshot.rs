@@ -74,7 +74,55 @@ impl Prepared {
     }
 }
 
+/// A snapshot being made into its model on a thread of its own ([`Snapshot::prepare_later`]):
+/// what it is of is known at once, the model when it is built. `steward deploy`'s server
+/// serves meanwhile (an upload and its store do not need the scheduler's model), and the
+/// scheduler waits for it where a start from the database reads its rows.
+pub struct Coming {
+    pub env: Uuid,
+    pub version: i32,
+    resources: usize,
+    built: tokio::sync::oneshot::Receiver<Prepared>,
+}
+
+impl Coming {
+    pub fn resources(&self) -> usize {
+        self.resources
+    }
+
+    /// The model, once built (`None`: the thread building it is gone; the start reads the
+    /// database).
+    pub async fn ready(self) -> Option<Prepared> {
+        self.built.await.ok()
+    }
+}
+
 impl Snapshot {
+    /// Each snapshot made into its model ([`Snapshot::prepare`]) on one thread, in order.
+    pub fn prepare_later(snapshots: Vec<Snapshot>) -> Vec<Coming> {
+        let mut coming = Vec::with_capacity(snapshots.len());
+        let mut work = Vec::with_capacity(snapshots.len());
+        for s in snapshots {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            coming.push(Coming {
+                env: s.env,
+                version: s.version,
+                resources: s.resources(),
+                built: rx,
+            });
+            work.push((s, tx));
+        }
+        if !work.is_empty() {
+            std::thread::spawn(move || {
+                for (s, tx) in work {
+                    // a scheduler that stopped before it started takes none
+                    let _ = tx.send(s.prepare());
+                }
+            });
+        }
+        coming
+    }
+
     pub fn resources(&self) -> usize {
         self.resources.len()
     }

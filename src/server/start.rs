@@ -192,7 +192,7 @@ pub async fn app_state_with_warm_schedulers(
     no_auth: bool,
     executor_bin: std::path::PathBuf,
     data_dir: &std::path::Path,
-    warm: Vec<crate::scheduler::snapshot::Prepared>,
+    warm: Vec<crate::scheduler::snapshot::Coming>,
 ) -> AppState {
     let mut state = app_state(pool, no_auth);
     let schedulers = crate::scheduler::Schedulers::start_warm(
