@@ -131,7 +131,12 @@ pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
         First::Patched(_) => None,
     });
     let compile_memory = std::thread::spawn(move || compile_memory.write());
+    let waiting = Instant::now();
     let remembered = remembered.join().unwrap_or(None);
+    tracing::debug!(
+        waited_ms = waiting.elapsed().as_secs_f64() * 1e3,
+        "what the last run uploaded is read"
+    );
     let record = Record {
         memory: compiler::incremental::cache::path(&project, &args.file),
         server: format!("steward deploy {}", data_dir.display()),
