@@ -88,18 +88,14 @@ impl LastUpload {
             )
         }
         if let Some(mut tree) = self.tree.take() {
-            let mut wanted = vec![false; content::BUCKETS];
-            let mut any = false;
-            for id in touched.filter(|id| tree.is_sealed(id)) {
-                wanted[usize::from(content::bucket(id))] = true;
-                any = true;
-            }
-            let opened = self
-                .entries
-                .iter()
-                .filter(|(_, e)| wanted[usize::from(e.bucket)])
-                .map(line);
-            if !any || tree.open(opened) {
+            let entries = &self.entries;
+            let opened = tree.open_touched(touched, |wanted| {
+                entries
+                    .iter()
+                    .filter(move |(_, e)| wanted[usize::from(e.bucket)])
+                    .map(line)
+            });
+            if opened {
                 return tree;
             }
             tracing::debug!("the last upload's seals do not fit its entries: hashing them all");

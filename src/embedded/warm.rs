@@ -67,14 +67,13 @@ pub struct Taken {
 }
 
 /// The snapshots and the manifests, decoded on two threads (at 100,000 resources each is
-/// ~100 ms of allocation, on the way of every `steward deploy` that finds them), each made
-/// into what `each` and `each_manifest` make of it on its thread (a manifest's content tree,
+/// ~100 ms of allocation, on the way of every `steward deploy` that finds them), each
+/// manifest made into what `each_manifest` makes of it on its thread (its content tree,
 /// from its seals; else ~50-70 ms): beside the compile and the cluster's start.
-fn decode_with<T: Send, M: Send>(
+fn decode_with<M: Send>(
     body: &[u8],
-    each: impl Fn(Snapshot) -> T,
     each_manifest: impl Fn(HeldManifest) -> M + Send,
-) -> Result<(Vec<T>, Vec<M>), &'static str> {
+) -> Result<(Vec<Snapshot>, Vec<M>), &'static str> {
     let mut r = Reader(body);
     let cut = |_| "the file is cut short";
     let count = r.count().map_err(cut)?;
@@ -102,11 +101,10 @@ fn decode_with<T: Send, M: Send>(
             .into_iter()
             .map(|bytes| Snapshot::decode(bytes).map_err(|_| "a snapshot does not decode"))
             .collect::<Result<Vec<_>, _>>();
-        let made = snapshots.map(|s| s.into_iter().map(&each).collect());
         let manifests = manifests
             .join()
             .unwrap_or(Err("decoding the manifests failed"))?;
-        Ok((made?, manifests))
+        Ok((snapshots?, manifests))
     })
 }
 
@@ -121,7 +119,7 @@ pub fn take(data_dir: &Path, cluster: &PgCluster) -> Warm {
 /// that does not is not used at all); each snapshot is then made into its scheduler's model
 /// on a thread of its own, while the runtime starts serving.
 pub fn take_prepared(data_dir: &Path, stamp: Option<[u8; 32]>) -> Taken {
-    match take_with(data_dir, stamp, |s| s, HeldManifest::with_tree) {
+    match take_with(data_dir, stamp, HeldManifest::with_tree) {
         Some((snapshots, manifests)) => Taken {
             prepared: Snapshot::prepare_later(snapshots),
             manifests,
@@ -131,7 +129,7 @@ pub fn take_prepared(data_dir: &Path, stamp: Option<[u8; 32]>) -> Taken {
 }
 
 fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Warm {
-    match take_with(data_dir, stamp, |s| s, |m| m) {
+    match take_with(data_dir, stamp, |m| m) {
         Some((snapshots, manifests)) => Warm {
             snapshots,
             manifests,
@@ -140,12 +138,11 @@ fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Warm {
     }
 }
 
-fn take_with<T: Send, M: Send>(
+fn take_with<M: Send>(
     data_dir: &Path,
     stamp: Option<[u8; 32]>,
-    each: impl Fn(Snapshot) -> T,
     each_manifest: impl Fn(HeldManifest) -> M + Send,
-) -> Option<(Vec<T>, Vec<M>)> {
+) -> Option<(Vec<Snapshot>, Vec<M>)> {
     let path = path(data_dir);
     let began = std::time::Instant::now();
     // mapped, not read into a buffer of its own (55 MB at 100,000 resources); removed at
@@ -155,7 +152,7 @@ fn take_with<T: Send, M: Send>(
     };
     let _ = std::fs::remove_file(&path);
     let read_ms = began.elapsed().as_secs_f64() * 1000.0;
-    match body(&bytes, stamp).and_then(|body| decode_with(body, each, each_manifest)) {
+    match body(&bytes, stamp).and_then(|body| decode_with(body, each_manifest)) {
         Ok(decoded) => {
             tracing::debug!(
                 bytes = bytes.len(),
@@ -203,7 +200,7 @@ fn encode(warm: &Warm, stamp: [u8; 32]) -> Vec<u8> {
 
 #[cfg(test)]
 fn decode(bytes: &[u8], stamp: Option<[u8; 32]>) -> Result<Warm, &'static str> {
-    let (snapshots, manifests) = decode_with(body(bytes, stamp)?, |s| s, |m| m)?;
+    let (snapshots, manifests) = decode_with(body(bytes, stamp)?, |m| m)?;
     Ok(Warm {
         snapshots,
         manifests,

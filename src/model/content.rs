@@ -151,6 +151,33 @@ impl ContentTree {
         true
     }
 
+    /// Ready for changes to the lines of `touched`: the buckets known by their seals only
+    /// that `touched` falls in are [`ContentTree::open`]ed with the lines `lines` gives for
+    /// them (it is handed which buckets are wanted, one flag per bucket, and may give more).
+    /// `false` (the tree is then of no use): those lines do not hash to their seals, or a
+    /// touched bucket was given none and stays sealed.
+    #[must_use]
+    pub fn open_touched<'a, 'b, Q, I>(
+        &mut self,
+        touched: impl Iterator<Item = &'a str>,
+        lines: impl FnOnce(Vec<bool>) -> I,
+    ) -> bool
+    where
+        Q: AsRef<str> + 'b,
+        I: Iterator<Item = (&'b str, &'b str, &'b [Q], bool)>,
+    {
+        let mut wanted = vec![false; BUCKETS];
+        let mut ids = Vec::new();
+        for id in touched.filter(|id| self.is_sealed(id)) {
+            wanted[bucket_of(id)] = true;
+            ids.push(id);
+        }
+        if ids.is_empty() {
+            return true;
+        }
+        self.open(lines(wanted)) && !ids.iter().any(|id| self.is_sealed(id))
+    }
+
     /// Each bucket's [`Seal`] (an empty tree has none), to make the tree again with
     /// [`ContentTree::from_seals`] without hashing every line.
     pub fn seals(&self) -> Vec<Seal> {

@@ -121,20 +121,10 @@ pub(super) fn ready_for<'a, 'b>(
     base: impl Iterator<Item = (&'b str, &'b Entry)>,
     touched: impl Iterator<Item = &'a str>,
 ) -> Option<ContentTree> {
-    let mut wanted = vec![false; content::BUCKETS];
-    let mut ids = Vec::new();
-    for id in touched.filter(|id| tree.is_sealed(id)) {
-        wanted[usize::from(content::bucket(id))] = true;
-        ids.push(id);
-    }
-    if ids.is_empty() {
-        return Some(tree);
-    }
-    let lines = base
-        .filter(|(id, _)| wanted[usize::from(content::bucket(id))])
-        .map(|(id, e)| (id, e.hash.as_str(), e.requires.as_slice(), e.undefined));
-    // a bucket given no line stays sealed: the base did not hold what its seal says
-    let opened = tree.open(lines) && !ids.iter().any(|id| tree.is_sealed(id));
+    let opened = tree.open_touched(touched, |wanted| {
+        base.filter(move |(id, _)| wanted[usize::from(content::bucket(id))])
+            .map(|(id, e)| (id, e.hash.as_str(), e.requires.as_slice(), e.undefined))
+    });
     opened.then_some(tree)
 }
 
