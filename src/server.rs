@@ -60,14 +60,28 @@ pub struct AppState {
     pub sources: Option<crate::sources::GitSources>,
     /// This server as one of several replicas on the database; None: it owns everything.
     pub replica: Option<crate::replicas::Replica>,
-    /// For calls to other replicas.
-    pub http: reqwest::Client,
+    /// For calls to other replicas: made at the first call ([`AppState::replica_http`]),
+    /// since reading the system's CA roots costs milliseconds a server without replicas
+    /// (`steward deploy`'s, on the way of every run) would spend for nothing.
+    pub http: Arc<std::sync::OnceLock<reqwest::Client>>,
     /// Git sources may be local repositories (`file://`, an absolute path): off unless the
     /// operator starts the server with `--allow-local-git-sources`, since such a source
     /// reads the server's own disk (other environments' mirrors, any repository it can open).
     pub allow_local_git_sources: bool,
     /// Requests held open (`…/progress?wait_ms=`), bounded per environment.
     pub waits: waits::Waits,
+}
+
+impl AppState {
+    /// The client for calls to other replicas, made at the first.
+    pub fn replica_http(&self) -> &reqwest::Client {
+        self.http.get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(330))
+                .build()
+                .unwrap_or_default()
+        })
+    }
 }
 
 /// Largest accepted request body of most routes: settings, names, decisions, tokens.
@@ -193,12 +207,24 @@ pub fn api() -> OpenApiRouter<AppState> {
 }
 
 pub fn router(state: AppState) -> Router {
+    router_of(routes(), state)
+}
+
+/// Every route, without the state: most of the cost of [`router`] (the API's routes and
+/// their OpenAPI description, 4-6 ms), so a server that starts may make it on another thread
+/// while its database starts (`steward deploy`).
+pub fn routes() -> Router<AppState> {
     let (api, _) = api().split_for_parts();
     api.merge(console::router())
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         // inside `track`, so the metrics count the status the client gets
         .layer(axum::middleware::from_fn(error::json_errors))
+}
+
+/// The server of [`routes`] with `state`: [`router`] in two steps.
+pub fn router_of(routes: Router<AppState>, state: AppState) -> Router {
+    routes
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             ops::track,

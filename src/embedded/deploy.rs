@@ -101,6 +101,8 @@ impl Runtime {
         })?;
         let began = std::time::Instant::now();
         let lock = DirLock::take(data_dir)?;
+        // the server's routes are made while the cluster starts
+        let routes = std::thread::spawn(crate::server::routes);
         let root = data_dir.join("pg");
         let lock_path = lock.path.clone();
         let dir = data_dir.to_path_buf();
@@ -194,10 +196,13 @@ impl Runtime {
             path: "127.0.0.1".into(),
             source,
         })?;
+        let routed = std::time::Instant::now();
+        let routes = routes.join().unwrap_or_else(|_| crate::server::routes());
+        let app = crate::server::router_of(routes, state);
+        let router_ms = routed.elapsed().as_secs_f64() * 1000.0;
         let server = tokio::spawn(async move {
             // the server's own serving loop (its header and body timeouts); it runs until
             // `stop` aborts it
-            let app = crate::server::router(state);
             let _ = crate::server::listen::serve(listener, app, std::future::pending()).await;
         });
         tracing::debug!(
@@ -207,6 +212,7 @@ impl Runtime {
             warm_ms,
             warm_resources,
             warm_manifest,
+            router_ms,
             serving_ms = began.elapsed().as_secs_f64() * 1000.0,
             "the private runtime is up (times since its start)"
         );
@@ -214,7 +220,7 @@ impl Runtime {
             cluster,
             _supervisor: supervisor,
             pool,
-            client: Client::new(&format!("http://{addr}"), Some(secret)),
+            client: Client::loopback(&format!("http://{addr}"), Some(secret)),
             schedulers,
             token: token.id,
             server,

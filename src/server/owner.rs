@@ -305,7 +305,7 @@ async fn remote(
         url.trim_end_matches('/')
     );
     let resp = state
-        .http
+        .replica_http()
         .post(&endpoint)
         .header(SECRET_HEADER, secret)
         .json(request)

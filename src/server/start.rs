@@ -165,10 +165,7 @@ pub fn app_state(pool: sqlx::PgPool, no_auth: bool) -> AppState {
         schedulers: None,
         sources: None,
         replica: None,
-        http: reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(330))
-            .build()
-            .unwrap_or_default(),
+        http: Default::default(),
         allow_local_git_sources: false,
         waits: super::waits::Waits::default(),
     }
