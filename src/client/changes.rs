@@ -37,7 +37,12 @@ pub struct LastUpload {
     pub environment: String,
     pub version: i32,
     pub content_hash: String,
+    /// each resource's entry; of a memory read from its file and not parsed whole yet
+    /// (`lines`), only those changed since its base file was written
     entries: Entries,
+    /// the base file's lines, until they are parsed ([`LastUpload::parse`]): `entries` then
+    /// holds all
+    lines: Option<file::Lines>,
     /// the key of the entries' fingerprints
     key: Key,
     /// the content tree of `entries`, changed with them: a memory read from its file has it
@@ -68,15 +73,74 @@ impl PartialEq for LastUpload {
             && self.version == other.version
             && self.content_hash == other.content_hash
             && self.key == other.key
-            && self.entries == other.entries
+            && self.all_entries() == other.all_entries()
+    }
+}
+
+impl LastUpload {
+    /// How many resources it remembers.
+    fn len(&self) -> usize {
+        // (the changes read with the lines are of resources the lines hold)
+        self.lines.as_ref().map_or(self.entries.len(), |l| l.len())
+    }
+
+    /// Every entry, in the order of the export it was made from (`None`: the file's lines
+    /// do not parse).
+    fn all_entries(&self) -> Option<std::borrow::Cow<'_, Entries>> {
+        let Some(lines) = &self.lines else {
+            return Some(std::borrow::Cow::Borrowed(&self.entries));
+        };
+        let mut all = lines.parse()?;
+        for (id, e) in &self.entries {
+            all.insert(id.clone(), e.clone());
+        }
+        Some(std::borrow::Cow::Owned(all))
+    }
+
+    /// Parse the file's lines into `entries`, when not yet done (`false`: they do not
+    /// parse, and the memory is of no use).
+    fn parse(&mut self) -> bool {
+        if self.lines.is_none() {
+            return true;
+        }
+        match self.all_entries().map(std::borrow::Cow::into_owned) {
+            Some(all) => {
+                self.entries = all;
+                self.lines = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The entries of `ids` (those it holds), in one pass over the file's lines when they
+    /// are not parsed (`None`: a line met does not parse).
+    fn entries_of(&self, ids: &[&str]) -> Option<std::collections::HashMap<String, Remembered>> {
+        let mut found: std::collections::HashMap<String, Remembered> = ids
+            .iter()
+            .filter_map(|id| self.entries.get(*id).map(|e| (id.to_string(), e.clone())))
+            .collect();
+        if let Some(lines) = &self.lines {
+            let rest: std::collections::HashSet<&str> = ids
+                .iter()
+                .copied()
+                .filter(|id| !found.contains_key(*id))
+                .collect();
+            if !rest.is_empty() {
+                found.extend(lines.pick(&rest)?);
+            }
+        }
+        Some(found)
     }
 }
 
 impl LastUpload {
     /// The content tree of what the server holds, ready for changes to the resources
     /// `touched`: the one kept from the last upload, or made from the file's seals, with the
-    /// sealed buckets `touched` falls in opened; else made from every entry.
-    fn take_tree<'a>(&mut self, touched: impl Iterator<Item = &'a str>) -> ContentTree {
+    /// sealed buckets `touched` falls in opened; else made from every entry (`None`: the
+    /// file's lines, needed for it, do not parse).
+    fn take_tree<'a>(&mut self, touched: impl Iterator<Item = &'a str>) -> Option<ContentTree> {
+        let touched: Vec<&str> = touched.collect();
         fn line<'e>(
             (id, e): (&'e String, &'e Remembered),
         ) -> (&'e str, &'e str, &'e [String], bool) {
@@ -88,19 +152,37 @@ impl LastUpload {
             )
         }
         if let Some(mut tree) = self.tree.take() {
+            // of lines not parsed yet, those of the touched buckets (~100 each at 100,000)
+            let unparsed: Entries = match &self.lines {
+                Some(lines) => {
+                    let mut touched_buckets = vec![false; content::BUCKETS];
+                    for id in &touched {
+                        touched_buckets[usize::from(content::bucket(id))] = true;
+                    }
+                    lines
+                        .in_buckets(&touched_buckets, &self.entries)?
+                        .into_iter()
+                        .collect()
+                }
+                None => Entries::default(),
+            };
             let entries = &self.entries;
-            let opened = tree.open_touched(touched, |wanted| {
+            let opened = tree.open_touched(touched.iter().copied(), |wanted| {
                 entries
                     .iter()
+                    .chain(&unparsed)
                     .filter(move |(_, e)| wanted[usize::from(e.bucket)])
                     .map(line)
             });
             if opened {
-                return tree;
+                return Some(tree);
             }
             tracing::debug!("the last upload's seals do not fit its entries: hashing them all");
         }
-        ContentTree::of(self.entries.iter().map(line))
+        if !self.parse() {
+            return None;
+        }
+        Some(ContentTree::of(self.entries.iter().map(line)))
     }
 }
 
@@ -294,9 +376,13 @@ impl Client {
             return Ok(Err(memory));
         }
         let export = patch.rest;
+        let ids: Vec<&str> = patch.changed.iter().map(|r| r.id.0.as_str()).collect();
+        let Some(held) = memory.entries_of(&ids) else {
+            return Ok(Err(memory));
+        };
         let mut changed = Vec::with_capacity(patch.changed.len());
         for r in &patch.changed {
-            let Some(e) = memory.entries.get(&r.id.0) else {
+            let Some(e) = held.get(&r.id.0) else {
                 return Ok(Err(memory));
             };
             if !crate::model::same_requires(&e.requires, &r.requires) {
@@ -304,7 +390,9 @@ impl Client {
             }
             changed.push((*r, r.hash(), fingerprint::of(memory.key, r), e.undefined));
         }
-        let mut tree = memory.take_tree(changed.iter().map(|(r, ..)| r.id.0.as_str()));
+        let Some(mut tree) = memory.take_tree(changed.iter().map(|(r, ..)| r.id.0.as_str())) else {
+            return Ok(Err(memory));
+        };
         for (r, hash, _, undefined) in &changed {
             tree.insert(&r.id.0, hash, &r.requires, *undefined);
         }
@@ -520,6 +608,7 @@ impl Client {
                 .enumerate()
                 .map(|(i, h)| (export.resources[i].id.0.clone(), remembered(i, h)))
                 .collect(),
+            lines: None,
             tree: Some(tree),
             on_disk: None,
         });
@@ -564,6 +653,10 @@ impl Compared {
         let fingerprints = crate::model::par_map(&export.resources, |r| fingerprint::of(key, r));
         let fingerprinted = started.elapsed();
         let changes = memory.and_then(|mut memory| {
+            // compared entry by entry: parsed whole
+            if !memory.parse() {
+                return None;
+            }
             let delta = memory.delta(export, &fingerprints, &is_undefined)?;
             // the memory's tree with the changes is the export's (what was not compared
             // field by field has the fingerprint it had): its root is the content hash the
@@ -576,7 +669,7 @@ impl Compared {
                 .iter()
                 .map(|id| id.0.as_str())
                 .chain(delta.rewritten(export));
-            let mut tree = memory.take_tree(touched);
+            let mut tree = memory.take_tree(touched)?;
             for id in &delta.removed {
                 tree.remove(&id.0);
             }

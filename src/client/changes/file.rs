@@ -17,6 +17,7 @@
 //! Nothing is synced: a file a crash cut short does not read, and a changes file of another
 //! base is not used.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -97,26 +98,23 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 
 impl LastUpload {
     /// Read a memory written by [`LastUpload::save`]; `None` when there is none or it does
-    /// not read (the next upload is then whole).
+    /// not read (the next upload is then whole). Its lines are checked (their SHA-256, their
+    /// number) but parsed only when first needed ([`Lines`]): a patched upload at 100,000
+    /// resources needs a few of them, and parsing all into a map was ~50 ms of CPU beside
+    /// the compile and the private server's start.
     pub fn load(path: &Path) -> Option<LastUpload> {
         let text = std::fs::read(path).ok()?;
         let (header, body) = split::<Header>(&text, MAGIC, |h| &h.body)?;
-        let lines = body.split(|&b| b == b'\n');
-        let mut entries = Entries::with_capacity_and_hasher(header.entries, Default::default());
-        for line in lines.take(header.entries) {
-            let (id, e) = entry(line)?;
-            entries.insert(id, e);
-        }
-        if entries.len() != header.entries {
-            return None;
-        }
+        let start = text.len() - body.len();
+        let lines = Lines::new(text, start, header.entries)?;
         let mut memory = LastUpload {
             server: header.server,
             environment: header.environment,
             version: header.version,
             content_hash: header.content_hash,
             key: header.fingerprint_key,
-            entries,
+            entries: Entries::default(),
+            lines: None,
             tree: sealed_tree(&header.seals),
             on_disk: None,
         };
@@ -128,10 +126,8 @@ impl LastUpload {
         if let Some((changes, changed)) = read_changes(&changes_path(path), &on_disk) {
             // only resources the base holds change: a changes file naming another is not
             // of this base
-            if changed
-                .iter()
-                .all(|(id, _)| memory.entries.contains_key(id))
-            {
+            let ids: HashSet<&str> = changed.iter().map(|(id, _)| id.as_str()).collect();
+            if ids.len() == changed.len() && lines.pick(&ids)?.len() == ids.len() {
                 for (id, e) in changed {
                     on_disk.changed.push(id.clone());
                     memory.entries.insert(id, e);
@@ -141,6 +137,7 @@ impl LastUpload {
                 memory.tree = sealed_tree(&changes.seals);
             }
         }
+        memory.lines = Some(lines);
         memory.on_disk = Some(on_disk);
         Some(memory)
     }
@@ -155,15 +152,28 @@ impl LastUpload {
         }
         let seals = self.tree.as_ref().map(hex_seals).unwrap_or_default();
         if let Some(on_disk) = &self.on_disk
-            && on_disk.changed.len() <= changes_limit(self.entries.len())
+            && on_disk.changed.len() <= changes_limit(self.len())
         {
             let mut ids: Vec<&str> = on_disk.changed.iter().map(String::as_str).collect();
             ids.sort_unstable();
             ids.dedup();
             let mut body = Vec::new();
             let mut entries = 0;
+            // (each changed id has its entry among the parsed ones: a memory read from its
+            // file holds what changed since)
+            let unparsed: HashSet<&str> = ids
+                .iter()
+                .copied()
+                .filter(|id| !self.entries.contains_key(*id))
+                .collect();
+            let picked = match (&self.lines, unparsed.is_empty()) {
+                (Some(lines), false) => lines.pick(&unparsed).ok_or_else(unreadable)?,
+                _ => Vec::new(),
+            };
+            let picked: std::collections::HashMap<&str, &Remembered> =
+                picked.iter().map(|(id, e)| (id.as_str(), e)).collect();
             for id in ids {
-                if let Some(e) = self.entries.get(id) {
+                if let Some(e) = self.entries.get(id).or_else(|| picked.get(id).copied()) {
                     write_entry(&mut body, id, e)?;
                     entries += 1;
                 }
@@ -179,8 +189,9 @@ impl LastUpload {
             };
             return write_replacing(&changes_path(path), CHANGES_MAGIC, &header, &body);
         }
-        let mut body = Vec::with_capacity(self.entries.len() * 160);
-        for (id, e) in &self.entries {
+        let all = self.all_entries().ok_or_else(unreadable)?;
+        let mut body = Vec::with_capacity(all.len() * 160);
+        for (id, e) in all.iter() {
             write_entry(&mut body, id, e)?;
         }
         let header = Header {
@@ -189,7 +200,7 @@ impl LastUpload {
             version: self.version,
             content_hash: self.content_hash.clone(),
             fingerprint_key: self.key,
-            entries: self.entries.len(),
+            entries: all.len(),
             seals,
             body: body_hash(&body),
         };
@@ -200,6 +211,157 @@ impl LastUpload {
             _ => Ok(()),
         }
     }
+}
+
+/// A memory read from its file whose lines do not parse (its SHA-256 was right: written so).
+fn unreadable() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "the memory read from its file does not parse",
+    )
+}
+
+/// The lines of a base file, checked (their SHA-256 and number) but not parsed: parsed
+/// all ([`Lines::parse`]) when an export is compared with them, or only those of some ids
+/// or buckets ([`Lines::pick`], [`Lines::in_buckets`]) for a patched upload, found by an
+/// index of the lines by content bucket that reading makes (one pass, no allocation per
+/// line). A line that does not parse makes the memory unusable where it is met (the next
+/// upload goes whole).
+#[derive(Clone, Debug)]
+pub(super) struct Lines {
+    text: Vec<u8>,
+    /// where each line starts in `text` and ends (before its newline), by bucket: those of
+    /// bucket `b` are `spans[firsts[b]..firsts[b + 1]]`
+    spans: Vec<(u32, u32)>,
+    firsts: Vec<u32>,
+}
+
+impl Lines {
+    /// The first `count` lines of `text[start..]`, which must hold as many, each with a
+    /// bucket field.
+    fn new(text: Vec<u8>, start: usize, count: usize) -> Option<Lines> {
+        u32::try_from(text.len()).ok()?;
+        let mut places: Vec<(u16, u32, u32)> = Vec::with_capacity(count);
+        let mut at = start;
+        for _ in 0..count {
+            let end = at + memchr::memchr(b'\n', &text[at..])?;
+            let bucket = bucket_of_line(&text[at..end])?;
+            if usize::from(bucket) >= content::BUCKETS {
+                return None;
+            }
+            places.push((bucket, at as u32, end as u32));
+            at = end + 1;
+        }
+        let mut firsts = vec![0u32; content::BUCKETS + 1];
+        for &(b, ..) in &places {
+            firsts[usize::from(b) + 1] += 1;
+        }
+        for b in 0..content::BUCKETS {
+            firsts[b + 1] += firsts[b];
+        }
+        let mut next = firsts.clone();
+        let mut spans = vec![(0u32, 0u32); places.len()];
+        for (b, from, to) in places {
+            let slot = &mut next[usize::from(b)];
+            spans[*slot as usize] = (from, to);
+            *slot += 1;
+        }
+        Some(Lines {
+            text,
+            spans,
+            firsts,
+        })
+    }
+
+    /// How many resources they hold.
+    pub(super) fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn line(&self, (from, to): (u32, u32)) -> &[u8] {
+        &self.text[from as usize..to as usize]
+    }
+
+    fn bucket(&self, b: usize) -> impl Iterator<Item = &[u8]> {
+        let (first, end) = (self.firsts[b] as usize, self.firsts[b + 1] as usize);
+        self.spans[first..end].iter().map(|&s| self.line(s))
+    }
+
+    /// Every entry, in the file's order (`None`: a line does not parse, or an id is there
+    /// twice).
+    pub(super) fn parse(&self) -> Option<Entries> {
+        let mut spans = self.spans.clone();
+        spans.sort_unstable_by_key(|s| s.0);
+        let mut entries = Entries::with_capacity_and_hasher(spans.len(), Default::default());
+        for s in spans {
+            let (id, e) = entry(self.line(s))?;
+            entries.insert(id, e);
+        }
+        (entries.len() == self.spans.len()).then_some(entries)
+    }
+
+    /// The entries of `ids` that the lines hold (each id's bucket read).
+    pub(super) fn pick(&self, ids: &HashSet<&str>) -> Option<Vec<(String, Remembered)>> {
+        let mut buckets: Vec<usize> = ids
+            .iter()
+            .map(|id| usize::from(content::bucket(id)))
+            .collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        let mut found = Vec::with_capacity(ids.len());
+        for b in buckets {
+            for line in self.bucket(b) {
+                if ids.contains(id_of_line(line)?) {
+                    found.push(entry(line)?);
+                }
+            }
+        }
+        Some(found)
+    }
+
+    /// The entries in the content buckets `wanted` (one flag per bucket), but those of
+    /// `except`.
+    pub(super) fn in_buckets(
+        &self,
+        wanted: &[bool],
+        except: &Entries,
+    ) -> Option<Vec<(String, Remembered)>> {
+        let mut found = Vec::new();
+        for b in (0..content::BUCKETS).filter(|&b| wanted.get(b).copied().unwrap_or(false)) {
+            for line in self.bucket(b) {
+                if !except.contains_key(id_of_line(line)?) {
+                    found.push(entry(line)?);
+                }
+            }
+        }
+        Some(found)
+    }
+}
+
+/// The fields of a line before its id: hash, fingerprint, flag, bucket.
+const FIELDS_BEFORE_ID: usize = 4;
+
+/// Where the `n`th field of `line` starts (fields part at tabs).
+fn field_start(line: &[u8], n: usize) -> Option<usize> {
+    let mut at = 0;
+    for _ in 0..n {
+        at += memchr::memchr(b'\t', &line[at..])? + 1;
+    }
+    Some(at)
+}
+
+/// A line's bucket, read without the rest ([`entry`] reads it all).
+fn bucket_of_line(line: &[u8]) -> Option<u16> {
+    let from = field_start(line, FIELDS_BEFORE_ID - 1)?;
+    let len = memchr::memchr(b'\t', &line[from..])?;
+    u16::from_str_radix(std::str::from_utf8(&line[from..from + len]).ok()?, 16).ok()
+}
+
+/// A line's id, read without the rest.
+fn id_of_line(line: &[u8]) -> Option<&str> {
+    let from = field_start(line, FIELDS_BEFORE_ID)?;
+    let len = memchr::memchr(b'\t', &line[from..]).unwrap_or(line.len() - from);
+    std::str::from_utf8(&line[from..from + len]).ok()
 }
 
 /// The changes file at `path` when it is of `base`: its header and entries.
@@ -328,4 +490,168 @@ fn sealed_tree(text: &str) -> Option<ContentTree> {
         })
         .collect();
     ContentTree::from_seals(&seals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memory of `n` resources: some with requires, some undefined.
+    fn memory(n: usize) -> LastUpload {
+        let entries: Entries = (0..n)
+            .map(|i| {
+                let id = format!("fs::File[h{},path=/srv/f{i:05}]", i % 7);
+                let e = Remembered {
+                    hash: format!("{:064x}", i * 7919),
+                    fingerprint: (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    requires: (0..i % 3)
+                        .map(|k| format!("fs::File[h0,path=/srv/r{k}]"))
+                        .collect(),
+                    undefined: i % 11 == 0,
+                    bucket: content::bucket(&id),
+                };
+                (id, e)
+            })
+            .collect();
+        let tree = ContentTree::of(entries.iter().map(|(id, e)| {
+            (
+                id.as_str(),
+                e.hash.as_str(),
+                e.requires.as_slice(),
+                e.undefined,
+            )
+        }));
+        LastUpload {
+            server: "http://127.0.0.1:1".into(),
+            environment: "env".into(),
+            version: 4,
+            content_hash: "ch".into(),
+            entries,
+            lines: None,
+            key: crate::client::fingerprint::new_key(),
+            tree: Some(tree),
+            on_disk: None,
+        }
+    }
+
+    fn root_of(entries: &Entries) -> String {
+        ContentTree::of(entries.iter().map(|(id, e)| {
+            (
+                id.as_str(),
+                e.hash.as_str(),
+                e.requires.as_slice(),
+                e.undefined,
+            )
+        }))
+        .root()
+    }
+
+    #[test]
+    fn a_memory_read_without_parsing_its_lines_answers_as_the_parsed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last-upload");
+        let whole = memory(3000);
+        whole.save(&path).unwrap();
+        let mut read = LastUpload::load(&path).unwrap();
+        assert!(read.lines.is_some(), "the lines are not parsed when read");
+        assert_eq!(read.len(), 3000);
+        assert!(read == whole, "the same entries, in the same order");
+
+        // some ids' entries, found through their buckets; an id it does not hold has none
+        let ids: Vec<String> = [5usize, 999, 2998]
+            .iter()
+            .map(|&i| whole.entries.get_index(i).unwrap().0.clone())
+            .chain(["fs::File[h0,path=/nowhere]".to_string()])
+            .collect();
+        let wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let found = read.entries_of(&wanted).unwrap();
+        assert_eq!(found.len(), 3);
+        for id in &wanted[..3] {
+            assert_eq!(found[*id], whole.entries[*id]);
+        }
+
+        // a change to two of them: the tree opened from the lines of their buckets makes
+        // the root of every entry with the change
+        let mut expected = whole.entries.clone();
+        let mut tree = read.take_tree(wanted[..2].iter().copied()).unwrap();
+        assert!(
+            read.lines.is_some(),
+            "opening the touched buckets parses nothing else"
+        );
+        for id in &wanted[..2] {
+            let e = expected.get_mut(*id).unwrap();
+            e.hash = format!("{:064x}", 1);
+            tree.insert(id, &e.hash, &e.requires, e.undefined);
+            read.entries.insert(id.to_string(), e.clone());
+        }
+        assert_eq!(tree.root(), root_of(&expected));
+
+        // written as its changes, read back: the base's lines with the changes over them
+        read.tree = Some(tree);
+        read.version = 5;
+        read.on_disk
+            .as_mut()
+            .unwrap()
+            .changed(wanted[..2].iter().copied());
+        read.save(&path).unwrap();
+        assert!(changes_path(&path).exists());
+        let mut again = LastUpload::load(&path).unwrap();
+        assert_eq!(again.version, 5);
+        assert!(again.all_entries().unwrap().as_ref() == &expected);
+        assert!(again.parse());
+        assert!(again.lines.is_none());
+        assert!(again.entries == expected);
+    }
+
+    #[test]
+    fn a_line_that_does_not_parse_makes_the_memory_useless_where_it_is_met() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last-upload");
+        let whole = memory(500);
+        whole.save(&path).unwrap();
+        // one line's fingerprint is not hex, and the body's hash is made again (a memory
+        // written wrong, as a bug would): its bucket still reads, so the memory loads
+        let text = std::fs::read(&path).unwrap();
+        let rest = text
+            .strip_prefix(MAGIC.as_bytes())
+            .unwrap()
+            .strip_prefix(b"\n")
+            .unwrap();
+        let end = memchr::memchr(b'\n', rest).unwrap();
+        let mut header: Header = serde_json::from_slice(&rest[..end]).unwrap();
+        let body = String::from_utf8(rest[end + 1..].to_vec()).unwrap();
+        let mut lines: Vec<String> = body.lines().map(str::to_string).collect();
+        let bad_id = whole.entries.get_index(42).unwrap().0.clone();
+        let at = lines.iter().position(|l| l.contains(&bad_id)).unwrap();
+        let mut fields: Vec<&str> = lines[at].split('\t').collect();
+        fields[1] = "not-hex";
+        lines[at] = fields.join("\t");
+        let body = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+        header.body = body_hash(body.as_bytes());
+        write_replacing(&path, MAGIC, &header, body.as_bytes()).unwrap();
+
+        let mut read = LastUpload::load(&path).unwrap();
+        // other buckets are of use
+        let other = whole
+            .entries
+            .iter()
+            .find(|(_, e)| e.bucket != content::bucket(&bad_id))
+            .unwrap()
+            .0
+            .clone();
+        assert_eq!(read.entries_of(&[other.as_str()]).unwrap().len(), 1);
+        // its own bucket, and the whole, are not
+        assert!(read.entries_of(&[bad_id.as_str()]).is_none());
+        assert!(read.take_tree([bad_id.as_str()].into_iter()).is_none());
+        assert!(!read.parse());
+        assert!(read.all_entries().is_none());
+        // a bucket field that does not read: the memory is not read at all
+        fields = lines[at].split('\t').collect();
+        fields[3] = "zzz";
+        lines[at] = fields.join("\t");
+        let body = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+        header.body = body_hash(body.as_bytes());
+        write_replacing(&path, MAGIC, &header, body.as_bytes()).unwrap();
+        assert!(LastUpload::load(&path).is_none());
+    }
 }
