@@ -381,6 +381,17 @@ impl Part {
         }
     }
 
+    /// Whether [`Part::make_mut`] changes it where it is (it is the whole of a buffer of
+    /// this process that nothing else holds), without a copy.
+    fn is_alone(&self) -> bool {
+        self.at == 0
+            && self.len == self.buf.len()
+            && match &self.buf {
+                Shared::Owned(b) => std::sync::Arc::strong_count(b) == 1,
+                Shared::Mapped(_) => false,
+            }
+    }
+
     /// After [`Part::make_mut`]: the part is the whole buffer again.
     fn fit(&mut self) {
         self.at = 0;
@@ -565,6 +576,7 @@ impl Held {
                 prints: self.0.header.inputs.prints.clone(),
                 base_generation: self.0.header.generation,
                 next: None,
+                count: None,
             };
             return Ok((patched, self));
         }
@@ -589,11 +601,17 @@ pub struct Patched {
     /// The memory this was patched from ([`Uploaded::generation`]).
     pub base_generation: u64,
     next: Option<NextMemory>,
+    /// How many resources `lines` holds, when the patch counted them (else counted when
+    /// asked: 32 MB read at 100,000 resources)
+    count: Option<usize>,
 }
 
 impl Patched {
     /// How many resources the export holds (a line each, between its first and last).
     pub fn resources(&self) -> usize {
+        if let Some(n) = self.count {
+            return n;
+        }
         memchr::memchr_iter(b'\n', &self.lines)
             .count()
             .saturating_sub(1)

@@ -41,6 +41,7 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
             changed: Vec::new(),
             base_generation: generation,
             next: Some(NextMemory(None, generation)),
+            count: None,
         });
     }
     let edits = edits(&loaded, old_main, &new_main)?;
@@ -49,6 +50,7 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         Some(Ok(lines)) => lines,
         _ => return Err("the memory's export does not read".into()),
     };
+    let count = lines.resources.len();
     let mut replaced: std::collections::HashMap<usize, (Vec<u8>, crate::model::Resource)> =
         Default::default();
     for (t, json) in edits.iter().flat_map(|e| {
@@ -81,10 +83,11 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         let line = serde_json::to_vec(&resource).map_err(|e| e.to_string())?;
         replaced.insert(at, (line, resource));
     }
-    if replaced.len() <= IN_PLACE {
-        // a few lines: swapped in the export itself (in place when nothing else holds it),
-        // each moving what follows it, rather than the whole export copied (32 MB at
-        // 100,000 resources: its page faults alone are ~10 ms)
+    if replaced.len() <= IN_PLACE && loaded.export.is_alone() {
+        // a few lines, in an export nothing else holds: swapped in the export itself, each
+        // moving what follows it, rather than the whole export copied (32 MB at 100,000
+        // resources: its page faults alone are ~10 ms). An export that must be copied
+        // anyway (mapped from the memory's file) is copied once, with the lines swapped.
         let base = loaded.export().as_ptr() as usize;
         let mut swaps: Vec<(usize, usize, &[u8])> = replaced
             .iter()
@@ -149,6 +152,7 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         prints,
         base_generation,
         next: Some(NextMemory(Some(loaded), new_generation())),
+        count: Some(count),
     })
 }
 
