@@ -83,6 +83,7 @@ fn decode_with<M: Send>(
         encoded.push(r.take(len).map_err(cut)?);
     }
     std::thread::scope(|scope| {
+        let began = std::time::Instant::now();
         let manifests = scope.spawn(move || {
             let count = r.count().map_err(cut)?;
             let mut manifests = Vec::with_capacity(count);
@@ -93,7 +94,14 @@ fn decode_with<M: Send>(
             if !r.is_empty() {
                 return Err("bytes after the last manifest");
             }
-            Ok(manifests.into_iter().map(&each_manifest).collect())
+            let decoded_ms = began.elapsed().as_secs_f64() * 1e3;
+            let made = manifests.into_iter().map(&each_manifest).collect();
+            tracing::debug!(
+                decoded_ms,
+                made_ms = began.elapsed().as_secs_f64() * 1e3,
+                "the manifests left are read"
+            );
+            Ok(made)
         });
         // all decoded before any is made into a model: a file that does not decode to its
         // end is not used at all
@@ -101,6 +109,10 @@ fn decode_with<M: Send>(
             .into_iter()
             .map(|bytes| Snapshot::decode(bytes).map_err(|_| "a snapshot does not decode"))
             .collect::<Result<Vec<_>, _>>();
+        tracing::debug!(
+            decoded_ms = began.elapsed().as_secs_f64() * 1e3,
+            "the snapshots left are read"
+        );
         let manifests = manifests
             .join()
             .unwrap_or(Err("decoding the manifests failed"))?;

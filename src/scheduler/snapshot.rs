@@ -115,8 +115,15 @@ impl Snapshot {
         if !work.is_empty() {
             std::thread::spawn(move || {
                 for (s, tx) in work {
+                    let began = std::time::Instant::now();
+                    let prepared = s.prepare();
+                    tracing::debug!(
+                        env = %prepared.env,
+                        ms = began.elapsed().as_secs_f64() * 1e3,
+                        "a snapshot is made into its model"
+                    );
                     // a scheduler that stopped before it started takes none
-                    let _ = tx.send(s.prepare());
+                    let _ = tx.send(prepared);
                 }
             });
         }
