@@ -511,11 +511,13 @@ impl EnvScheduler {
             .model
             .intents
             .iter()
-            .map(|i| store::versions::ResourceDigestRow {
-                resource_id: i.id.clone(),
-                resource_type: i.type_name.clone(),
+            .map(|i| Intent {
+                id: i.id.clone(),
+                type_name: i.type_name.clone(),
                 agent: i.agent.clone(),
                 hash: i.hash.clone(),
+                // a start reads them after it, as a start from the database does
+                attributes: super::model::Attributes::unread(),
                 requires: i.requires.clone(),
                 undefined: i.undefined,
             })

@@ -363,6 +363,7 @@ impl Model {
         for r in 0..intents.len() {
             index.insert(&intents, r);
         }
+
         let states = states
             .into_iter()
             .zip(&intents)
