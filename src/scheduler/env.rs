@@ -576,6 +576,26 @@ impl EnvScheduler {
         Ok(())
     }
 
+    /// A start from the snapshot `steward deploy` left is followed by that run's version:
+    /// each agent's executor (of the first few agents, not paused) is started now, while the
+    /// version is uploaded and released.
+    async fn prestart_executors(&mut self) {
+        const AGENTS: usize = 4;
+        let agents: Vec<String> = self
+            .model
+            .agents
+            .keys()
+            .filter(|a| !self.paused.contains(*a))
+            .take(AGENTS)
+            .cloned()
+            .collect();
+        for agent in agents {
+            if let Err(e) = self.executors.prestart(&agent).await {
+                tracing::debug!(environment = %self.env, %agent, error = %e, "an executor was not started ahead");
+            }
+        }
+    }
+
     async fn restore(&mut self) -> Result<(), store::StoreError> {
         // from nothing, also when an earlier attempt failed half way: a model it merged
         // would make the merge below a no-op, and what is known of the stored rows would
@@ -672,6 +692,9 @@ impl EnvScheduler {
         }
         self.read_agent_configs().await?;
         self.refresh_placements();
+        if from_snapshot {
+            self.prestart_executors().await;
+        }
         self.arm_sweeps(Utc::now());
         self.tombstones.clear();
         self.take_up_pending_deletes().await?;

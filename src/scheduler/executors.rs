@@ -365,6 +365,23 @@ impl Pool {
             .collect()
     }
 
+    /// Start an executor for `agent` now, left idle for its first action, when the agent's
+    /// executors are local ones, it has none, and the pool has room: a start that will
+    /// almost surely deploy next (`steward deploy`'s, from its snapshot) starts its process
+    /// (exec, loading, handshake: ~10 ms) while it waits for the version, not after.
+    /// The same spawn as [`Pool::acquire`]'s, with the sandbox it has.
+    pub async fn prestart(&mut self, agent: &str) -> Result<(), PoolError> {
+        if self.placement(agent) != Placement::Local
+            || self.procs.values().any(|p| p.agent == agent)
+            || self.procs.len() >= self.max
+        {
+            return Ok(());
+        }
+        let id = self.acquire(agent).await?;
+        self.release(id);
+        Ok(())
+    }
+
     /// An idle executor of `agent`, started if needed (an idle one of another agent may be
     /// stopped to stay under the cap).
     pub async fn acquire(&mut self, agent: &str) -> Result<ProcId, PoolError> {
