@@ -152,7 +152,15 @@ impl Snapshot {
             std::thread::spawn(move || {
                 for (s, tx) in work {
                     let began = std::time::Instant::now();
-                    let prepared = s.prepare();
+                    let env = s.env;
+                    // one that can not be built (a bug) leaves its start to the database,
+                    // not the others after it
+                    let Ok(prepared) =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.prepare()))
+                    else {
+                        tracing::warn!(environment = %env, "a scheduler snapshot could not be made into its model: its start reads the database");
+                        continue;
+                    };
                     tracing::debug!(
                         env = %prepared.env,
                         ms = began.elapsed().as_secs_f64() * 1e3,
@@ -529,5 +537,31 @@ mod tests {
         let mut huge = bytes[..36].to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(Snapshot::decode(&huge).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_whose_model_can_not_be_built_is_given_to_no_start() {
+        // one state fewer than resources: building its model panics on its thread
+        let mut broken = sample();
+        broken.states.pop();
+        let whole = sample();
+        let (env, version) = (whole.env, whole.version);
+        let mut coming = Snapshot::prepare_later(vec![broken, whole]);
+        assert_eq!(coming.len(), 2);
+        let second = coming.pop().unwrap();
+        let first = coming.pop().unwrap();
+        // what it is of is known before its model
+        assert_eq!(
+            (second.env, second.version, second.resources()),
+            (env, version, 2)
+        );
+        // the start waiting for it reads the database instead (EnvScheduler::restore)
+        assert!(first.ready().await.is_none());
+        // and the snapshots after it on the same thread are built all the same
+        let built = second.ready().await.expect("the next snapshot's model");
+        assert_eq!(
+            (built.env, built.version, built.resources()),
+            (env, version, 2)
+        );
     }
 }
