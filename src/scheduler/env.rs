@@ -692,7 +692,8 @@ impl EnvScheduler {
         }
         self.read_agent_configs().await?;
         self.refresh_placements();
-        if from_snapshot {
+        // (a halted environment starts nothing)
+        if from_snapshot && !self.halted {
             self.prestart_executors().await;
         }
         self.arm_sweeps(Utc::now());
