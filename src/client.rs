@@ -159,9 +159,7 @@ impl Client {
         token: Option<String>,
         options: &ClientOptions,
     ) -> Result<Client> {
-        let mut builder = reqwest::Client::builder()
-            .timeout(Duration::from_secs(300))
-            .connect_timeout(Duration::from_secs(10));
+        let mut builder = Self::builder();
         if let Some(path) = &options.ca_cert {
             // added to the system's roots, not instead of them
             builder = builder.tls_certs_merge(ca_certificates(path)?);
@@ -174,28 +172,33 @@ impl Client {
             },
             None => ClientError::Setup(e.to_string()),
         })?;
-        Ok(Client {
+        Ok(Self::with_http(base, token, http))
+    }
+
+    /// The HTTP client's settings every client has.
+    fn builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .connect_timeout(Duration::from_secs(10))
+    }
+
+    fn with_http(base: &str, token: Option<String>, http: reqwest::Client) -> Client {
+        Client {
             base: base.trim_end_matches('/').to_string(),
             token,
             http,
-        })
+        }
     }
 
     /// A client of a server on this machine over plain HTTP (`steward deploy`'s private
     /// one): it trusts no certificate at all, so the system's CA roots are not read (a few
     /// milliseconds on the way of every run), and a redirect to https would fail.
     pub fn loopback(base: &str, token: Option<String>) -> Client {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(300))
-            .connect_timeout(Duration::from_secs(10))
+        let http = Self::builder()
             .tls_certs_only(std::iter::empty())
             .build()
             .expect("a client without certificates");
-        Client {
-            base: base.trim_end_matches('/').to_string(),
-            token,
-            http,
-        }
+        Self::with_http(base, token, http)
     }
 
     pub fn base(&self) -> &str {

@@ -155,8 +155,9 @@ impl LastUpload {
             // of lines not parsed yet, those of the touched buckets (~100 each at 100,000)
             let unparsed: Entries = match &self.lines {
                 Some(lines) => {
+                    // (those open already are not read again)
                     let mut touched_buckets = vec![false; content::BUCKETS];
-                    for id in &touched {
+                    for id in touched.iter().filter(|id| tree.is_sealed(id)) {
                         touched_buckets[usize::from(content::bucket(id))] = true;
                     }
                     lines

@@ -161,21 +161,11 @@ impl LastUpload {
             ids.dedup();
             let mut body = Vec::new();
             let mut entries = 0;
-            // (each changed id has its entry among the parsed ones: a memory read from its
-            // file holds what changed since)
-            let unparsed: HashSet<&str> = ids
-                .iter()
-                .copied()
-                .filter(|id| !self.entries.contains_key(*id))
-                .collect();
-            let picked = match (&self.lines, unparsed.is_empty()) {
-                (Some(lines), false) => lines.pick(&unparsed).ok_or_else(unreadable)?,
-                _ => Vec::new(),
-            };
-            let picked: std::collections::HashMap<&str, &Remembered> =
-                picked.iter().map(|(id, e)| (id.as_str(), e)).collect();
+            // (a memory read from its file holds what changed since among its parsed
+            // entries: its lines are not read for them)
+            let held = self.entries_of(&ids).ok_or_else(unreadable)?;
             for id in ids {
-                if let Some(e) = self.entries.get(id).or_else(|| picked.get(id).copied()) {
+                if let Some(e) = held.get(id) {
                     write_entry(&mut body, id, e)?;
                     entries += 1;
                 }
