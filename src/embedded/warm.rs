@@ -84,25 +84,7 @@ fn decode_with<M: Send>(
     }
     std::thread::scope(|scope| {
         let began = std::time::Instant::now();
-        let manifests = scope.spawn(move || {
-            let count = r.count().map_err(cut)?;
-            let mut manifests = Vec::with_capacity(count);
-            for _ in 0..count {
-                manifests
-                    .push(HeldManifest::decode(&mut r).map_err(|_| "a manifest does not decode")?);
-            }
-            if !r.is_empty() {
-                return Err("bytes after the last manifest");
-            }
-            let decoded_ms = began.elapsed().as_secs_f64() * 1e3;
-            let made = manifests.into_iter().map(&each_manifest).collect();
-            tracing::debug!(
-                decoded_ms,
-                made_ms = began.elapsed().as_secs_f64() * 1e3,
-                "the manifests left are read"
-            );
-            Ok(made)
-        });
+        let manifests = scope.spawn(move || manifests(&mut r, each_manifest));
         // all decoded before any is made into a model: a file that does not decode to its
         // end is not used at all
         let snapshots = encoded
@@ -120,6 +102,31 @@ fn decode_with<M: Send>(
     })
 }
 
+/// The manifests at `r`, the rest of the file, each made into what `each_manifest` makes of
+/// it.
+fn manifests<M>(
+    r: &mut Reader<'_>,
+    each_manifest: impl Fn(HeldManifest) -> M,
+) -> Result<Vec<M>, &'static str> {
+    let began = std::time::Instant::now();
+    let count = r.count().map_err(|_| "the file is cut short")?;
+    let mut manifests = Vec::with_capacity(count);
+    for _ in 0..count {
+        manifests.push(HeldManifest::decode(r).map_err(|_| "a manifest does not decode")?);
+    }
+    if !r.is_empty() {
+        return Err("bytes after the last manifest");
+    }
+    let decoded_ms = began.elapsed().as_secs_f64() * 1e3;
+    let made = manifests.into_iter().map(each_manifest).collect();
+    tracing::debug!(
+        decoded_ms,
+        made_ms = began.elapsed().as_secs_f64() * 1e3,
+        "the manifests left are read"
+    );
+    Ok(made)
+}
+
 /// What the last run left, when the cluster is as it left it (call before the cluster
 /// starts). The file is removed whatever it held.
 pub fn take(data_dir: &Path, cluster: &PgCluster) -> Warm {
@@ -127,17 +134,68 @@ pub fn take(data_dir: &Path, cluster: &PgCluster) -> Warm {
 }
 
 /// [`take`], with the cluster's control stamp read before it started (`steward deploy`
-/// decodes the file while its cluster starts). Returns once the whole file decoded (a file
-/// that does not is not used at all); each snapshot is then made into its scheduler's model
-/// on a thread of its own, while the runtime starts serving.
+/// decodes the file while its cluster starts), for a start: each snapshot is decoded and
+/// made into its scheduler's model on a thread of its own, started first (the scheduler's
+/// merge waits for it); the manifests are decoded here (the first store waits for them),
+/// with their content trees. Returns once the manifests are read, while the snapshots still
+/// decode. A file whose header, checksum, snapshot headers or manifests do not read is not
+/// used at all; a snapshot whose body does not decode leaves its start to the database.
 pub fn take_prepared(data_dir: &Path, stamp: Option<[u8; 32]>) -> Taken {
-    match take_with(data_dir, stamp, HeldManifest::with_tree) {
-        Some((snapshots, manifests)) => Taken {
-            prepared: Snapshot::prepare_later(snapshots),
-            manifests,
-        },
-        None => Taken::default(),
+    let path = path(data_dir);
+    let began = std::time::Instant::now();
+    let Some(file) = taken(&path) else {
+        return Taken::default();
+    };
+    let read_ms = began.elapsed().as_secs_f64() * 1000.0;
+    let bytes = file.len();
+    match prepared(std::sync::Arc::new(file), stamp) {
+        Ok(taken) => {
+            tracing::debug!(
+                bytes,
+                read_ms,
+                decoded_ms = began.elapsed().as_secs_f64() * 1000.0,
+                "what the last run left is read (its snapshots decode on)"
+            );
+            taken
+        }
+        Err(why) => {
+            tracing::info!(file = %path.display(), why, "what the last run left is not used: the database is read");
+            Taken::default()
+        }
     }
+}
+
+fn prepared(
+    file: std::sync::Arc<crate::model::mapped::Mapped>,
+    stamp: Option<[u8; 32]>,
+) -> Result<Taken, &'static str> {
+    let body = body(&file, stamp)?;
+    let body_at = file.len() - body.len();
+    let mut r = Reader(body);
+    let cut = |_| "the file is cut short";
+    let count = r.count().map_err(cut)?;
+    let mut ranges = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
+        let at = body_at + (body.len() - r.0.len());
+        r.take(len).map_err(cut)?;
+        ranges.push(at..at + len);
+    }
+    let prepared = Snapshot::decode_later(file.clone(), ranges)
+        .map_err(|_| "a snapshot's header does not decode")?;
+    let manifests = manifests(&mut r, HeldManifest::with_tree)?;
+    Ok(Taken {
+        prepared,
+        manifests,
+    })
+}
+
+/// The file at `path`, mapped (not read into a buffer of its own: 55 MB at 100,000
+/// resources), and removed at once (the mapping keeps its bytes).
+fn taken(path: &Path) -> Option<crate::model::mapped::Mapped> {
+    let bytes = crate::model::mapped::Mapped::open(path).ok()?;
+    let _ = std::fs::remove_file(path);
+    Some(bytes)
 }
 
 fn take_stamped(data_dir: &Path, stamp: Option<[u8; 32]>) -> Warm {
@@ -157,12 +215,7 @@ fn take_with<M: Send>(
 ) -> Option<(Vec<Snapshot>, Vec<M>)> {
     let path = path(data_dir);
     let began = std::time::Instant::now();
-    // mapped, not read into a buffer of its own (55 MB at 100,000 resources); removed at
-    // once, the mapping keeps its bytes
-    let Ok(bytes) = crate::model::mapped::Mapped::open(&path) else {
-        return None;
-    };
-    let _ = std::fs::remove_file(&path);
+    let bytes = taken(&path)?;
     let read_ms = began.elapsed().as_secs_f64() * 1000.0;
     match body(&bytes, stamp).and_then(|body| decode_with(body, each_manifest)) {
         Ok(decoded) => {
