@@ -636,9 +636,10 @@ mod tests {
         );
         // a header that does not read refuses the whole set
         let bad = Arc::new(b"STWSNAP\n\0".to_vec());
-        assert!(Snapshot::decode_later(bad, vec![0..9]).is_err());
+        let one_range = |r: Range<usize>| std::iter::once(r).collect::<Vec<_>>();
+        assert!(Snapshot::decode_later(bad, one_range(0..9)).is_err());
         let short = Arc::new(good.clone());
-        assert!(Snapshot::decode_later(short, vec![0..good.len() + 1]).is_err());
+        assert!(Snapshot::decode_later(short, one_range(0..good.len() + 1)).is_err());
     }
 
     #[tokio::test]
