@@ -74,14 +74,8 @@ fn decode_with<M: Send>(
     body: &[u8],
     each_manifest: impl Fn(HeldManifest) -> M + Send,
 ) -> Result<(Vec<Snapshot>, Vec<M>), &'static str> {
-    let mut r = Reader(body);
-    let cut = |_| "the file is cut short";
-    let count = r.count().map_err(cut)?;
-    let mut encoded = Vec::with_capacity(count);
-    for _ in 0..count {
-        let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
-        encoded.push(r.take(len).map_err(cut)?);
-    }
+    let (ranges, mut r) = snapshot_ranges(body)?;
+    let encoded: Vec<&[u8]> = ranges.into_iter().map(|at| &body[at]).collect();
     std::thread::scope(|scope| {
         let began = std::time::Instant::now();
         let manifests = scope.spawn(move || manifests(&mut r, each_manifest));
@@ -100,6 +94,21 @@ fn decode_with<M: Send>(
             .unwrap_or(Err("decoding the manifests failed"))?;
         Ok((snapshots?, manifests))
     })
+}
+
+/// Where each encoded snapshot is in `body`, and the reader after the last one.
+fn snapshot_ranges(body: &[u8]) -> Result<(Vec<std::ops::Range<usize>>, Reader<'_>), &'static str> {
+    let mut r = Reader(body);
+    let cut = |_| "the file is cut short";
+    let count = r.count().map_err(cut)?;
+    let mut ranges = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
+        let at = body.len() - r.0.len();
+        r.take(len).map_err(cut)?;
+        ranges.push(at..at + len);
+    }
+    Ok((ranges, r))
 }
 
 /// The manifests at `r`, the rest of the file, each made into what `each_manifest` makes of
@@ -171,16 +180,11 @@ fn prepared(
 ) -> Result<Taken, &'static str> {
     let body = body(&file, stamp)?;
     let body_at = file.len() - body.len();
-    let mut r = Reader(body);
-    let cut = |_| "the file is cut short";
-    let count = r.count().map_err(cut)?;
-    let mut ranges = Vec::with_capacity(count);
-    for _ in 0..count {
-        let len = usize::try_from(r.i64().map_err(cut)?).map_err(|_| "a length is negative")?;
-        let at = body_at + (body.len() - r.0.len());
-        r.take(len).map_err(cut)?;
-        ranges.push(at..at + len);
-    }
+    let (ranges, mut r) = snapshot_ranges(body)?;
+    let ranges = ranges
+        .into_iter()
+        .map(|at| body_at + at.start..body_at + at.end)
+        .collect();
     let prepared = Snapshot::decode_later(file.clone(), ranges)
         .map_err(|_| "a snapshot's header does not decode")?;
     let manifests = manifests(&mut r, HeldManifest::with_tree)?;
