@@ -23,7 +23,7 @@ use crate::scheduler::snapshot::{Coming, Snapshot};
 use crate::store::cluster::PgCluster;
 use crate::store::versions::{HeldManifest, ReadyManifest};
 
-const MAGIC: &[u8; 8] = b"STWWRM4\n";
+const MAGIC: &[u8; 8] = b"STWWRM5\n";
 
 fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("warm")

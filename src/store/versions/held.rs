@@ -116,16 +116,40 @@ fn remember_with(
 /// changes to the resources `touched`: the buckets it knows by their seals only that
 /// `touched` falls in are opened with the base's lines. `None` when those lines do not hash
 /// to their seals (the store then makes the new version's tree from every line).
-pub(super) fn ready_for<'a, 'b>(
+/// `base` is handed the buckets wanted and gives (at least) the base's resources in them.
+pub(super) fn ready_for<'a, 'b, I>(
     mut tree: ContentTree,
-    base: impl Iterator<Item = (&'b str, &'b Entry)>,
+    base: impl FnOnce(Wanted) -> I,
     touched: impl Iterator<Item = &'a str>,
-) -> Option<ContentTree> {
+) -> Option<ContentTree>
+where
+    I: Iterator<Item = (&'b str, &'b Entry)>,
+{
     let opened = tree.open_touched(touched, |wanted| {
-        base.filter(move |(id, _)| wanted[usize::from(content::bucket(id))])
+        base(Wanted::of(&wanted))
             .map(|(id, e)| (id, e.hash.as_str(), e.requires.as_slice(), e.undefined))
     });
     opened.then_some(tree)
+}
+
+/// Which content buckets a store opens: a copy for each filter that asks.
+#[derive(Clone, Copy)]
+pub(super) struct Wanted([u64; content::BUCKETS / 64]);
+
+impl Wanted {
+    fn of(flags: &[bool]) -> Wanted {
+        let mut bits = [0u64; content::BUCKETS / 64];
+        for (b, _) in flags.iter().enumerate().filter(|(_, w)| **w) {
+            bits[b / 64] |= 1 << (b % 64);
+        }
+        Wanted(bits)
+    }
+
+    /// Whether `e` is in a wanted bucket (by the bucket it carries).
+    pub(super) fn holds(&self, e: &Entry) -> bool {
+        let b = usize::from(e.bucket);
+        self.0.get(b / 64).is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
 }
 
 /// The content tree of a manifest (what a store makes when the cache has none).
@@ -271,6 +295,7 @@ impl HeldManifest {
             w.str(&e.hash);
             w.strs(&e.requires);
             w.u8(e.undefined as u8);
+            w.u32(u32::from(e.bucket));
         }
         match &self.seals {
             Some(seals) => {
@@ -298,6 +323,7 @@ impl HeldManifest {
                 hash: r.string()?,
                 requires: r.strings()?,
                 undefined: r.u8()? != 0,
+                bucket: u16::try_from(r.u32()?).map_err(|_| CodecError::Invalid)?,
             };
             entries.push((id, entry));
         }
@@ -342,6 +368,7 @@ mod tests {
                         .map(|q| format!("fs::File[a,path=/f{q}]"))
                         .collect(),
                     undefined: last_undefined && i == n - 1,
+                    bucket: content::bucket(&format!("fs::File[a,path=/f{i}]")),
                 };
                 (format!("fs::File[a,path=/f{i}]"), entry)
             })
@@ -422,9 +449,13 @@ mod tests {
         let gone = "fs::File[a,path=/f11]".to_string();
         next.remove(&gone);
         let new = "fs::File[a,path=/new]".to_string();
-        next.insert(new.clone(), next[&changed].clone());
+        let made = Entry {
+            bucket: content::bucket(&new),
+            ..next[&changed].clone()
+        };
+        next.insert(new.clone(), made);
         let touched = [changed.as_str(), gone.as_str(), new.as_str()];
-        let lines = held.manifest.iter().map(|(id, e)| (id.as_str(), e));
+        let lines = |_| held.manifest.iter().map(|(id, e)| (id.as_str(), e));
         let mut tree = ready_for(sealed, lines, touched.into_iter()).expect("opens");
         tree.remove(&gone);
         tree.remove(&changed);
@@ -438,10 +469,43 @@ mod tests {
         let b = usize::from(content::bucket(&changed));
         bad[b].0[0] ^= 1;
         let bad = ContentTree::from_seals(&bad).unwrap();
-        let lines = base.iter().map(|(id, e)| (id.as_str(), e));
+        let lines = |_| base.iter().map(|(id, e)| (id.as_str(), e));
         assert!(ready_for(bad, lines, [changed.as_str()].into_iter()).is_none());
         // a base without the bucket's lines does not open it
         let sealed = ContentTree::from_seals(&whole.seals()).unwrap();
-        assert!(ready_for(sealed, std::iter::empty(), [changed.as_str()].into_iter()).is_none());
+        assert!(
+            ready_for(
+                sealed,
+                |_| std::iter::empty(),
+                [changed.as_str()].into_iter()
+            )
+            .is_none()
+        );
+        // nor does one whose entries carry the wrong bucket (the right lines filtered by it)
+        let sealed = ContentTree::from_seals(&whole.seals()).unwrap();
+        let misfiled: Manifest = base
+            .iter()
+            .map(|(id, e)| {
+                let bucket = if *id == changed {
+                    e.bucket ^ 1
+                } else {
+                    e.bucket
+                };
+                (
+                    id.clone(),
+                    Entry {
+                        bucket,
+                        ..e.clone()
+                    },
+                )
+            })
+            .collect();
+        let lines = |wanted: Wanted| {
+            misfiled
+                .iter()
+                .filter(move |(_, e)| wanted.holds(e))
+                .map(|(id, e)| (id.as_str(), e))
+        };
+        assert!(ready_for(sealed, lines, [changed.as_str()].into_iter()).is_none());
     }
 }

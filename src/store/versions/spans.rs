@@ -13,6 +13,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::super::Result;
+use crate::model::content;
 
 /// `last_version` of a row in the newest version.
 pub const OPEN: i32 = i32::MAX;
@@ -26,6 +27,11 @@ pub struct Entry {
     pub hash: String,
     pub requires: Vec<String>,
     pub undefined: bool,
+    /// The id's content bucket ([`content::bucket`]; derived from the id, so an entry
+    /// copied under another id must have it made again): a store finds the lines of the
+    /// buckets a change opens without hashing every id (100,000: ~5 ms on every upload).
+    /// One that is wrong only makes the opening fail: the tree is then made from every line.
+    pub bucket: u16,
 }
 
 /// The newest version's resources: the open rows.
@@ -40,9 +46,11 @@ pub async fn open_entries(c: &mut PgConnection, env: Uuid) -> Result<BTreeMap<St
     Ok(rows
         .into_iter()
         .map(|(id, resource_type, agent, hash, requires, undefined)| {
+            let bucket = content::bucket(&id);
             (
                 id,
                 Entry {
+                    bucket,
                     resource_type,
                     agent,
                     hash,

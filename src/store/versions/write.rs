@@ -122,6 +122,7 @@ fn entry_of(r: &Resource, undefined: bool) -> Entry {
         hash: r.hash(),
         requires: r.requires.iter().map(|q| q.0.clone()).collect(),
         undefined,
+        bucket: crate::model::content::bucket(&r.id.0),
     }
 }
 
@@ -160,6 +161,7 @@ pub async fn store_hashed(
                 hash,
                 requires: r.requires.iter().map(|q| q.0.clone()).collect(),
                 undefined: undefined.contains(r.id.0.as_str()),
+                bucket: crate::model::content::bucket(&r.id.0),
             };
             (r.id.0.clone(), entry)
         })
@@ -449,19 +451,33 @@ async fn write(
             // the new manifest in place) the new manifest's untouched resources and what
             // the touched ones were
             let ready = match against {
-                Against::Whole(base) => {
-                    ready_for(tree, base.iter().map(|(id, e)| (id.as_str(), e)), touched)
-                }
-                Against::Touched(was) => {
-                    let kept = manifest
-                        .iter()
-                        .filter(|(id, _)| !was.contains_key(id.as_str()))
-                        .map(|(id, e)| (id.as_str(), e));
-                    let replaced = was
-                        .iter()
-                        .filter_map(|(id, e)| e.as_ref().map(|e| (id.as_str(), e)));
-                    ready_for(tree, kept.chain(replaced), touched)
-                }
+                Against::Whole(base) => ready_for(
+                    tree,
+                    |wanted| {
+                        base.iter()
+                            .filter(move |(_, e)| wanted.holds(e))
+                            .map(|(id, e)| (id.as_str(), e))
+                    },
+                    touched,
+                ),
+                // (the bucket first: a look-up in `was` for each of 100,000 ids was most of
+                // a one-change store's work here)
+                Against::Touched(was) => ready_for(
+                    tree,
+                    |wanted| {
+                        let kept = manifest
+                            .iter()
+                            .filter(move |(id, e)| {
+                                wanted.holds(e) && !was.contains_key(id.as_str())
+                            })
+                            .map(|(id, e)| (id.as_str(), e));
+                        let replaced = was
+                            .iter()
+                            .filter_map(|(id, e)| e.as_ref().map(|e| (id.as_str(), e)));
+                        kept.chain(replaced)
+                    },
+                    touched,
+                ),
             };
             if ready.is_none() {
                 tracing::warn!(environment = %env_id, "the held content tree's seals do not fit the newest version's lines: hashing them all");
