@@ -73,6 +73,14 @@ impl DirLock {
 /// Connections of the private server opened as it starts (see [`Runtime::start`]).
 const WARM_CONNECTIONS: usize = 3;
 
+/// The private server's pool: all the connections this process opens but a `psql` that
+/// creates the database on the first run.
+const POOL: u32 = 8;
+
+/// The private cluster's `max_connections`: the pool, with room for that `psql` and for an
+/// operator's own sessions (PostgreSQL keeps 3 more for superusers).
+const MAX_CONNECTIONS: u32 = 40;
+
 pub struct Runtime {
     cluster: std::sync::Arc<PgCluster>,
     _supervisor: crate::store::cluster::Supervisor,
@@ -107,7 +115,7 @@ impl Runtime {
         let lock_path = lock.path.clone();
         let dir = data_dir.to_path_buf();
         let (cluster, warm) = tokio::task::spawn_blocking(move || {
-            let c = PgCluster::new(&root)?;
+            let c = PgCluster::new(&root)?.with_max_connections(MAX_CONNECTIONS);
             // what the last run's schedulers left, checked against the cluster as that run
             // left it (this start changes it), and read while it starts
             let stamp = c.control_stamp();
@@ -128,14 +136,14 @@ impl Runtime {
         // the database is there after the first run: connecting says so, without the `psql`
         // process that would ask (30-40 ms of every run)
         let url = cluster.url("steward");
-        let pool = match store::connect(&url, 8).await {
+        let pool = match store::connect(&url, POOL).await {
             Ok(pool) => pool,
             Err(_) => {
                 let c = cluster.clone();
                 tokio::task::spawn_blocking(move || c.ensure_database("steward"))
                     .await
                     .expect("database creation task")?;
-                store::connect(&url, 8).await?
+                store::connect(&url, POOL).await?
             }
         };
         let connected_ms = began.elapsed().as_secs_f64() * 1000.0;

@@ -272,7 +272,9 @@ impl PgCluster {
             .args(["-c", "unix_socket_permissions=0700"])
             .args(["-c", "password_encryption=scram-sha-256"])
             .args(["-p", &self.port.to_string()])
-            .args(["-c", "max_connections=200", "-c", "shared_buffers=64MB"]);
+            .arg("-c")
+            .arg(format!("max_connections={}", self.max_connections))
+            .args(["-c", "shared_buffers=64MB"]);
         if !durable {
             c.args([
                 "-c",
