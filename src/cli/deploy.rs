@@ -50,6 +50,8 @@ use crate::store::state::FAILED;
 const UNDEFINED: [&str; 2] = ["undefined", "skipped_for_undefined"];
 
 pub fn run(args: DeployArgs) -> anyhow::Result<ExitCode> {
+    // most of a run's memory is fresh: what the last run left, decoded (see the function)
+    crate::alloc::huge_pages_for_this_process();
     // one user configuring their own machine: handlers run as that user, not in a sandbox
     // uid (compiles here are this process's own)
     crate::sandbox::configure(crate::sandbox::Config {
