@@ -167,8 +167,8 @@ static HUGE_MAPPINGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// 100,000 resources decodes what the last run left into ~1 M small blocks, ~110 MB of fresh
 /// memory in its first 200 ms, while both cores are busy. One 4 KiB fault costs ~2.5 µs in
 /// a virtual machine, so those faults were ~30 % of the run's CPU; a 2 MiB page is one fault
-/// (measured at 100,000 by `bench_cli_deploy`: change one, edit to file on disk, median
-/// 0.238 -> 0.190 s; to exit 0.57 -> 0.38 s).
+/// (at 100,000, change one: the run's page faults, its PostgreSQL's included, ~96,000 ->
+/// ~18,000; edit to file on disk, median of 12 runs, 0.255 -> 0.177 s; to exit 0.61 -> 0.47 s).
 ///
 /// Not for every process (see the module's note): where memory is fragmented, a huge-page
 /// fault in a madvised range may compact memory first. A deploy's run pays that at most
@@ -176,7 +176,7 @@ static HUGE_MAPPINGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// whose THP setting is `never` ignores the advice. The heap's later arenas (mimalloc
 /// reserves another once its first 1 GiB is used) keep 4 KiB pages.
 pub fn huge_pages_for_this_process() {
-    if std::env::var("STEWARD_HUGE_PAGES").is_ok_and(|v| v == "off" || v == "0") {
+    if huge_pages_turned_off() {
         return;
     }
     HUGE_MAPPINGS.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -190,6 +190,11 @@ pub fn huge_pages_for_this_process() {
     }
     // SAFETY: allocated above by mimalloc, not used after
     unsafe { mi::mi_free(probe) };
+}
+
+/// `STEWARD_HUGE_PAGES=off` (or `0`).
+fn huge_pages_turned_off() -> bool {
+    std::env::var("STEWARD_HUGE_PAGES").is_ok_and(|v| v == "off" || v == "0")
 }
 
 /// The bounds of the private anonymous mapping of this process that holds `addr`, from
@@ -493,7 +498,7 @@ mod tests {
             eprintln!("skipped: this kernel has no transparent huge pages");
             return;
         }
-        if std::env::var("STEWARD_HUGE_PAGES").is_ok_and(|v| v == "off" || v == "0") {
+        if huge_pages_turned_off() {
             eprintln!("skipped: STEWARD_HUGE_PAGES turns the advice off");
             return;
         }
