@@ -460,7 +460,12 @@ fn upload_patched(
     use compiler::incremental::cache;
     let resources = || patched.resources();
     if let Some(path) = &args.json_file {
-        let written = std::fs::write(path, [patched.lines.as_slice(), b"\n"].concat());
+        let written = std::fs::File::create(path).and_then(|f| {
+            let mut w = std::io::BufWriter::new(f);
+            patched.write_lines(&mut w)?;
+            w.write_all(b"\n")?;
+            w.flush()
+        });
         written.with_context(|| format!("writing {}", path.display()))?;
         eprintln!("exported {} resources to {}", resources(), path.display());
         return Ok(ExitCode::SUCCESS);

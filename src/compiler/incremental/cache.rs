@@ -21,8 +21,10 @@ use super::{PatchSites, SiteType, Target};
 use crate::model::{ExportFile, export_lines};
 
 mod patch;
+mod spliced;
 pub use patch::patch;
 use patch::patch_loaded;
+use spliced::Export;
 
 const MAGIC: &[u8] = b"steward-compile-cache 1\n";
 
@@ -239,7 +241,8 @@ pub fn save(path: &Path, memory: &Memory) -> std::io::Result<()> {
         header,
         memory.main,
         &encode_sites(memory.sites),
-        memory.export,
+        memory.export.len(),
+        |w| w.write_all(memory.export),
     )
 }
 
@@ -249,12 +252,13 @@ fn write_file(
     header: Header,
     main: &[u8],
     sites: &[u8],
-    export: &[u8],
+    export_len: usize,
+    write_export: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let header = Header {
         main_len: main.len(),
         sites_len: sites.len(),
-        export_len: export.len(),
+        export_len,
         ..header
     };
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -267,7 +271,7 @@ fn write_file(
         w.write_all(b"\n")?;
         w.write_all(main)?;
         w.write_all(sites)?;
-        w.write_all(export)?;
+        write_export(&mut w)?;
         w.flush()?;
     }
     tmp.persist(path).map_err(|e| e.error)?;
@@ -392,6 +396,11 @@ impl Part {
             }
     }
 
+    /// Whether it is of a file mapped (not of a buffer of this process).
+    fn is_mapped(&self) -> bool {
+        matches!(self.buf, Shared::Mapped(_))
+    }
+
     /// After [`Part::make_mut`]: the part is the whole buffer again.
     fn fit(&mut self) {
         self.at = 0;
@@ -420,7 +429,7 @@ struct Loaded {
     header: Header,
     main: Part,
     sites: Part,
-    export: Part,
+    export: Export,
 }
 
 impl Loaded {
@@ -430,10 +439,6 @@ impl Loaded {
 
     fn sites(&self) -> &[u8] {
         &self.sites
-    }
-
-    fn export(&self) -> &[u8] {
-        &self.export
     }
 
     fn site_count(&self) -> usize {
@@ -500,10 +505,10 @@ fn parse_memory(bytes: Shared) -> Result<Loaded, String> {
     let loaded = Loaded {
         main: part(main_at, header.main_len),
         sites: part(main_at + header.main_len, header.sites_len),
-        export: part(
+        export: Export::whole(part(
             main_at + header.main_len + header.sites_len,
             header.export_len,
-        ),
+        )),
         header,
     };
     let sites = loaded.sites();
@@ -544,7 +549,7 @@ impl Held {
             return Err("a memory with an export of its own".into());
         }
         loaded.header.export_len = export.len();
-        loaded.export = Part::whole(export);
+        loaded.export = Export::whole(Part::whole(export));
         Ok(Held(loaded))
     }
 
@@ -571,7 +576,7 @@ impl Held {
     pub fn patch(self, new_main: Vec<u8>) -> Result<(Patched, Held), String> {
         if new_main == self.0.main() {
             let patched = Patched {
-                lines: self.0.export.to_arc(),
+                lines: self.0.export.clone(),
                 changed: Vec::new(),
                 prints: self.0.header.inputs.prints.clone(),
                 base_generation: self.0.header.generation,
@@ -591,9 +596,10 @@ impl Held {
 /// What the memory gives for the current project: its export (in lines, parsed when
 /// asked for), and the resources the patch changed.
 pub struct Patched {
-    /// The export, one resource per line ([`export_lines`]).
-    /// (Shared with the memory written for the next compile: 32 MB at 100,000 resources.)
-    pub lines: std::sync::Arc<Vec<u8>>,
+    /// The export, one resource per line ([`export_lines`]): shared with the memory written
+    /// for the next compile (32 MB at 100,000 resources), and put together in one buffer
+    /// only when asked for ([`Patched::lines`]).
+    lines: Export,
     /// The resources whose fields changed, with their place in the export.
     pub changed: Vec<(usize, crate::model::Resource)>,
     /// What the model printed (the same as in the compile remembered).
@@ -612,19 +618,30 @@ impl Patched {
         if let Some(n) = self.count {
             return n;
         }
-        memchr::memchr_iter(b'\n', &self.lines)
+        memchr::memchr_iter(b'\n', &self.lines())
             .count()
             .saturating_sub(1)
     }
 
+    /// The export in [`export_lines`]' layout, in one buffer.
+    pub fn lines(&self) -> std::sync::Arc<Vec<u8>> {
+        self.lines.to_arc()
+    }
+
+    /// Write the export in [`export_lines`]' layout (without putting it in one buffer).
+    pub fn write_lines(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        self.lines.write_to(w)
+    }
+
     /// The whole export (every resource parsed).
     pub fn export(&self) -> Result<ExportFile, String> {
-        parse(&self.lines)
+        parse(&self.lines())
     }
 
     /// The export without its resources (handlers, code, metadata, undefined ids, unknowns).
     pub fn rest(&self) -> Result<ExportFile, String> {
-        match export_lines::rest(&self.lines) {
+        // a patch swaps resources' lines only: the first and last lines are the base's
+        match export_lines::rest(self.lines.base()) {
             Some(Ok(rest)) => Ok(rest),
             _ => Err("the memory's export does not read".into()),
         }
@@ -675,7 +692,7 @@ impl NextMemory {
             header,
             main: Part::whole(main.into()),
             sites: Part::whole(records.into()),
-            export: Part::whole(export.into()),
+            export: Export::whole(Part::whole(export.into())),
         };
         NextMemory(Some(loaded), generation)
     }
@@ -693,7 +710,14 @@ impl NextMemory {
             generation: self.1,
             ..loaded.header.clone()
         };
-        write_file(path, header, loaded.main(), loaded.sites(), loaded.export())
+        write_file(
+            path,
+            header,
+            loaded.main(),
+            loaded.sites(),
+            loaded.export.len(),
+            |w| loaded.export.write_to(w),
+        )
     }
 }
 

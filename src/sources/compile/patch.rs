@@ -184,7 +184,7 @@ pub(super) fn patch(
     Ok(Patched {
         read_ms,
         patch_ms: started.elapsed().as_secs_f64() * 1e3 - read_ms,
-        lines: patched.lines.clone(),
+        lines: patched.lines(),
         changed: patched.changed.iter().map(|c| c.0).collect(),
         from_export: export_id,
         prints: patched.prints.clone(),

@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use super::{
-    Key, Loaded, NextMemory, Part, Patched, SITE_RECORD, SiteType, load, new_generation, u32_at,
+    Export, Key, Loaded, NextMemory, Part, Patched, SITE_RECORD, SiteType, load, new_generation,
+    u32_at,
 };
 use crate::compiler::incremental::field_json;
 use crate::model::export_lines;
@@ -49,7 +50,7 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         let generation = loaded.header.generation;
         return Ok(Patched {
             prints: loaded.header.inputs.prints.clone(),
-            lines: loaded.export.to_arc(),
+            lines: loaded.export.clone(),
             changed: Vec::new(),
             base_generation: generation,
             next: Some(NextMemory(None, generation)),
@@ -57,8 +58,14 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         });
     }
     let edits = edits(&loaded, old_main, &new_main)?;
+    // a patch of a patch still spliced (a memory kept in this process): its export is put
+    // together first
+    if loaded.export.as_whole().is_none() {
+        loaded.export = Export::whole(Part::whole(loaded.export.to_arc()));
+    }
+    let whole: &[u8] = loaded.export.as_whole().expect("put together above");
     // the export with the targets' fields set
-    let lines = match export_lines::split(loaded.export()) {
+    let lines = match export_lines::split(whole) {
         Some(Ok(lines)) => lines,
         _ => return Err("the memory's export does not read".into()),
     };
@@ -95,37 +102,52 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         let line = serde_json::to_vec(&resource).map_err(|e| e.to_string())?;
         replaced.insert(at, (line, resource));
     }
-    if replaced.len() <= IN_PLACE && loaded.export.is_alone() {
+    // where each replaced line is in the export, and its new bytes
+    let base = whole.as_ptr() as usize;
+    let place = |at: usize| {
+        let old = lines.resources[at];
+        (old.as_ptr() as usize - base, old.len())
+    };
+    if replaced.len() <= IN_PLACE && loaded.export.as_whole().is_some_and(Part::is_alone) {
         // a few lines, in an export nothing else holds: swapped in the export itself, each
         // moving what follows it, rather than the whole export copied (32 MB at 100,000
-        // resources: its page faults alone are ~10 ms). An export that must be copied
-        // anyway (mapped from the memory's file) is copied once, with the lines swapped.
-        let base = loaded.export().as_ptr() as usize;
+        // resources: its page faults alone are ~10 ms)
         let mut swaps: Vec<(usize, usize, &[u8])> = replaced
             .iter()
             .map(|(&at, (line, _))| {
-                let old = lines.resources[at];
-                (old.as_ptr() as usize - base, old.len(), line.as_slice())
+                let (from, len) = place(at);
+                (from, len, line.as_slice())
             })
             .collect();
         // from the last: the places of those before stay as they were
         swaps.sort_by_key(|s| std::cmp::Reverse(s.0));
         drop(lines);
-        let export = loaded.export.make_mut();
+        let part = loaded.export.whole_mut().expect("nothing swapped");
+        let export = part.make_mut();
         for (at, len, line) in swaps {
             export.splice(at..at + len, line.iter().copied());
         }
-        loaded.export.fit();
-    } else {
-        let mut export_lines = crate::alloc::populated(loaded.export().len() + 64);
-        rebuild(
-            loaded.export(),
-            &lines.resources,
-            &replaced,
-            &mut export_lines,
-        );
+        part.fit();
+    } else if loaded.export.as_whole().is_some_and(Part::is_mapped) {
+        // mapped from the memory's file: the lines are swapped where they are read, and
+        // the export is put together only if somebody asks for the whole (a patched
+        // upload sends the changed resources only; the next memory is written in pieces)
+        let swaps: Vec<(usize, usize, Vec<u8>)> = replaced
+            .iter()
+            .map(|(&at, (line, _))| {
+                let (from, len) = place(at);
+                (from, len, line.clone())
+            })
+            .collect();
         drop(lines);
-        loaded.export = Part::whole(export_lines.into());
+        let base = loaded.export.as_whole().expect("nothing swapped").clone();
+        loaded.export = Export::spliced(base, swaps);
+    } else {
+        let original = loaded.export.as_whole().expect("nothing swapped");
+        let mut export_lines = crate::alloc::populated(original.len() + 64);
+        rebuild(original, &lines.resources, &replaced, &mut export_lines);
+        drop(lines);
+        loaded.export = Export::whole(Part::whole(export_lines.into()));
     }
     // each site moved with the edits before it; an edited one has its new extent (the
     // records changed where they are: sites after the first edit move)
@@ -159,7 +181,7 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
     changed.sort_by_key(|c| c.0);
     loaded.main = Part::whole(new_main.into());
     Ok(Patched {
-        lines: loaded.export.to_arc(),
+        lines: loaded.export.clone(),
         changed,
         prints,
         base_generation,
