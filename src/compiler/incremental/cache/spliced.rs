@@ -135,6 +135,16 @@ mod tests {
         Part::whole(Arc::new(bytes.to_vec()))
     }
 
+    /// The export in each of its forms (joined, written in pieces) and its length agree
+    /// with `want`.
+    fn assert_reads_as(export: &Export, want: &[u8]) {
+        assert_eq!(export.to_arc().as_slice(), want, "joined");
+        assert_eq!(export.len(), want.len(), "length");
+        let mut written = Vec::new();
+        export.write_to(&mut written).unwrap();
+        assert_eq!(written, want, "written");
+    }
+
     #[test]
     fn a_spliced_export_is_the_base_with_its_lines_swapped_in_every_form() {
         let text: &[u8] = b"head\nline a,\nline b,\nline c\ntail\n";
@@ -152,23 +162,14 @@ mod tests {
             base.clone(),
             [(c.0, c.1, b"the third".to_vec()), (a.0, a.1, b"A".to_vec())],
         );
-        let want: &[u8] = b"head\nA,\nline b,\nthe third\ntail\n";
-        assert_eq!(export.to_arc().as_slice(), want);
-        assert_eq!(export.len(), want.len());
-        let mut written = Vec::new();
-        export.write_to(&mut written).unwrap();
-        assert_eq!(written, want);
+        assert_reads_as(&export, b"head\nA,\nline b,\nthe third\ntail\n");
         assert!(export.as_whole().is_none());
         assert_eq!(export.base(), text);
         // joined once, then shared
         assert!(Arc::ptr_eq(&export.to_arc(), &export.clone().to_arc()));
 
         let whole = Export::whole(base);
-        assert_eq!(whole.to_arc().as_slice(), text);
-        assert_eq!(whole.len(), text.len());
-        let mut written = Vec::new();
-        whole.write_to(&mut written).unwrap();
-        assert_eq!(written, text);
+        assert_reads_as(&whole, text);
         assert!(whole.as_whole().is_some());
     }
 
@@ -177,8 +178,8 @@ mod tests {
         let text: &[u8] = b"first\nlast";
         let base = part(text);
         let export = Export::spliced(base.clone(), [(0, 5, b"1".to_vec()), (6, 4, b"2".to_vec())]);
-        assert_eq!(export.to_arc().as_slice(), b"1\n2");
+        assert_reads_as(&export, b"1\n2");
         let none = Export::spliced(base, std::iter::empty());
-        assert_eq!(none.to_arc().as_slice(), text);
+        assert_reads_as(&none, text);
     }
 }
