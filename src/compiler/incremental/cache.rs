@@ -396,11 +396,6 @@ impl Part {
             }
     }
 
-    /// Whether it is of a file mapped (not of a buffer of this process).
-    fn is_mapped(&self) -> bool {
-        matches!(self.buf, Shared::Mapped(_))
-    }
-
     /// After [`Part::make_mut`]: the part is the whole buffer again.
     fn fit(&mut self) {
         self.at = 0;

@@ -128,10 +128,11 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
             export.splice(at..at + len, line.iter().copied());
         }
         part.fit();
-    } else if loaded.export.as_whole().is_some_and(Part::is_mapped) {
-        // mapped from the memory's file: the lines are swapped where they are read, and
-        // the export is put together only if somebody asks for the whole (a patched
-        // upload sends the changed resources only; the next memory is written in pieces)
+    } else {
+        // the lines are swapped where they are read (mapped from the memory's file, or a
+        // buffer something else holds), and the export is put together only if somebody
+        // asks for the whole: a patched upload sends the changed resources only, and the
+        // next memory is written in pieces
         let swaps: Vec<(usize, usize, Vec<u8>)> = replaced
             .iter()
             .map(|(&at, (line, _))| {
@@ -142,12 +143,6 @@ pub(super) fn patch_loaded(mut loaded: Loaded, new_main: Vec<u8>) -> Result<Patc
         drop(lines);
         let base = loaded.export.as_whole().expect("nothing swapped").clone();
         loaded.export = Export::spliced(base, swaps);
-    } else {
-        let original = loaded.export.as_whole().expect("nothing swapped");
-        let mut export_lines = crate::alloc::populated(original.len() + 64);
-        rebuild(original, &lines.resources, &replaced, &mut export_lines);
-        drop(lines);
-        loaded.export = Export::whole(Part::whole(export_lines.into()));
     }
     // each site moved with the edits before it; an edited one has its new extent (the
     // records changed where they are: sites after the first edit move)
@@ -291,27 +286,6 @@ fn last_site_at_or_before(loaded: &Loaded, at: usize) -> Option<usize> {
         }
     }
     lo.checked_sub(1)
-}
-
-/// `original` (an export in lines) with the resources' lines in `replaced` swapped.
-fn rebuild(
-    original: &[u8],
-    lines: &[&[u8]],
-    replaced: &std::collections::HashMap<usize, (Vec<u8>, crate::model::Resource)>,
-    out: &mut Vec<u8>,
-) {
-    let base = original.as_ptr() as usize;
-    let mut copied = 0;
-    let mut order: Vec<&usize> = replaced.keys().collect();
-    order.sort();
-    for &at in order {
-        let line = lines[at];
-        let from = line.as_ptr() as usize - base;
-        out.extend_from_slice(&original[copied..from]);
-        out.extend_from_slice(&replaced[&at].0);
-        copied = from + line.len();
-    }
-    out.extend_from_slice(&original[copied..]);
 }
 
 #[cfg(test)]

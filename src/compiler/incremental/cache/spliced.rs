@@ -1,5 +1,6 @@
-//! A memory's export after a patch of a mapped memory: the mapped lines with the patched
-//! ones swapped, put together only when somebody asks for the whole.
+//! A memory's export after a patch: the lines as they were read (the memory file mapped, or
+//! a buffer something else holds) with the patched ones swapped, put together only when
+//! somebody asks for the whole.
 //!
 //! Why: a `steward deploy` that patches one literal of a 100,000-resource model uploads
 //! only the changed resources, and writes the export to the next memory. Copying the 32 MB
@@ -67,12 +68,8 @@ impl Export {
 
     /// The base part, to change in place; only for an export with nothing swapped.
     pub(super) fn whole_mut(&mut self) -> Option<&mut Part> {
-        if !self.swaps.is_empty() {
-            return None;
-        }
-        // whatever was joined was of the bytes before the change
-        self.joined = Default::default();
-        Some(&mut self.base)
+        // (nothing is ever joined of an export with nothing swapped: see `to_arc`)
+        self.swaps.is_empty().then_some(&mut self.base)
     }
 
     pub(super) fn len(&self) -> usize {
